@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+
+from checkpoints_app import codec
+from checkpoints_app.models import Checkpoint
+from tasks_app.models import Task
+
+
+def _fields(cp: Checkpoint) -> dict[str, Any]:
+    """What the checksum covers: everything recovery relies on."""
+    return {
+        "task": str(cp.task_id),
+        "sequence": cp.sequence,
+        "step_name": cp.step_name,
+        "schema_version": cp.schema_version,
+        "plan_version": cp.plan_version,
+        "next_step": cp.next_step,
+        "state": cp.state,
+        "artifact_refs": cp.artifact_refs,
+        "steering_cursor": cp.steering_cursor,
+    }
+
+
+def record_checkpoint(
+    task: Task, *, sequence: int, step_name: str, next_step: str, state: dict[str, Any],
+    artifact_refs: list[str], reason: str, steering_cursor: int = 0,
+) -> Checkpoint:
+    """In-transaction helper: the caller's (fenced) transaction commits it with the step."""
+    assert transaction.get_connection().in_atomic_block, "record_checkpoint needs the caller's transaction"
+    cp = Checkpoint(
+        tenant_id=task.tenant_id, task=task, sequence=sequence, step_name=step_name,
+        schema_version=codec.CURRENT_SCHEMA_VERSION, plan_version=task.plan_version,
+        next_step=next_step, state=state, artifact_refs=artifact_refs,
+        steering_cursor=steering_cursor, reason=reason,
+    )
+    cp.checksum = codec.checksum(_fields(cp))
+    cp.save()
+    return cp
+
+
+def latest_checkpoint(task: Task) -> Checkpoint | None:
+    return Checkpoint.objects.filter(task=task).order_by("-sequence", "-id").first()
+
+
+def load_state(cp: Checkpoint) -> dict[str, Any]:
+    """Verified, upgraded state of a checkpoint; raises codec.CheckpointCorrupt."""
+    return codec.verify_and_upgrade(_fields(cp), cp.checksum)
+
+
+def is_valid(cp: Checkpoint) -> bool:
+    try:
+        load_state(cp)
+    except codec.CheckpointCorrupt:
+        return False
+    return True

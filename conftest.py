@@ -1,0 +1,178 @@
+"""Shared fixtures: personas with API keys, and real worker/beat/web processes.
+
+Processes get the same database (pytest-django's test database), Redis namespace and
+data folder as the test, so they see exactly what the test wrote.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+from rest_framework.test import APIClient
+
+ROOT = Path(__file__).resolve().parent
+
+
+def wait_until(predicate: Callable[[], Any], *, timeout: float, interval: float = 0.1, what: str = "condition") -> Any:
+    """Poll until predicate() is truthy; fail with `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+@dataclass
+class Persona:
+    user: Any
+    tenant: Any
+    role: str
+    token: str
+
+    def client(self) -> APIClient:
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {self.token}")
+        return client
+
+
+def make_persona(tenant_slug: str, username: str, role: str) -> Persona:
+    from django.contrib.auth import get_user_model
+
+    from tasks_app.auth import issue_api_key
+    from tasks_app.models import Membership, Tenant
+
+    tenant, _ = Tenant.objects.get_or_create(slug=tenant_slug, defaults={"name": tenant_slug})
+    user, _ = get_user_model().objects.get_or_create(username=username)
+    Membership.objects.get_or_create(tenant=tenant, user=user, defaults={"role": role})
+    _, token = issue_api_key(tenant, user, role=role, name=f"{username}-key")
+    return Persona(user, tenant, role, token)
+
+
+@pytest.fixture
+def alice(db: None) -> Persona:
+    """acme operator."""
+    return make_persona("acme", "alice", "operator")
+
+
+@pytest.fixture
+def victor(db: None) -> Persona:
+    """acme viewer: may read, may not start or cancel."""
+    return make_persona("acme", "victor", "viewer")
+
+
+@pytest.fixture
+def mallory(db: None) -> Persona:
+    """globex admin: must never see acme's tasks."""
+    return make_persona("globex", "mallory", "admin")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def database_url() -> str:
+    from django.db import connection
+
+    db = connection.settings_dict
+    auth = db["USER"] + (f":{db['PASSWORD']}" if db.get("PASSWORD") else "")
+    return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+class Processes:
+    """Starts real processes (worker, beat, web) and always stops them."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def env(self, **overrides: str) -> dict[str, str]:
+        env = {**os.environ, "DATABASE_URL": database_url(), "PYTHONUNBUFFERED": "1", **overrides}
+        return {k: v for k, v in env.items() if v is not None}
+
+    def start(self, name: str, args: list[str], **env: str) -> subprocess.Popen[bytes]:
+        log = open(self.tmp / f"{name}-{len(self.procs)}.log", "wb")  # noqa: SIM115 (closed with the process)
+        proc = subprocess.Popen(args, cwd=ROOT, env=self.env(**env), stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # its own group: kill -9 takes the pool children too
+        proc.log_path = log.name  # type: ignore[attr-defined]
+        self.procs.append(proc)
+        return proc
+
+    def worker(self, *, concurrency: int = 1, **env: str) -> subprocess.Popen[bytes]:
+        return self.start("worker", [sys.executable, "-m", "celery", "-A", "runtime_site", "worker",
+                                     "-Q", "steps,maintenance", "-c", str(concurrency), "-l", "INFO",
+                                     "--without-gossip", "--without-mingle"], **env)
+
+    def beat(self, **env: str) -> subprocess.Popen[bytes]:
+        return self.start("beat", [sys.executable, "-m", "celery", "-A", "runtime_site", "beat", "-l", "INFO",
+                                   "-s", str(self.tmp / f"beat-schedule-{len(self.procs)}")], **env)
+
+    def web(self, port: int, **env: str) -> subprocess.Popen[bytes]:
+        return self.start("web", [sys.executable, "-m", "uvicorn", "runtime_site.asgi:application",
+                                  "--host", "127.0.0.1", "--port", str(port)], **env)
+
+    @staticmethod
+    def kill(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        if sig in (signal.SIGKILL, signal.SIGTERM):
+            proc.wait(timeout=30)
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                self.kill(proc)
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.log_path}\n" + Path(p.log_path).read_text(errors="replace")[-4000:]  # type: ignore[attr-defined]
+                         for p in self.procs)
+
+
+@pytest.fixture
+def processes(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Processes]:
+    purge_queues()
+    procs = Processes(tmp_path)
+    yield procs
+    procs.stop_all()
+    if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed:
+        print(procs.logs())
+
+
+def purge_queues() -> None:
+    """Drop messages left by earlier tests so a new worker starts on an empty queue."""
+    from runtime_site.celery import app
+
+    with app.connection_for_write() as conn:
+        for queue in ("steps", "maintenance"):
+            try:
+                conn.default_channel.queue_purge(queue)
+            except Exception:  # noqa: S110 (a queue that does not exist yet is empty)
+                pass
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Any:
+    rep = yield
+    setattr(item, f"rep_{rep.when}", rep)
+    return rep
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    settings.RUNTIME_BLOB_DIR.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,64 @@
+"""One error shape everywhere: {"error": {"code", "message", "fields"?}}.
+
+Domain exceptions are mapped to HTTP here and only here; actions never build responses.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import Http404, HttpRequest, JsonResponse
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_handler
+
+from tasks_app.actions import IdempotencyConflict, IllegalTransition
+from tasks_app.agents.base import SchemaError, UnknownAgent
+
+
+def error_body(code: str, message: str, **extra: Any) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, **extra}}
+
+
+def _first_message(detail: Any) -> str:
+    if isinstance(detail, dict):
+        field, value = next(iter(detail.items()))
+        return f"{field}: {_first_message(value)}"
+    if isinstance(detail, list) and detail:
+        return _first_message(detail[0])
+    return str(detail)
+
+
+DOMAIN: dict[type[Exception], tuple[int, str]] = {
+    UnknownAgent: (status.HTTP_422_UNPROCESSABLE_ENTITY, "unknown_agent"),
+    SchemaError: (status.HTTP_422_UNPROCESSABLE_ENTITY, "invalid_input"),
+    IdempotencyConflict: (status.HTTP_422_UNPROCESSABLE_ENTITY, "idempotency_key_reused"),
+    IllegalTransition: (status.HTTP_409_CONFLICT, "illegal_transition"),
+}
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    for kind, (http_status, code) in DOMAIN.items():
+        if isinstance(exc, kind):
+            message = f"unknown agent {exc.args[0]!r}" if isinstance(exc, UnknownAgent) else str(exc)
+            return Response(error_body(code, message), status=http_status)
+    response = drf_handler(exc, context)
+    if response is None:
+        return None  # a real bug: let Django log it and answer 500
+    if isinstance(exc, exceptions.ValidationError):
+        response.data = error_body("invalid_request", _first_message(exc.detail), fields=exc.detail)
+    elif isinstance(exc, Http404 | exceptions.NotFound):
+        response.data = error_body("not_found", "no such task")
+    else:
+        code = getattr(exc, "default_code", "error")
+        detail = getattr(exc, "detail", str(exc))
+        response.data = error_body(str(code), _first_message(detail))
+    return response
+
+
+def json_404(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
+    return JsonResponse(error_body("not_found", f"no such resource: {request.path}"), status=404)
+
+
+def json_500(request: HttpRequest) -> JsonResponse:
+    return JsonResponse(error_body("server_error", "internal error"), status=500)

@@ -1,0 +1,218 @@
+"""One settings module for both profiles.
+
+Nothing set → the embedded default: SQLite (WAL, IMMEDIATE), the kombu filesystem
+transport and a local-folder blob store, all under RUNTIME_DATA_DIR (./var).
+DATABASE_URL / REDIS_URL / RUNTIME_S3_BUCKET set → PostgreSQL, Redis and S3 (boto3).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from runtime_site import config
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = os.getenv(name)
+    if raw in (None, ""):
+        return default
+    if raw not in ("true", "false"):
+        raise ImproperlyConfigured(f"{name}={raw!r}: use 'true' or 'false'")
+    return raw == "true"
+
+
+def env_secret(name: str, default: str | None = None) -> str | None:
+    """Read NAME, or the file named by NAME_FILE (compose and k8s secrets)."""
+    if path := os.getenv(f"{name}_FILE"):
+        return Path(path).read_text().strip()
+    return os.getenv(name, default)
+
+
+# --- Django core -------------------------------------------------------------------------
+DATA_DIR = Path(os.getenv("RUNTIME_DATA_DIR", BASE_DIR / "var")).resolve()
+DEBUG = env_bool("DJANGO_DEBUG", False)
+EMBEDDED = not os.getenv("DATABASE_URL")
+
+SECRET_KEY = env_secret("DJANGO_SECRET_KEY")
+if not SECRET_KEY:
+    if not EMBEDDED:
+        raise ImproperlyConfigured("DJANGO_SECRET_KEY (or DJANGO_SECRET_KEY_FILE) is required")
+    # The embedded default keeps a generated key in its data folder so sessions survive restarts.
+    DATA_DIR.mkdir(parents=True, exist_ok=True)
+    key_file = DATA_DIR / "secret_key"
+    if not key_file.exists():
+        key_file.write_text(secrets.token_urlsafe(50))
+    SECRET_KEY = key_file.read_text().strip()
+
+ALLOWED_HOSTS = [h for h in os.getenv("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver").split(",") if h]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "tasks_app",
+    "checkpoints_app",
+    "steering_app",
+    "ledger_app",
+]
+
+MIDDLEWARE = [
+    "runtime_site.middleware.BodySizeLimitMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "runtime_site.urls"
+ASGI_APPLICATION = "runtime_site.asgi.application"
+WSGI_APPLICATION = "runtime_site.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+USE_TZ = True
+TIME_ZONE = "UTC"
+STATIC_URL = "static/"
+STATIC_ROOT = DATA_DIR / "static"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+# Bodies without a Content-Length are still bounded by Django; BodySizeLimitMiddleware
+# answers the usual case with a clear 413.
+
+# --- Database ----------------------------------------------------------------------------
+if EMBEDDED:
+    DATA_DIR.mkdir(parents=True, exist_ok=True)
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": DATA_DIR / "runtime.sqlite3",
+            # IMMEDIATE: a transaction that starts reading and then writes cannot fail with
+            # "database is locked" without waiting; WAL lets readers run beside the writer.
+            "OPTIONS": {
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 20,
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=20000;",
+            },
+        }
+    }
+else:
+    # CONN_MAX_AGE=0 under ASGI: each request gets and returns its own connection.
+    DATABASES = {"default": dj_database_url.parse(os.environ["DATABASE_URL"], conn_max_age=0, conn_health_checks=True)}
+
+# --- Runtime knobs (config/runtime.yaml, overridable by environment) ---------------------
+RUNTIME = config.load()
+RUNTIME_DEPLOYMENT = os.getenv("RUNTIME_DEPLOYMENT", "rt")  # namespaces Redis keys and channels
+RUNTIME_LEASE_SECONDS = RUNTIME["runtime"]["lease_seconds"]
+RUNTIME_HEARTBEAT_SECONDS = RUNTIME["runtime"]["heartbeat_seconds"]
+RUNTIME_SLICE_SECONDS = RUNTIME["runtime"]["slice_seconds"]
+RUNTIME_SLICE_STEPS = RUNTIME["runtime"]["slice_steps"]
+RUNTIME_SCAN_SECONDS = RUNTIME["runtime"]["scan_seconds"]
+RUNTIME_STALL_SECONDS = RUNTIME["runtime"]["stall_seconds"]
+RUNTIME_MAX_BODY_BYTES = RUNTIME["api"]["max_body_bytes"]
+DATA_UPLOAD_MAX_MEMORY_SIZE = RUNTIME_MAX_BODY_BYTES
+if RUNTIME_HEARTBEAT_SECONDS * 2 > RUNTIME_LEASE_SECONDS:
+    raise ImproperlyConfigured("heartbeat_seconds must be at most half of lease_seconds")
+
+# --- Blob store --------------------------------------------------------------------------
+RUNTIME_BLOB_DIR = DATA_DIR / "blobs"
+RUNTIME_S3 = {
+    "bucket": os.getenv("RUNTIME_S3_BUCKET", ""),
+    "endpoint_url": os.getenv("RUNTIME_S3_ENDPOINT_URL") or None,
+    "region_name": os.getenv("RUNTIME_S3_REGION", "us-east-1"),
+    "aws_access_key_id": env_secret("RUNTIME_S3_ACCESS_KEY_ID"),
+    "aws_secret_access_key": env_secret("RUNTIME_S3_SECRET_ACCESS_KEY"),
+}
+
+# --- Celery ------------------------------------------------------------------------------
+REDIS_URL = os.getenv("REDIS_URL", "")
+if REDIS_URL:
+    CELERY_BROKER_URL = REDIS_URL
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        # Far above the longest slice: recovery is the lease scanner's job, and a short
+        # visibility timeout would re-deliver slices that are still running (STACK-NOTES §2).
+        "visibility_timeout": 4 * 3600,
+        "global_keyprefix": f"{RUNTIME_DEPLOYMENT}:",
+        "socket_timeout": 30,
+        "socket_connect_timeout": 5,
+        "health_check_interval": 25,
+        "priority_steps": [0, 3, 6, 9],
+        "queue_order_strategy": "priority",
+    }
+else:
+    # Embedded default: messages are files. At-most-once on a crash; the lease scanner re-finds work.
+    _broker = DATA_DIR / "broker"
+    for sub in ("queue", "processed", "control"):
+        (_broker / sub).mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_URL = "filesystem://"
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_broker / "queue"),
+        "data_folder_out": str(_broker / "queue"),
+        "control_folder": str(_broker / "control"),
+        "processed_folder": str(_broker / "processed"),
+        "polling_interval": 0.05,
+    }
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_TASK_DEFAULT_QUEUE = "steps"
+CELERY_TASK_ROUTES = {"tasks.scan_leases": {"queue": "maintenance"}}
+CELERY_BEAT_SCHEDULE = {
+    "scan-leases": {"task": "tasks.scan_leases", "schedule": float(RUNTIME_SCAN_SECONDS)},
+}
+CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / f"celerybeat-schedule-{RUNTIME_DEPLOYMENT}")
+
+# --- DRF ---------------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["tasks_app.auth.ApiKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "EXCEPTION_HANDLER": "runtime_site.errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Long-task agent runtime",
+    "VERSION": "0.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.getenv("RUNTIME_LOG_LEVEL", "INFO")},
+}

@@ -1,0 +1,20 @@
+from django.contrib import admin
+from django.http import HttpRequest, JsonResponse
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView
+
+
+def healthz(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"ok": True})
+
+
+urlpatterns = [
+    path("runtime/", include("tasks_app.api.urls")),
+    path("runtime/schema", SpectacularAPIView.as_view(permission_classes=[], authentication_classes=[]),
+         name="schema"),
+    path("admin/", admin.site.urls),
+    path("healthz", healthz),
+]
+
+handler404 = "runtime_site.errors.json_404"
+handler500 = "runtime_site.errors.json_500"

@@ -1,0 +1,128 @@
+"""Cross-cutting writes on tasks: one transaction each, audited, events stored with them."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+from uuid import UUID
+
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.db.models.functions import Now
+from django.utils import timezone
+
+from checkpoints_app.codec import canonical_json
+from tasks_app import events
+from tasks_app.agents import base as agents
+from tasks_app.audit import record_audit
+from tasks_app.models import Task, Tenant
+from tasks_app.queue import enqueue_slice_on_commit
+from tasks_app.selectors import task_snapshot
+from tasks_app.states import TERMINAL, Status, can_transition
+
+
+class IllegalTransition(Exception):
+    def __init__(self, from_status: str, to_status: str) -> None:
+        super().__init__(f"a {from_status} task cannot become {to_status}")
+        self.from_status, self.to_status = from_status, to_status
+
+
+class IdempotencyConflict(Exception):
+    def __init__(self, task_id: UUID) -> None:
+        super().__init__("this Idempotency-Key was already used with a different request body")
+        self.task_id = task_id
+
+
+def transition(task: Task, to: str, *, actor: str, reason: str = "", data: dict[str, Any] | None = None) -> None:
+    """In-transaction helper on a locked or fenced row: status, version, audit, events.
+    The caller saves the row (the fields in TRANSITION_FIELDS and any it changed itself)."""
+    if not can_transition(task.status, to):
+        raise IllegalTransition(task.status, to)
+    before, from_status = task.state_version, task.status
+    task.status, task.state_version = to, task.state_version + 1
+    if to in TERMINAL:
+        task.finished_at = timezone.now()
+    record_audit(task, actor=actor, action="transition", from_status=from_status, to_status=to,
+                 before_version=before, reason=reason, data=data)
+    if to in TERMINAL:
+        events.emit(task, "terminal", {"status": task.mcp_status, "runtimeStatus": to, "reason": reason})
+    elif to == Status.DEAD_LETTERED:
+        events.emit(task, "dead_lettered", {"reason": reason})
+
+
+TRANSITION_FIELDS = ["status", "state_version", "finished_at", "status_message", "updated_at"]
+
+
+def _fingerprint(body: dict[str, Any]) -> str:
+    return hashlib.sha256(canonical_json(body).encode()).hexdigest()
+
+
+def do_create_task(
+    tenant: Tenant, *, actor: str, agent: str, input: dict[str, Any], goal: str = "",
+    checkpoint_policy: dict[str, Any] | None = None, approval_policy: dict[str, Any] | None = None,
+    budget: dict[str, Any] | None = None, priority: int = 5, idempotency_key: str | None = None,
+) -> tuple[Task, bool]:
+    """Validate and create a task; enqueue its first slice on commit.
+
+    Returns (task, created). With an Idempotency-Key, a replay of the same body returns
+    the original task; the same key with another body raises IdempotencyConflict.
+    """
+    definition = agents.get_agent(agent)  # UnknownAgent
+    agents.validate(input, definition.input_schema, "input")  # SchemaError
+    body = {"agent": agent, "input": input, "goal": goal, "checkpointPolicy": checkpoint_policy or {},
+            "approvalPolicy": approval_policy or {}, "budget": budget or {}, "priority": priority}
+    fingerprint = _fingerprint(body)
+    if idempotency_key is not None:
+        if existing := _replay(tenant, idempotency_key, fingerprint):
+            return existing, False
+    try:
+        with transaction.atomic(durable=True):
+            task = Task.objects.create(
+                tenant=tenant, created_by=actor, agent=agent, input=input, goal=goal,
+                checkpoint_policy=checkpoint_policy or {}, approval_policy=approval_policy or {},
+                budget=budget or {}, priority=priority, idempotency_key=idempotency_key,
+                request_fingerprint=fingerprint,
+            )
+            record_audit(task, actor=actor, action="created", to_status=task.status,
+                         before_version=0, data={"agent": agent})
+            events.emit(task, "task.snapshot", task_snapshot(task))
+            enqueue_slice_on_commit(task.id, task.priority)
+    except IntegrityError:
+        # A concurrent request with the same key won the insert; answer as its replay.
+        if idempotency_key is not None and (existing := _replay(tenant, idempotency_key, fingerprint)):
+            return existing, False
+        raise
+    return task, True
+
+
+def _replay(tenant: Tenant, key: str, fingerprint: str) -> Task | None:
+    existing = Task.objects.filter(tenant=tenant, idempotency_key=key).first()
+    if existing is not None and existing.request_fingerprint != fingerprint:
+        raise IdempotencyConflict(existing.id)
+    return existing
+
+
+@transaction.atomic(durable=True)
+def do_cancel_task(task_id: UUID, *, tenant: Tenant, actor: str, reason: str = "") -> Task:
+    """Cancel now if no worker holds the task; otherwise ask the worker to stop at its
+    next safe point (a running step always finishes and commits first)."""
+    task = Task.objects.select_for_update().get(id=task_id, tenant=tenant)
+    if task.status in TERMINAL:
+        raise IllegalTransition(task.status, Status.CANCELLED)
+    leased = Task.objects.filter(id=task.id, lease_owner__isnull=False, lease_expires_at__gt=Now()).exists()
+    if leased:
+        if not task.cancel_requested:
+            before = task.state_version
+            task.cancel_requested, task.cancel_reason = True, reason[:500]
+            task.state_version += 1
+            task.save(update_fields=["cancel_requested", "cancel_reason", "state_version", "updated_at"])
+            record_audit(task, actor=actor, action="cancel_requested", before_version=before, reason=reason)
+        return task
+    transition(task, Status.CANCELLED, actor=actor, reason=reason)
+    task.cancel_reason = reason[:500]
+    task.lease_owner, task.lease_expires_at = None, None
+    # A worker whose lease expired may still be running: moving the epoch fences it out.
+    task.lease_epoch = F("lease_epoch") + 1
+    task.save(update_fields=[*TRANSITION_FIELDS, "cancel_reason", "lease_owner", "lease_expires_at", "lease_epoch"])
+    task.refresh_from_db()
+    return task

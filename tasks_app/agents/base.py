@@ -1,0 +1,116 @@
+"""The agent interface. Agents see their goal, input and structured state, and a step
+context; they never see Celery, leases or SQL (DESIGN §4)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import jsonschema
+
+from runtime_site.blobstore import BlobStore
+
+
+class SchemaError(ValueError):
+    """A document failed a JSON schema; the message names the offending field."""
+
+
+def validate(document: Any, schema: dict[str, Any], what: str) -> None:
+    validator = jsonschema.Draft202012Validator(schema)
+    error = jsonschema.exceptions.best_match(validator.iter_errors(document))
+    if error is not None:
+        where = "/".join(str(p) for p in error.absolute_path) or "(root)"
+        raise SchemaError(f"{what} {where}: {error.message}")
+
+
+@dataclass
+class StepContext:
+    """What one step may touch. The engine commits what it collects with the step."""
+
+    task_id: str
+    goal: str
+    input: dict[str, Any]
+    step_name: str
+    sequence: int
+    blobs: BlobStore
+    progress_value: float | None = None
+    phase: str | None = None
+    message: str | None = None
+    logs: list[dict[str, Any]] = field(default_factory=list)
+    artifacts: list[dict[str, str]] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    def progress(self, fraction: float, *, phase: str | None = None, message: str | None = None) -> None:
+        self.progress_value = min(max(float(fraction), 0.0), 1.0)
+        if phase is not None:
+            self.phase = phase
+        if message is not None:
+            self.message = message
+
+    def log(self, message: str, **fields: Any) -> None:
+        self.logs.append({"message": message, **fields})
+
+    def artifact(self, name: str, content: bytes | str, content_type: str) -> str:
+        """Write an artifact to the blob store (same key on a re-run) and return its reference."""
+        data = content.encode() if isinstance(content, str) else content
+        ref = self.blobs.put(f"tasks/{self.task_id}/artifacts/{name}", data, content_type)
+        self.artifacts.append({"name": name, "ref": ref, "contentType": content_type})
+        return ref
+
+    def read_blob(self, key: str) -> bytes:
+        return self.blobs.get(key)
+
+    def list_blobs(self, prefix: str) -> list[str]:
+        return self.blobs.list(prefix)
+
+
+class Agent:
+    """Subclass, set the class attributes, implement the four methods, decorate with @register."""
+
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+    input_schema: ClassVar[dict[str, Any]] = {"type": "object"}
+    output_schema: ClassVar[dict[str, Any]] = {"type": "object"}
+
+    def start(self, input: dict[str, Any], goal: str) -> dict[str, Any]:
+        """The initial structured state (JSON-serialisable)."""
+        raise NotImplementedError
+
+    def next_step(self, state: dict[str, Any]) -> str | None:
+        """The name of the next step, or None when the work is done."""
+        raise NotImplementedError
+
+    def run_step(self, ctx: StepContext, state: dict[str, Any]) -> dict[str, Any]:
+        """Run the step named by next_step(state) and return the new state."""
+        raise NotImplementedError
+
+    def result(self, state: dict[str, Any]) -> dict[str, Any]:
+        """The final output; must validate against output_schema."""
+        raise NotImplementedError
+
+
+_REGISTRY: dict[str, type[Agent]] = {}
+
+
+class UnknownAgent(LookupError):
+    pass
+
+
+def register(cls: type[Agent]) -> type[Agent]:
+    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
+        raise ValueError(f"agent {cls.name!r} registered twice")
+    jsonschema.Draft202012Validator.check_schema(cls.input_schema)
+    jsonschema.Draft202012Validator.check_schema(cls.output_schema)
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def get_agent(name: str) -> Agent:
+    try:
+        return _REGISTRY[name]()
+    except KeyError:
+        raise UnknownAgent(name) from None
+
+
+def agent_names() -> list[str]:
+    return sorted(_REGISTRY)

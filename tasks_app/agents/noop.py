@@ -1,0 +1,44 @@
+"""A do-nothing agent for benchmarks and engine tests: N steps, optionally slow."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from tasks_app.agents.base import Agent, StepContext, register
+
+
+@register
+class NoopAgent(Agent):
+    name = "noop"
+    description = "Takes `steps` empty steps, each sleeping `sleepMs` milliseconds."
+    input_schema = {
+        "type": "object",
+        "properties": {
+            "steps": {"type": "integer", "minimum": 1, "maximum": 1_000_000},
+            "sleepMs": {"type": "number", "minimum": 0, "maximum": 600_000},
+        },
+        "required": ["steps"],
+        "additionalProperties": False,
+    }
+    output_schema = {
+        "type": "object",
+        "properties": {"steps": {"type": "integer"}},
+        "required": ["steps"],
+    }
+
+    def start(self, input: dict[str, Any], goal: str) -> dict[str, Any]:
+        return {"done": 0, "total": input["steps"], "sleepMs": input.get("sleepMs", 0)}
+
+    def next_step(self, state: dict[str, Any]) -> str | None:
+        return f"noop-{state['done'] + 1}" if state["done"] < state["total"] else None
+
+    def run_step(self, ctx: StepContext, state: dict[str, Any]) -> dict[str, Any]:
+        if state["sleepMs"]:
+            time.sleep(state["sleepMs"] / 1000)
+        done = state["done"] + 1
+        ctx.progress(done / state["total"], phase="noop")
+        return {**state, "done": done}
+
+    def result(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {"steps": state["done"]}

@@ -1,0 +1,12 @@
+from django.urls import path
+
+from tasks_app.api import views
+
+urlpatterns = [
+    path("tasks", views.TaskListCreateApi.as_view(), name="tasks"),
+    path("tasks/<str:task_id>", views.TaskDetailApi.as_view(), name="task-detail"),
+    path("tasks/<str:task_id>/cancel", views.TaskCancelApi.as_view(), name="task-cancel"),
+    path("tasks/<str:task_id>/checkpoints", views.TaskCheckpointsApi.as_view(), name="task-checkpoints"),
+    path("tasks/<str:task_id>/result", views.TaskResultApi.as_view(), name="task-result"),
+    path("tasks/<str:task_id>/audit", views.TaskAuditApi.as_view(), name="task-audit"),
+]

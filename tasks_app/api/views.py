@@ -1,0 +1,157 @@
+"""REST edge (DESIGN §9): decode, call one action or selector, encode."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+from uuid import UUID
+
+from django.http import Http404
+from drf_spectacular.utils import extend_schema
+from rest_framework import pagination, serializers, status
+from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from checkpoints_app.actions import is_valid
+from checkpoints_app.models import Checkpoint
+from tasks_app.actions import do_cancel_task, do_create_task
+from tasks_app.auth import principal, require_role
+from tasks_app.models import AuditRecord, Role, Task
+from tasks_app.selectors import task_snapshot, task_urls
+from tasks_app.states import Status
+
+IDEMPOTENCY_KEY = re.compile(r"^[A-Za-z0-9._:\-]{1,200}$")
+
+
+def tenant_task(request: Request, task_id: str) -> Task:
+    """The caller's tenant's task; anything else (other tenant, bad id) is a plain 404."""
+    try:
+        uuid = UUID(task_id)
+    except ValueError:
+        raise Http404 from None
+    task = Task.objects.filter(tenant=principal(request).tenant, id=uuid).first()
+    if task is None:
+        raise Http404
+    return task
+
+
+class CreatedAtCursor(pagination.CursorPagination):
+    ordering = ("-created_at", "-id")
+    page_size = 50
+    page_size_query_param = "limit"
+    max_page_size = 200
+
+
+class TaskListCreateApi(APIView):
+    class InputSerializer(serializers.Serializer):
+        agent = serializers.CharField(max_length=100)
+        input = serializers.DictField(default=dict)
+        goal = serializers.CharField(max_length=10_000, allow_blank=True, default="")
+        checkpointPolicy = serializers.DictField(required=False)  # noqa: N815 (wire names)
+        approvalPolicy = serializers.DictField(required=False)  # noqa: N815
+        budget = serializers.DictField(required=False)
+        priority = serializers.IntegerField(min_value=0, max_value=9, default=5)
+
+        def validate_checkpointPolicy(self, value: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
+            unknown = set(value) - {"everySteps", "maxSeconds"}
+            if unknown:
+                raise ValidationError(f"unknown keys {sorted(unknown)}; allowed: everySteps, maxSeconds")
+            for key in value:
+                if not isinstance(value[key], int | float) or isinstance(value[key], bool) or value[key] < 1:
+                    raise ValidationError(f"{key} must be a number ≥ 1")
+            return value
+
+    def get_permissions(self) -> list[Any]:
+        return [require_role(Role.OPERATOR if self.request.method == "POST" else Role.VIEWER)()]
+
+    def get(self, request: Request) -> Response:
+        tasks = Task.objects.filter(tenant=principal(request).tenant)
+        if wanted := request.query_params.get("status"):
+            statuses = wanted.split(",")
+            if bad := [s for s in statuses if s not in Status.values]:
+                raise ValidationError({"status": f"unknown status {bad[0]!r}; one of {', '.join(Status.values)}"})
+            tasks = tasks.filter(status__in=statuses)
+        paginator = CreatedAtCursor()
+        page = paginator.paginate_queryset(tasks, request, view=self)
+        return paginator.get_paginated_response([task_snapshot(t) for t in page or []])
+
+    @extend_schema(request=InputSerializer)
+    def post(self, request: Request) -> Response:
+        key = request.headers.get("Idempotency-Key")
+        if key is not None and not IDEMPOTENCY_KEY.match(key):
+            raise ValidationError({"Idempotency-Key": "must be 1-200 characters of A-Z a-z 0-9 . _ : -"})
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        body = data.validated_data
+        who = principal(request)
+        task, created = do_create_task(
+            who.tenant, actor=who.actor, agent=body["agent"], input=body["input"], goal=body["goal"],
+            checkpoint_policy=body.get("checkpointPolicy"), approval_policy=body.get("approvalPolicy"),
+            budget=body.get("budget"), priority=body["priority"], idempotency_key=key,
+        )
+        answer = {"taskId": str(task.id), "status": task.mcp_status, "runtimeStatus": task.status, **task_urls(task)}
+        return Response(answer, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+
+class TaskDetailApi(APIView):
+    permission_classes = [require_role(Role.VIEWER)]
+
+    def get(self, request: Request, task_id: str) -> Response:
+        return Response(task_snapshot(tenant_task(request, task_id)))
+
+
+class TaskCancelApi(APIView):
+    permission_classes = [require_role(Role.OPERATOR)]
+
+    class InputSerializer(serializers.Serializer):
+        reason = serializers.CharField(max_length=500, allow_blank=True, default="")
+
+    def post(self, request: Request, task_id: str) -> Response:
+        task = tenant_task(request, task_id)
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        who = principal(request)
+        task = do_cancel_task(task.id, tenant=who.tenant, actor=who.actor, reason=data.validated_data["reason"])
+        return Response(task_snapshot(task), status=status.HTTP_202_ACCEPTED)
+
+
+class TaskCheckpointsApi(APIView):
+    permission_classes = [require_role(Role.VIEWER)]
+
+    def get(self, request: Request, task_id: str) -> Response:
+        task = tenant_task(request, task_id)
+        rows = Checkpoint.objects.filter(task=task).order_by("sequence", "id")
+        return Response({"results": [{
+            "sequence": cp.sequence, "stepName": cp.step_name, "nextStep": cp.next_step,
+            "schemaVersion": cp.schema_version, "planVersion": cp.plan_version, "reason": cp.reason,
+            "checksum": cp.checksum, "valid": is_valid(cp), "artifactRefs": cp.artifact_refs,
+            "createdAt": cp.created_at.isoformat(),
+        } for cp in rows]})
+
+
+class TaskResultApi(APIView):
+    permission_classes = [require_role(Role.VIEWER)]
+
+    def get(self, request: Request, task_id: str) -> Response:
+        task = tenant_task(request, task_id)
+        if not task.is_terminal:
+            return Response({"error": {"code": "not_finished", "message": f"task is {task.status}",
+                                       "status": task.mcp_status, "runtimeStatus": task.status}},
+                            status=status.HTTP_409_CONFLICT)
+        return Response({"taskId": str(task.id), "status": task.mcp_status, "runtimeStatus": task.status,
+                         "result": task.result, "error": task.error})
+
+
+class TaskAuditApi(APIView):
+    permission_classes = [require_role(Role.VIEWER)]
+
+    def get(self, request: Request, task_id: str) -> Response:
+        task = tenant_task(request, task_id)
+        rows = AuditRecord.objects.filter(task=task).order_by("seq")
+        return Response({"head": task.audit_head, "results": [{
+            "seq": r.seq, "actor": r.actor, "action": r.action, "fromStatus": r.from_status,
+            "toStatus": r.to_status, "beforeVersion": r.before_version, "afterVersion": r.after_version,
+            "reason": r.reason, "createdAt": r.created_at.isoformat(), "hash": r.hash,
+        } for r in rows]})

@@ -1,0 +1,246 @@
+"""The step engine (DESIGN §4): one Celery message runs one slice of one task.
+
+    claim → load (verified checkpoint) → [safe point → step → fenced commit]* → yield
+
+Every write after the claim is fenced on the lease epoch, so a worker that lost its
+lease (killed, frozen, partitioned) can never commit again. Durability comes from the
+rows written here, never from the broker.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from checkpoints_app import actions as checkpoints
+from checkpoints_app.codec import CheckpointCorrupt
+from runtime_site.blobstore import blob_store
+from tasks_app import events, leases
+from tasks_app.actions import TRANSITION_FIELDS, transition
+from tasks_app.agents import base as agents
+from tasks_app.models import Step, Task
+from tasks_app.states import Status
+
+logger = logging.getLogger(__name__)
+
+
+class SliceOutcome(enum.Enum):
+    DROPPED = "dropped"  # no lease (duplicate message, task done or held elsewhere), or lease lost
+    CONTINUE = "continue"  # yielded with work left: enqueue the successor
+    DONE = "done"  # reached a state that needs no further message
+
+
+def worker_identity() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass
+class _Run:
+    """What the slice knows between commits."""
+
+    lease: leases.Lease
+    agent: agents.Agent
+    task: Task
+    state: dict[str, Any]
+    sequence: int  # last step folded into `state`
+    last_step_name: str
+    artifact_refs: list[str]
+    checkpoint_sequence: int | None  # sequence of the newest checkpoint
+    rerun_until: int  # steps up to here were committed by a run that crashed before checkpointing
+    every_steps: int = 10
+    max_interval: float = 60.0
+    checkpoint_clock: float = field(default_factory=time.monotonic)
+
+
+def run_slice(task_id: UUID, *, worker_id: str) -> SliceOutcome:
+    ttl = settings.RUNTIME_LEASE_SECONDS
+    lease = leases.claim(task_id, worker_id=worker_id, ttl=ttl)
+    if lease is None:
+        return SliceOutcome.DROPPED
+    with leases.Heartbeat(lease, ttl=ttl, interval=settings.RUNTIME_HEARTBEAT_SECONDS) as heartbeat:
+        try:
+            run = _load(lease)
+            if run is None:
+                return SliceOutcome.DONE
+            return _loop(run, heartbeat)
+        except leases.LeaseLost:
+            logger.warning("task %s: lease lost, slice abandoned without writing", task_id)
+            return SliceOutcome.DROPPED
+
+
+def _load(lease: leases.Lease) -> _Run | None:
+    """Read the task and its newest checkpoint; a checkpoint that fails verification
+    dead-letters the task (it is never re-run blindly)."""
+    task = Task.objects.get(id=lease.task_id)
+    try:
+        agent = agents.get_agent(task.agent)
+    except agents.UnknownAgent:
+        _stop(lease, Status.FAILED, reason=f"agent {task.agent!r} is not registered on this worker",
+              error={"code": "unknown_agent", "message": f"agent {task.agent!r} is not registered"})
+        return None
+    cp = checkpoints.latest_checkpoint(task)
+    if cp is None:
+        state, sequence, step_name, refs = agent.start(task.input, task.goal), 0, "", []
+    else:
+        try:
+            state = checkpoints.load_state(cp)
+        except CheckpointCorrupt as exc:
+            _stop(lease, Status.DEAD_LETTERED, reason=str(exc), message=f"held for operator: {exc}",
+                  error={"code": "checkpoint_corrupt", "message": str(exc), "checkpoint": cp.sequence})
+            return None
+        sequence, step_name, refs = cp.sequence, cp.step_name, list(cp.artifact_refs)
+    policy = task.checkpoint_policy or {}
+    defaults = settings.RUNTIME["checkpoint"]
+    with transaction.atomic(durable=True):
+        task = leases.fenced(lease)
+        if task.status == Status.QUEUED:
+            transition(task, Status.WORKING, actor=f"worker:{lease.worker_id}", reason="first slice")
+            task.started_at = timezone.now()
+            task.save(update_fields=[*TRANSITION_FIELDS, "started_at"])
+    return _Run(
+        lease=lease, agent=agent, task=task, state=state, sequence=sequence, last_step_name=step_name,
+        artifact_refs=refs, checkpoint_sequence=cp.sequence if cp else None, rerun_until=task.steps_done,
+        every_steps=int(policy.get("everySteps", defaults["every_steps"])),
+        max_interval=float(policy.get("maxSeconds", defaults["max_interval_seconds"])),
+    )
+
+
+def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
+    started, steps = time.monotonic(), 0
+    while True:
+        # --- safe point: the fresh row from the last commit says what was asked of us.
+        if run.task.cancel_requested:
+            _finish(run, Status.CANCELLED, reason=run.task.cancel_reason or "cancelled")
+            return SliceOutcome.DONE
+        step_name = run.agent.next_step(run.state)
+        if step_name is None:
+            return _complete(run)
+        if steps >= settings.RUNTIME_SLICE_STEPS or time.monotonic() - started >= settings.RUNTIME_SLICE_SECONDS:
+            _yield(run)
+            return SliceOutcome.CONTINUE
+        if heartbeat.lost:
+            raise leases.LeaseLost(run.lease.task_id)
+        # --- step
+        ctx = agents.StepContext(
+            task_id=str(run.task.id), goal=run.task.goal, input=run.task.input, step_name=step_name,
+            sequence=run.sequence + 1, blobs=blob_store(),
+        )
+        began, t0 = timezone.now(), time.perf_counter()
+        try:
+            # A JSON round trip both copies the state (a failed step leaves ours intact)
+            # and proves the agent's new state can be checkpointed.
+            new_state = json.loads(json.dumps(run.agent.run_step(ctx, json.loads(json.dumps(run.state)))))
+        except Exception as exc:
+            logger.exception("task %s: step %s failed", run.task.id, step_name)
+            _stop(run.lease, Status.FAILED, reason=f"step {step_name} failed: {exc}"[:500],
+                  error={"code": "step_failed", "step": step_name, "sequence": run.sequence + 1,
+                         "message": f"{type(exc).__name__}: {exc}"[:1000]})
+            return SliceOutcome.DONE
+        _commit_step(run, ctx, new_state, began, (time.perf_counter() - t0) * 1000)
+        steps += 1
+
+
+def _commit_step(run: _Run, ctx: agents.StepContext, new_state: dict[str, Any], began: Any, ms: float) -> None:
+    """One transaction per step, fenced: step row, progress, events, checkpoint by policy."""
+    sequence = run.sequence + 1
+    run.artifact_refs += [a["ref"] for a in ctx.artifacts]
+    due = (
+        sequence - (run.checkpoint_sequence or 0) >= run.every_steps
+        or time.monotonic() - run.checkpoint_clock >= run.max_interval
+    )
+    with transaction.atomic(durable=True):
+        task = leases.fenced(run.lease)
+        attempt = 1
+        if sequence <= run.rerun_until:  # re-running after a crash: keep both attempts visible
+            attempt += Step.objects.filter(task=task, sequence=sequence).count()
+        Step.objects.create(
+            tenant_id=task.tenant_id, task=task, sequence=sequence, attempt=attempt, name=ctx.step_name,
+            status=Step.StepStatus.SUCCEEDED, worker=run.lease.worker_id, lease_epoch=run.lease.epoch,
+            started_at=began, finished_at=timezone.now(), duration_ms=ms, output=ctx.summary,
+        )
+        fields = ["steps_done", "lease_expires_at", "updated_at"]
+        task.steps_done = sequence
+        task.lease_expires_at = leases.deadline(settings.RUNTIME_LEASE_SECONDS)
+        if ctx.progress_value is not None or ctx.phase is not None or ctx.message is not None:
+            task.progress = ctx.progress_value if ctx.progress_value is not None else task.progress
+            task.phase = ctx.phase if ctx.phase is not None else task.phase
+            task.status_message = ctx.message if ctx.message is not None else task.status_message
+            fields += ["progress", "phase", "status_message"]
+            events.emit(task, "progress", {"progress": task.progress, "phase": task.phase,
+                                           "message": task.status_message, "step": sequence})
+        for entry in ctx.logs:
+            events.emit(task, "log", {"step": sequence, **entry})
+        for artifact in ctx.artifacts:
+            events.emit(task, "artifact", {"step": sequence, **artifact})
+        task.save(update_fields=fields)
+        run.state, run.sequence, run.last_step_name = new_state, sequence, ctx.step_name
+        if due:
+            _checkpoint(run, task, "every_steps" if sequence - (run.checkpoint_sequence or 0) >= run.every_steps
+                        else "interval")
+    task.refresh_from_db(fields=["lease_expires_at"])
+    run.task = task
+
+
+def _checkpoint(run: _Run, task: Task, reason: str) -> None:
+    if run.checkpoint_sequence == run.sequence:
+        return  # nothing new since the last one
+    cp = checkpoints.record_checkpoint(
+        task, sequence=run.sequence, step_name=run.last_step_name,
+        next_step=run.agent.next_step(run.state) or "", state=run.state,
+        artifact_refs=run.artifact_refs, reason=reason,
+    )
+    events.emit(task, "checkpoint", {"checkpoint": cp.sequence, "reason": reason})
+    run.checkpoint_sequence, run.checkpoint_clock = cp.sequence, time.monotonic()
+
+
+def _yield(run: _Run) -> None:
+    """End of slice with work left: checkpoint (the successor starts from it) and release."""
+    with transaction.atomic(durable=True):
+        task = leases.fenced(run.lease)
+        _checkpoint(run, task, "slice_end")
+        task.save(update_fields=[*leases.release_fields(task), "updated_at"])
+
+
+def _complete(run: _Run) -> SliceOutcome:
+    result = run.agent.result(run.state)
+    try:
+        agents.validate(result, run.agent.output_schema, "result")
+    except agents.SchemaError as exc:
+        _stop(run.lease, Status.FAILED, reason=str(exc)[:500],
+              error={"code": "invalid_result", "message": str(exc)[:1000]})
+        return SliceOutcome.DONE
+    _finish(run, Status.COMPLETED, result=result)
+    return SliceOutcome.DONE
+
+
+def _finish(run: _Run, to: str, *, reason: str = "", result: dict[str, Any] | None = None) -> None:
+    """Terminal with a checkpoint (completed, cancelled at a safe point)."""
+    with transaction.atomic(durable=True):
+        task = leases.fenced(run.lease)
+        _checkpoint(run, task, "terminal")
+        transition(task, to, actor=f"worker:{run.lease.worker_id}", reason=reason)
+        fields = [*TRANSITION_FIELDS, *leases.release_fields(task)]
+        if to == Status.COMPLETED:
+            task.result, task.progress = result, 1.0
+            fields += ["result", "progress"]
+        task.save(update_fields=fields)
+
+
+def _stop(lease: leases.Lease, to: str, *, reason: str, error: dict[str, Any], message: str = "") -> None:
+    """Fail or dead-letter without a checkpoint (there is nothing trustworthy to record)."""
+    with transaction.atomic(durable=True):
+        task = leases.fenced(lease)
+        transition(task, to, actor=f"worker:{lease.worker_id}", reason=reason, data={"error": error})
+        task.error, task.status_message = error, message
+        task.save(update_fields=[*TRANSITION_FIELDS, "error", *leases.release_fields(task)])

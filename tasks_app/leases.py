@@ -1,0 +1,138 @@
+"""Leases: who may run a task right now (DESIGN §4, STYLE 2.4).
+
+A claim is one conditional UPDATE on the database clock that also increments the
+task's lease_epoch. Every later write of the slice is fenced on that epoch, so a worker
+whose lease was taken over (frozen, partitioned) can never commit again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from datetime import timedelta
+from uuid import UUID
+
+from django.db import close_old_connections, connection, transaction
+from django.db.models import DateTimeField, ExpressionWrapper, F, Q
+from django.db.models.functions import Now
+
+from tasks_app.models import Task
+from tasks_app.states import CLAIMABLE
+
+logger = logging.getLogger(__name__)
+
+
+class LeaseLost(Exception):
+    def __init__(self, task_id: UUID) -> None:
+        super().__init__(f"lease on task {task_id} was lost")
+        self.task_id = task_id
+
+
+@dataclass(frozen=True)
+class Lease:
+    task_id: UUID
+    worker_id: str
+    epoch: int
+
+
+def deadline(seconds: float) -> ExpressionWrapper:
+    # The database clock for every lease comparison: worker clock skew cannot make two
+    # workers both believe they hold the lease.
+    return ExpressionWrapper(Now() + timedelta(seconds=seconds), output_field=DateTimeField())
+
+
+def claim(task_id: UUID, *, worker_id: str, ttl: float) -> Lease | None:
+    """Take the lease if it is free or expired. None: held by another, not runnable, or done."""
+    with transaction.atomic():
+        claimed = (
+            Task.objects.filter(id=task_id, status__in=CLAIMABLE)
+            .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=Now()))
+            .update(lease_owner=worker_id, lease_expires_at=deadline(ttl), lease_epoch=F("lease_epoch") + 1)
+        )
+        if claimed != 1:
+            return None  # another worker got there first, or there is nothing to do: normal
+        # Our UPDATE holds the row lock until commit, so this reads our own epoch.
+        epoch = Task.objects.values_list("lease_epoch", flat=True).get(id=task_id)
+    return Lease(task_id, worker_id, epoch)
+
+
+def renew(lease: Lease, *, ttl: float) -> bool:
+    """False means the lease is lost: write nothing more."""
+    return Task.objects.filter(id=lease.task_id, lease_epoch=lease.epoch, lease_owner=lease.worker_id).update(
+        lease_expires_at=deadline(ttl)
+    ) == 1
+
+
+def fenced(lease: Lease) -> Task:
+    """The task row, locked, if we still hold the lease; else LeaseLost (the caller's
+    transaction then rolls back whole). Call inside the safe point's transaction."""
+    assert transaction.get_connection().in_atomic_block, "fence inside the write's transaction"
+    task = (
+        Task.objects.select_for_update()
+        .filter(id=lease.task_id, lease_epoch=lease.epoch, lease_owner=lease.worker_id)
+        .first()
+    )
+    if task is None:
+        raise LeaseLost(lease.task_id)
+    return task
+
+
+def release_fields(task: Task) -> list[str]:
+    """Clear the lease on a fenced row; the caller saves the returned fields."""
+    task.lease_owner = None
+    task.lease_expires_at = None
+    return ["lease_owner", "lease_expires_at"]
+
+
+def needing_a_message(*, stall_seconds: float, limit: int = 500) -> list[tuple[UUID, int]]:
+    """Runnable tasks nobody is working on: (a) a lease that expired (its worker died) or
+    (b) no lease and untouched for stall_seconds (the broker lost its message).
+
+    Stalled rows are touched so the next scan leaves them alone for another interval.
+    """
+    expired = Q(lease_owner__isnull=False, lease_expires_at__lt=Now())
+    stalled = Q(lease_owner__isnull=True, updated_at__lt=ExpressionWrapper(
+        Now() - timedelta(seconds=stall_seconds), output_field=DateTimeField()))
+    rows = list(
+        Task.objects.filter(status__in=CLAIMABLE).filter(expired | stalled)
+        .order_by("priority", "updated_at").values_list("id", "priority", "lease_owner")[:limit]
+    )
+    stalled_ids = [task_id for task_id, _, owner in rows if owner is None]
+    if stalled_ids:
+        Task.objects.filter(id__in=stalled_ids, lease_owner__isnull=True).update(updated_at=Now())
+    return [(task_id, priority) for task_id, priority, _ in rows]
+
+
+class Heartbeat:
+    """Renews the lease every `interval` seconds while a slice runs, from its own thread
+    (and so its own DB connection). A failed renewal only raises the `lost` flag: the
+    slice checks it before each step, and the fence stops any write anyway."""
+
+    def __init__(self, lease: Lease, *, ttl: float, interval: float) -> None:
+        self.lease, self.ttl, self.interval = lease, ttl, interval
+        self.lost = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{lease.task_id}", daemon=True)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(self.interval):
+                close_old_connections()
+                try:
+                    if not renew(self.lease, ttl=self.ttl):
+                        self.lost = True
+                        logger.warning("lease on task %s lost (epoch %s)", self.lease.task_id, self.lease.epoch)
+                        return
+                except Exception:  # a DB blip: keep trying until the lease runs out
+                    logger.exception("heartbeat for task %s failed", self.lease.task_id)
+        finally:
+            connection.close()

@@ -1,0 +1,228 @@
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from tasks_app.states import TERMINAL, Status, to_mcp_status
+
+
+class Tenant(models.Model):
+    slug = models.SlugField(max_length=64, unique=True)
+    name = models.CharField(max_length=200)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Role(models.TextChoices):
+    VIEWER = "viewer"
+    OPERATOR = "operator"
+    APPROVER = "approver"
+    ADMIN = "admin"
+
+
+# Each role can do everything the roles before it can.
+ROLE_RANK = {Role.VIEWER: 0, Role.OPERATOR: 1, Role.APPROVER: 2, Role.ADMIN: 3}
+
+
+class Membership(models.Model):
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "user"], name="membership_unique")]
+
+
+class ApiKey(models.Model):
+    """A bearer key `rt_<prefix>_<secret>`: the prefix finds the row, the hash proves the secret.
+
+    The secret is 32 random bytes, so a plain sha256 is enough (no password stretching
+    needed for high-entropy tokens); the full key is shown once, at creation.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_keys")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_keys")
+    role = models.CharField(max_length=16, choices=Role.choices)
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=16, unique=True)
+    key_hash = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix})"
+
+
+class TaskQuerySet(models.QuerySet["Task"]):
+    def for_tenant(self, tenant: Tenant | int) -> TaskQuerySet:
+        return self.filter(tenant=tenant)
+
+
+class Task(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="tasks")
+    created_by = models.CharField(max_length=100)  # actor string, e.g. "user:7"
+    agent = models.CharField(max_length=100)
+    input = models.JSONField(default=dict)
+    goal = models.TextField(blank=True)
+
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.QUEUED)
+    status_message = models.CharField(max_length=500, blank=True)
+    progress = models.FloatField(default=0.0)
+    phase = models.CharField(max_length=100, blank=True)
+    state_version = models.BigIntegerField(default=1)
+    plan_version = models.IntegerField(default=1)
+    steps_done = models.IntegerField(default=0)  # sequence of the last committed step
+
+    lease_owner = models.CharField(max_length=200, null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    lease_epoch = models.BigIntegerField(default=0)  # +1 on every claim: the fencing token
+    recoveries = models.IntegerField(default=0)
+    cancel_requested = models.BooleanField(default=False)
+    cancel_reason = models.CharField(max_length=500, blank=True)
+
+    priority = models.SmallIntegerField(default=5)
+    checkpoint_policy = models.JSONField(default=dict)
+    approval_policy = models.JSONField(default=dict)
+    budget = models.JSONField(default=dict)
+
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    request_fingerprint = models.CharField(max_length=64, blank=True)
+
+    result = models.JSONField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    event_seq = models.BigIntegerField(default=0)
+    audit_seq = models.IntegerField(default=0)
+    audit_head = models.CharField(max_length=64, blank=True)  # hash of the newest AuditRecord
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+
+    objects = TaskQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="task_idempotency_key_per_tenant",
+            )
+        ]
+        indexes = [
+            # GET /runtime/tasks: a tenant's tasks newest first, optionally by status.
+            models.Index(fields=["tenant", "-created_at", "-id"], name="task_tenant_created"),
+            models.Index(fields=["tenant", "status", "-created_at"], name="task_tenant_status"),
+            # scan_leases: runnable tasks by lease expiry.
+            models.Index(fields=["lease_expires_at"], name="task_lease_expiry",
+                         condition=Q(status__in=["queued", "working", "recovering", "pausing"])),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.agent} {self.id}"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL
+
+    @property
+    def mcp_status(self) -> str:
+        return to_mcp_status(self.status)
+
+    def status_text(self) -> str:
+        """Why a task that shows as MCP "working" is not simply working."""
+        if self.status_message:
+            return self.status_message
+        return {
+            Status.QUEUED: "queued",
+            Status.PAUSING: "pausing",
+            Status.PAUSED: "paused",
+            Status.RECOVERING: "recovering after a worker loss",
+            Status.DEAD_LETTERED: "held for operator",
+        }.get(self.status, "")
+
+
+class Step(models.Model):
+    class StepStatus(models.TextChoices):
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT)
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="steps")
+    sequence = models.IntegerField()  # 1-based position in the task's run
+    attempt = models.IntegerField(default=1)  # > 1 only when a crash forced a re-run from a checkpoint
+    name = models.CharField(max_length=200)
+    status = models.CharField(max_length=16, choices=StepStatus.choices)
+    worker = models.CharField(max_length=200)
+    lease_epoch = models.BigIntegerField()
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField()
+    duration_ms = models.FloatField()
+    output = models.JSONField(default=dict)  # a small summary, never a transcript
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["task", "sequence", "attempt"], name="step_unique_attempt")
+        ]
+
+
+class AuditRecord(models.Model):
+    """Append-only and hash-chained per task; written in the transaction of the change."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT)
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="audit_records")
+    seq = models.IntegerField()
+    actor = models.CharField(max_length=200)
+    action = models.CharField(max_length=50)
+    from_status = models.CharField(max_length=20, blank=True)
+    to_status = models.CharField(max_length=20, blank=True)
+    before_version = models.BigIntegerField()
+    after_version = models.BigIntegerField()
+    reason = models.CharField(max_length=1000, blank=True)
+    data = models.JSONField(default=dict)
+    created_at = models.DateTimeField()
+    prev_hash = models.CharField(max_length=64)
+    hash = models.CharField(max_length=64)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["task", "seq"], name="audit_unique_seq")]
+        ordering = ["task", "seq"]
+
+    def chained_fields(self) -> dict[str, Any]:
+        """Exactly what the hash covers (tasks_app.audit)."""
+        return {
+            "task": str(self.task_id),
+            "seq": self.seq,
+            "actor": self.actor,
+            "action": self.action,
+            "from_status": self.from_status,
+            "to_status": self.to_status,
+            "before_version": self.before_version,
+            "after_version": self.after_version,
+            "reason": self.reason,
+            "data": self.data,
+            "created_at": self.created_at.isoformat(),
+            "prev_hash": self.prev_hash,
+        }
+
+
+class TaskEvent(models.Model):
+    """What a stream client sees, stored with the task's seq in the change's transaction."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT)
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="events")
+    seq = models.BigIntegerField()
+    type = models.CharField(max_length=50)
+    data = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["task", "seq"], name="event_unique_seq")]

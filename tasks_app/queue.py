@@ -1,0 +1,22 @@
+"""Ringing the doorbell: a Celery message says only "task X may have work"."""
+
+from __future__ import annotations
+
+import logging
+from uuid import UUID
+
+from django.db import transaction
+
+logger = logging.getLogger(__name__)
+
+
+def enqueue_slice(task_id: UUID | str, priority: int) -> None:
+    from tasks_app.tasks import run_task_slice  # tasks imports the engine, which imports us
+
+    run_task_slice.apply_async(args=[str(task_id)], priority=priority)
+
+
+def enqueue_slice_on_commit(task_id: UUID, priority: int) -> None:
+    # robust: a broker outage must not turn a committed change into a 500. The lease
+    # scanner re-finds the task once it has stalled (the database never forgets work).
+    transaction.on_commit(lambda: enqueue_slice(task_id, priority), robust=True)

@@ -1,0 +1,39 @@
+"""Reads. The snapshot comes from one function, so REST, MCP and events never drift."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tasks_app.models import Task
+
+
+def task_urls(task: Task) -> dict[str, str]:
+    base = f"/runtime/tasks/{task.id}"
+    return {"statusUrl": base, "streamUrl": f"{base}/events", "resultUrl": f"{base}/result"}
+
+
+def task_snapshot(task: Task) -> dict[str, Any]:
+    from checkpoints_app.models import Checkpoint
+
+    last = Checkpoint.objects.filter(task_id=task.id).order_by("-sequence", "-id").values_list(
+        "sequence", flat=True).first()
+    return {
+        "taskId": str(task.id),
+        "agent": task.agent,
+        "status": task.mcp_status,
+        "runtimeStatus": task.status,
+        "statusMessage": task.status_text(),
+        "progress": round(task.progress, 4),
+        "phase": task.phase,
+        "stateVersion": task.state_version,
+        "planVersion": task.plan_version,
+        "stepsDone": task.steps_done,
+        "lastCheckpoint": last,
+        "recoveries": task.recoveries,
+        "priority": task.priority,
+        "cancelRequested": task.cancel_requested,
+        "error": task.error,
+        "createdAt": task.created_at.isoformat() if task.created_at else None,
+        "updatedAt": task.updated_at.isoformat() if task.updated_at else None,
+        **task_urls(task),
+    }

@@ -1,0 +1,32 @@
+"""Celery wrappers only: all logic is in the engine and the leases module."""
+
+from __future__ import annotations
+
+import logging
+from uuid import UUID
+
+from celery import shared_task
+from django.conf import settings
+
+from tasks_app import engine, leases
+from tasks_app.models import Task
+from tasks_app.queue import enqueue_slice
+
+logger = logging.getLogger(__name__)
+
+
+@shared_task(name="tasks.run_task_slice", acks_late=True, ignore_result=True)
+def run_task_slice(task_id: str) -> None:
+    outcome = engine.run_slice(UUID(task_id), worker_id=engine.worker_identity())
+    if outcome is engine.SliceOutcome.CONTINUE:
+        # After the slice's last commit, never before: no pre-built chains (DESIGN §4).
+        priority = Task.objects.values_list("priority", flat=True).get(id=task_id)
+        enqueue_slice(task_id, priority)
+
+
+@shared_task(name="tasks.scan_leases", ignore_result=True)
+def scan_leases() -> None:
+    """Beat job: the broker may lose messages; the database never forgets running work."""
+    for task_id, priority in leases.needing_a_message(stall_seconds=settings.RUNTIME_STALL_SECONDS):
+        logger.info("re-enqueueing task %s (lease expired or message lost)", task_id)
+        enqueue_slice(task_id, priority)

@@ -1,0 +1,229 @@
+"""The engine in-process against real PostgreSQL: leases, fencing, checkpoints, safe points."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection, transaction
+from django.utils import timezone
+
+from checkpoints_app.models import Checkpoint
+from tasks_app import engine, leases
+from tasks_app.actions import do_cancel_task, do_create_task
+from tasks_app.agents.base import Agent, StepContext, register
+from tasks_app.audit import verify_chain
+from tasks_app.models import AuditRecord, Step, Task
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@register
+class ExplodingAgent(Agent):
+    name = "test_exploding"
+    input_schema = {"type": "object", "properties": {"explodeAt": {"type": "integer"}}}
+
+    def start(self, input: dict[str, Any], goal: str) -> dict[str, Any]:
+        return {"n": 0, "at": input.get("explodeAt", 2)}
+
+    def next_step(self, state: dict[str, Any]) -> str | None:
+        return f"s{state['n'] + 1}" if state["n"] < 5 else None
+
+    def run_step(self, ctx: StepContext, state: dict[str, Any]) -> dict[str, Any]:
+        if state["n"] + 1 == state["at"]:
+            raise RuntimeError("disk on fire")
+        return {**state, "n": state["n"] + 1}
+
+    def result(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+
+def new_task(persona, steps=25, **kwargs) -> Task:
+    task, _ = do_create_task(persona.tenant, actor="user:test", agent="noop", input={"steps": steps}, **kwargs)
+    return task
+
+
+def run_to_end(task: Task, worker: str = "w1") -> list[engine.SliceOutcome]:
+    outcomes = []
+    while True:
+        outcomes.append(engine.run_slice(task.id, worker_id=worker))
+        if outcomes[-1] is not engine.SliceOutcome.CONTINUE:
+            return outcomes
+
+
+def expire_lease(task: Task) -> None:
+    Task.objects.filter(id=task.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+
+
+def test_exactly_one_of_two_racing_claims_wins(alice):
+    task = new_task(alice)
+    barrier, results = threading.Barrier(2), []
+
+    def contender(name: str) -> None:
+        barrier.wait()
+        results.append(leases.claim(task.id, worker_id=name, ttl=30))
+        connection.close()
+
+    threads = [threading.Thread(target=contender, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [r for r in results if r is not None]
+    assert len(winners) == 1 and winners[0].epoch == 1
+
+
+def test_a_live_lease_cannot_be_claimed_and_an_expired_one_moves_the_epoch(alice):
+    task = new_task(alice)
+    first = leases.claim(task.id, worker_id="a", ttl=30)
+    assert first is not None
+    assert leases.claim(task.id, worker_id="b", ttl=30) is None
+    expire_lease(task)
+    second = leases.claim(task.id, worker_id="b", ttl=30)
+    assert second is not None and second.epoch == first.epoch + 1
+    assert not leases.renew(first, ttl=30)  # the zombie's heartbeat fails ...
+    with pytest.raises(leases.LeaseLost), transaction.atomic():
+        leases.fenced(first)  # ... and so does any write it attempts
+
+
+def test_a_zombie_slice_commits_nothing_after_a_takeover(alice, settings):
+    settings.RUNTIME_SLICE_STEPS = 3
+    task = new_task(alice, steps=10)
+    assert engine.run_slice(task.id, worker_id="w1") is engine.SliceOutcome.CONTINUE
+    zombie = leases.claim(task.id, worker_id="zombie", ttl=30)
+    run = engine._load(zombie)
+    expire_lease(task)
+    assert leases.claim(task.id, worker_id="new", ttl=30) is not None
+    steps_before = Step.objects.filter(task=task).count()
+    with pytest.raises(leases.LeaseLost):
+        engine._commit_step(run, StepContext(str(task.id), "", {}, "noop-4", 4, None), run.state,
+                            timezone.now(), 1.0)
+    assert Step.objects.filter(task=task).count() == steps_before
+
+
+def test_checkpoints_follow_the_policy_and_carry_valid_checksums(alice, settings):
+    settings.RUNTIME_SLICE_STEPS = 7  # slice ends add checkpoints of their own
+    task = new_task(alice, steps=25, checkpoint_policy={"everySteps": 5})
+    outcomes = run_to_end(task)
+    assert outcomes[-1] is engine.SliceOutcome.DONE and len(outcomes) == 4
+    task.refresh_from_db()
+    assert task.status == "completed" and task.result == {"steps": 25}
+    cps = list(Checkpoint.objects.filter(task=task).order_by("sequence"))
+    assert [(c.sequence, c.reason) for c in cps] == [
+        (5, "every_steps"), (7, "slice_end"), (12, "every_steps"), (14, "slice_end"),
+        (19, "every_steps"), (21, "slice_end"), (25, "terminal"),
+    ]
+    for cp in cps:  # recomputed here, independently of the codec
+        fields = {"task": str(task.id), "sequence": cp.sequence, "step_name": cp.step_name,
+                  "schema_version": cp.schema_version, "plan_version": cp.plan_version,
+                  "next_step": cp.next_step, "state": cp.state, "artifact_refs": cp.artifact_refs,
+                  "steering_cursor": cp.steering_cursor}
+        canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        assert hashlib.sha256(canonical.encode()).hexdigest() == cp.checksum
+        assert cp.state["done"] == cp.sequence
+    assert Step.objects.filter(task=task).count() == 25
+    assert set(Step.objects.filter(task=task).values_list("attempt", flat=True)) == {1}
+
+
+def test_an_altered_checkpoint_is_never_loaded(alice, settings):
+    settings.RUNTIME_SLICE_STEPS = 5
+    task = new_task(alice, steps=20)
+    assert engine.run_slice(task.id, worker_id="w1") is engine.SliceOutcome.CONTINUE
+    cp = Checkpoint.objects.get(task=task)
+    Checkpoint.objects.filter(id=cp.id).update(state={**cp.state, "done": 15})  # a forged shortcut
+    assert engine.run_slice(task.id, worker_id="w2") is engine.SliceOutcome.DONE
+    task.refresh_from_db()
+    assert task.status == "dead_lettered" and task.mcp_status == "working"
+    assert task.error["code"] == "checkpoint_corrupt" and "checksum" in task.error["message"]
+    assert "held for operator" in task.status_text()
+    assert Step.objects.filter(task=task).count() == 5  # nothing ran from the forged state
+    assert task.lease_owner is None
+    assert task.events.filter(type="dead_lettered").exists()
+    assert verify_chain(task) is None
+
+
+def test_a_checkpoint_from_an_unknown_schema_version_dead_letters(alice, settings):
+    from checkpoints_app import codec
+
+    settings.RUNTIME_SLICE_STEPS = 5
+    task = new_task(alice, steps=20)
+    engine.run_slice(task.id, worker_id="w1")
+    cp = Checkpoint.objects.get(task=task)
+    fields = {"task": str(task.id), "sequence": cp.sequence, "step_name": cp.step_name, "schema_version": 99,
+              "plan_version": cp.plan_version, "next_step": cp.next_step, "state": cp.state,
+              "artifact_refs": cp.artifact_refs, "steering_cursor": cp.steering_cursor}
+    Checkpoint.objects.filter(id=cp.id).update(schema_version=99, checksum=codec.checksum(fields))
+    engine.run_slice(task.id, worker_id="w2")
+    task.refresh_from_db()
+    assert task.status == "dead_lettered" and "schema_version 99" in task.error["message"]
+
+
+def test_cancel_requested_under_a_live_lease_lands_at_the_next_safe_point(alice, settings):
+    settings.RUNTIME_SLICE_STEPS = 4
+    task = new_task(alice, steps=20)
+    engine.run_slice(task.id, worker_id="w1")
+    held = leases.claim(task.id, worker_id="busy", ttl=30)
+    task = do_cancel_task(task.id, tenant=alice.tenant, actor="user:test", reason="wrong corpus")
+    assert task.status == "working" and task.cancel_requested  # asked, not yet applied
+    assert held is not None
+    expire_lease(task)
+    assert engine.run_slice(task.id, worker_id="w2") is engine.SliceOutcome.DONE
+    task.refresh_from_db()
+    assert task.status == "cancelled" and task.steps_done == 4
+    assert AuditRecord.objects.filter(task=task, to_status="cancelled", reason="wrong corpus").exists()
+    assert verify_chain(task) is None
+
+
+def test_a_failing_step_fails_the_task_with_a_diagnosable_reason(alice):
+    task, _ = do_create_task(alice.tenant, actor="user:test", agent="test_exploding", input={"explodeAt": 3})
+    assert engine.run_slice(task.id, worker_id="w1") is engine.SliceOutcome.DONE
+    task.refresh_from_db()
+    assert task.status == "failed"
+    assert task.error == {"code": "step_failed", "step": "s3", "sequence": 3,
+                          "message": "RuntimeError: disk on fire"}
+    assert Step.objects.filter(task=task).count() == 2
+
+
+def test_a_message_for_a_finished_task_is_dropped(alice):
+    task = new_task(alice, steps=3)
+    run_to_end(task)
+    assert engine.run_slice(task.id, worker_id="late") is engine.SliceOutcome.DROPPED
+    assert Step.objects.filter(task=task).count() == 3
+
+
+def test_the_scanner_finds_expired_leases_and_stalled_tasks_only(alice):
+    live, dead, stalled, fresh = (new_task(alice) for _ in range(4))
+    leases.claim(live.id, worker_id="a", ttl=30)
+    leases.claim(dead.id, worker_id="b", ttl=30)
+    expire_lease(dead)
+    Task.objects.filter(id=stalled.id).update(updated_at=timezone.now() - timedelta(seconds=120))
+    found = {task_id for task_id, _ in leases.needing_a_message(stall_seconds=60)}
+    assert found == {dead.id, stalled.id}
+    # a stalled task is touched, so the next scan leaves it alone for another interval
+    assert {t for t, _ in leases.needing_a_message(stall_seconds=60)} == {dead.id}
+    assert fresh.id not in found
+
+
+def test_every_terminal_chain_verifies_and_an_edited_record_is_named(alice):
+    task = new_task(alice, steps=3)
+    run_to_end(task)
+    call_command("verify_audit")  # no error
+    record = AuditRecord.objects.get(task=task, seq=2)
+    AuditRecord.objects.filter(id=record.id).update(reason="nothing to see here")
+    with pytest.raises(CommandError) as excinfo:
+        call_command("verify_audit")
+    assert f"task {task.id}: record 2" in str(excinfo.value)
+    assert "edited" in str(excinfo.value)
+
+
+def test_a_deleted_audit_record_breaks_the_chain(alice):
+    task = new_task(alice, steps=3)
+    run_to_end(task)
+    AuditRecord.objects.filter(task=task, seq=2).delete()
+    link = verify_chain(Task.objects.get(id=task.id))
+    assert link is not None and link.seq == 2 and "missing" in link.problem

@@ -1,0 +1,59 @@
+"""The embedded default end to end: SQLite + filesystem broker + local blobs, no PostgreSQL
+or Redis, with real uvicorn, worker and beat processes and a real HTTP client."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import ROOT, Processes, free_port, wait_until
+
+
+@pytest.fixture
+def embedded(tmp_path: Path, processes: Processes):
+    data = tmp_path / "data"
+    env = {"DATABASE_URL": None, "REDIS_URL": None, "RUNTIME_DATA_DIR": str(data), "DJANGO_SECRET_KEY": None,
+           "RUNTIME_LEASE_SECONDS": "4", "RUNTIME_HEARTBEAT_SECONDS": "1", "RUNTIME_SCAN_SECONDS": "1"}
+
+    def manage(*args: str) -> str:
+        out = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=processes.env(**env),
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip()
+
+    manage("migrate", "-v0")
+    assert (data / "runtime.sqlite3").exists()
+    key = manage("create_demo", "--key-only")
+    port = free_port()
+    processes.web(port, **env)
+    processes.worker(concurrency=2, **env)
+    processes.beat(**env)
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {key}"},
+                          timeout=10)
+    wait_until(lambda: _up(client), timeout=30, what="uvicorn to answer")
+    return client, manage, data
+
+
+def _up(client: httpx.Client) -> bool:
+    try:
+        return client.get("/healthz").status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def test_the_embedded_profile_runs_a_task_end_to_end(embedded):
+    client, manage, data = embedded
+    created = client.post("/runtime/tasks", json={"agent": "noop", "input": {"steps": 30, "sleepMs": 5}},
+                          headers={"Idempotency-Key": "embedded-1"})
+    assert created.status_code == 201, created.text
+    task_id = created.json()["taskId"]
+    snapshot = wait_until(lambda: (s := client.get(f"/runtime/tasks/{task_id}").json())["status"] == "completed"
+                          and s, timeout=60, what="the task to complete on the embedded profile")
+    assert snapshot["stepsDone"] == 30 and snapshot["lastCheckpoint"] == 30
+    assert client.get(f"/runtime/tasks/{task_id}/result").json()["result"] == {"steps": 30}
+    assert "0 broken" in manage("verify_audit")
+    assert (data / "broker" / "queue").is_dir()  # the filesystem broker carried the messages
