@@ -17,6 +17,7 @@ class BlobStore(Protocol):
     def put(self, key: str, data: bytes, content_type: str = "application/octet-stream") -> str: ...
     def get(self, key: str) -> bytes: ...
     def list(self, prefix: str) -> list[str]: ...
+    def exists(self, key: str) -> bool: ...
     def ref(self, key: str) -> str: ...
 
 
@@ -57,6 +58,9 @@ class LocalBlobStore:
             str(p.relative_to(self.root)) for p in base.rglob("*") if p.is_file() and not p.name.endswith(".tmp")
         )
 
+    def exists(self, key: str) -> bool:
+        return (self.root / _check_key(key)).is_file()
+
     def ref(self, key: str) -> str:
         return f"file://{key}"
 
@@ -87,6 +91,17 @@ class S3BlobStore:
         for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
             keys.extend(obj["Key"] for obj in page.get("Contents", []))
         return sorted(keys)
+
+    def exists(self, key: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=_check_key(key))
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise
+        return True
 
     def ref(self, key: str) -> str:
         return f"s3://{self.bucket}/{key}"
