@@ -21,6 +21,7 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from checkpoints_app import actions as checkpoints
@@ -102,9 +103,9 @@ def _load(lease: leases.Lease) -> _Run | None:
         sequence, step_name, refs = cp.sequence, cp.step_name, list(cp.artifact_refs)
     policy = task.checkpoint_policy or {}
     defaults = settings.RUNTIME["checkpoint"]
-    with transaction.atomic(durable=True):
-        task = leases.fenced(lease)
-        if task.status == Status.QUEUED:
+    if task.status == Status.QUEUED:
+        with transaction.atomic(durable=True):
+            task = leases.fenced(lease)
             transition(task, Status.WORKING, actor=f"worker:{lease.worker_id}", reason="first slice")
             task.started_at = timezone.now()
             task.save(update_fields=[*TRANSITION_FIELDS, "started_at"])
@@ -152,44 +153,45 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
 
 
 def _commit_step(run: _Run, ctx: agents.StepContext, new_state: dict[str, Any], began: Any, ms: float) -> None:
-    """One transaction per step, fenced: step row, progress, events, checkpoint by policy."""
+    """One transaction per step: a compare-and-set on the lease epoch (the fence) that also
+    records progress and reserves the step's event seqs, then the step row, the events and
+    a checkpoint when the policy says so. Four statements on the hot path."""
     sequence = run.sequence + 1
     run.artifact_refs += [a["ref"] for a in ctx.artifacts]
-    due = (
-        sequence - (run.checkpoint_sequence or 0) >= run.every_steps
-        or time.monotonic() - run.checkpoint_clock >= run.max_interval
-    )
+    since = sequence - (run.checkpoint_sequence or 0)
+    due = since >= run.every_steps or time.monotonic() - run.checkpoint_clock >= run.max_interval
+    items: list[tuple[str, dict[str, Any]]] = []
+    fields: dict[str, Any] = {"steps_done": sequence,
+                              "lease_expires_at": leases.deadline(settings.RUNTIME_LEASE_SECONDS)}
+    if ctx.progress_value is not None or ctx.phase is not None or ctx.message is not None:
+        task = run.task
+        task.progress = ctx.progress_value if ctx.progress_value is not None else task.progress
+        task.phase = ctx.phase if ctx.phase is not None else task.phase
+        task.status_message = ctx.message if ctx.message is not None else task.status_message
+        fields.update(progress=task.progress, phase=task.phase, status_message=task.status_message)
+        items.append(("progress", {"progress": task.progress, "phase": task.phase,
+                                   "message": task.status_message, "step": sequence}))
+    items += [("log", {"step": sequence, **entry}) for entry in ctx.logs]
+    items += [("artifact", {"step": sequence, **artifact}) for artifact in ctx.artifacts]
     with transaction.atomic(durable=True):
-        task = leases.fenced(run.lease)
+        leases.fenced_update(run.lease, event_seq=F("event_seq") + len(items), **fields)
+        fresh = Task.objects.values("event_seq", "cancel_requested", "cancel_reason").get(id=run.task.id)
         attempt = 1
         if sequence <= run.rerun_until:  # re-running after a crash: keep both attempts visible
-            attempt += Step.objects.filter(task=task, sequence=sequence).count()
+            attempt += Step.objects.filter(task_id=run.task.id, sequence=sequence).count()
         Step.objects.create(
-            tenant_id=task.tenant_id, task=task, sequence=sequence, attempt=attempt, name=ctx.step_name,
-            status=Step.StepStatus.SUCCEEDED, worker=run.lease.worker_id, lease_epoch=run.lease.epoch,
-            started_at=began, finished_at=timezone.now(), duration_ms=ms, output=ctx.summary,
+            tenant_id=run.task.tenant_id, task_id=run.task.id, sequence=sequence, attempt=attempt,
+            name=ctx.step_name, status=Step.StepStatus.SUCCEEDED, worker=run.lease.worker_id,
+            lease_epoch=run.lease.epoch, started_at=began, finished_at=timezone.now(), duration_ms=ms,
+            output=ctx.summary,
         )
-        fields = ["steps_done", "lease_expires_at", "updated_at"]
-        task.steps_done = sequence
-        task.lease_expires_at = leases.deadline(settings.RUNTIME_LEASE_SECONDS)
-        if ctx.progress_value is not None or ctx.phase is not None or ctx.message is not None:
-            task.progress = ctx.progress_value if ctx.progress_value is not None else task.progress
-            task.phase = ctx.phase if ctx.phase is not None else task.phase
-            task.status_message = ctx.message if ctx.message is not None else task.status_message
-            fields += ["progress", "phase", "status_message"]
-            events.emit(task, "progress", {"progress": task.progress, "phase": task.phase,
-                                           "message": task.status_message, "step": sequence})
-        for entry in ctx.logs:
-            events.emit(task, "log", {"step": sequence, **entry})
-        for artifact in ctx.artifacts:
-            events.emit(task, "artifact", {"step": sequence, **artifact})
-        task.save(update_fields=fields)
+        if items:
+            events.store(run.task, fresh["event_seq"] - len(items) + 1, items)
         run.state, run.sequence, run.last_step_name = new_state, sequence, ctx.step_name
+        run.task.event_seq, run.task.steps_done = fresh["event_seq"], sequence
+        run.task.cancel_requested, run.task.cancel_reason = fresh["cancel_requested"], fresh["cancel_reason"]
         if due:
-            _checkpoint(run, task, "every_steps" if sequence - (run.checkpoint_sequence or 0) >= run.every_steps
-                        else "interval")
-    task.refresh_from_db(fields=["lease_expires_at"])
-    run.task = task
+            _checkpoint(run, run.task, "every_steps" if since >= run.every_steps else "interval")
 
 
 def _checkpoint(run: _Run, task: Task, reason: str) -> None:
@@ -207,9 +209,8 @@ def _checkpoint(run: _Run, task: Task, reason: str) -> None:
 def _yield(run: _Run) -> None:
     """End of slice with work left: checkpoint (the successor starts from it) and release."""
     with transaction.atomic(durable=True):
-        task = leases.fenced(run.lease)
-        _checkpoint(run, task, "slice_end")
-        task.save(update_fields=[*leases.release_fields(task), "updated_at"])
+        leases.fenced_update(run.lease, lease_owner=None, lease_expires_at=None)
+        _checkpoint(run, run.task, "slice_end")
 
 
 def _complete(run: _Run) -> SliceOutcome:

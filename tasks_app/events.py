@@ -20,12 +20,20 @@ EVENT_TYPES = frozenset({
 
 def emit(task: Task, event_type: str, data: dict[str, Any]) -> TaskEvent:
     """In-transaction helper: allocate the next seq and store the event with the change."""
-    assert event_type in EVENT_TYPES, event_type
     assert transaction.get_connection().in_atomic_block, "emit inside the change's transaction"
     Task.objects.filter(id=task.id).update(event_seq=F("event_seq") + 1)
     seq = Task.objects.values_list("event_seq", flat=True).get(id=task.id)
     task.event_seq = seq
-    return TaskEvent.objects.create(
-        tenant_id=task.tenant_id, task=task, seq=seq, type=event_type,
-        data={"seq": seq, "taskId": str(task.id), **data},
-    )
+    return store(task, seq, [(event_type, data)])[0]
+
+
+def store(task: Task, first_seq: int, items: list[tuple[str, dict[str, Any]]]) -> list[TaskEvent]:
+    """Store events whose seqs [first_seq, first_seq + len(items)) the caller already
+    allocated on the task row in this transaction (the engine folds that into its fence)."""
+    for event_type, _ in items:
+        assert event_type in EVENT_TYPES, event_type
+    return TaskEvent.objects.bulk_create([
+        TaskEvent(tenant_id=task.tenant_id, task_id=task.id, seq=seq, type=event_type,
+                  data={"seq": seq, "taskId": str(task.id), **data})
+        for seq, (event_type, data) in enumerate(items, start=first_seq)
+    ])

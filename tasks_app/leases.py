@@ -11,6 +11,7 @@ import logging
 import threading
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 from uuid import UUID
 
 from django.db import close_old_connections, connection, transaction
@@ -76,6 +77,15 @@ def fenced(lease: Lease) -> Task:
     if task is None:
         raise LeaseLost(lease.task_id)
     return task
+
+
+def fenced_update(lease: Lease, **fields: Any) -> None:
+    """Compare-and-set write of the task row on our lease epoch (the hot path's fence):
+    zero rows means the lease was taken over, and the caller's transaction rolls back."""
+    assert transaction.get_connection().in_atomic_block, "fence inside the write's transaction"
+    if Task.objects.filter(id=lease.task_id, lease_epoch=lease.epoch, lease_owner=lease.worker_id).update(
+            updated_at=Now(), **fields) != 1:
+        raise LeaseLost(lease.task_id)
 
 
 def release_fields(task: Task) -> list[str]:
