@@ -94,6 +94,13 @@ def database_url() -> str:
     return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
 
 
+# The process commands, exactly as compose.yaml runs them (tests/test_deployment.py checks it).
+WEB = ["uvicorn", "runtime_site.asgi:application", "--host", "127.0.0.1", "--port"]
+WORKER = ["celery", "-A", "runtime_site", "worker", "-Q", "steps,maintenance", "-l", "INFO",
+          "--without-gossip", "--without-mingle", "-c"]
+BEAT = ["celery", "-A", "runtime_site", "beat", "-l", "INFO", "-s"]
+
+
 class Processes:
     """Starts real processes (worker, beat, web) and always stops them."""
 
@@ -114,17 +121,13 @@ class Processes:
         return proc
 
     def worker(self, *, concurrency: int = 1, **env: str) -> subprocess.Popen[bytes]:
-        return self.start("worker", [sys.executable, "-m", "celery", "-A", "runtime_site", "worker",
-                                     "-Q", "steps,maintenance", "-c", str(concurrency), "-l", "INFO",
-                                     "--without-gossip", "--without-mingle"], **env)
+        return self.start("worker", [sys.executable, "-m", *WORKER, str(concurrency)], **env)
 
     def beat(self, **env: str) -> subprocess.Popen[bytes]:
-        return self.start("beat", [sys.executable, "-m", "celery", "-A", "runtime_site", "beat", "-l", "INFO",
-                                   "-s", str(self.tmp / f"beat-schedule-{len(self.procs)}")], **env)
+        return self.start("beat", [sys.executable, "-m", *BEAT, str(self.tmp / f"beat-{len(self.procs)}")], **env)
 
     def web(self, port: int, **env: str) -> subprocess.Popen[bytes]:
-        return self.start("web", [sys.executable, "-m", "uvicorn", "runtime_site.asgi:application",
-                                  "--host", "127.0.0.1", "--port", str(port)], **env)
+        return self.start("web", [sys.executable, "-m", *WEB, str(port)], **env)
 
     @staticmethod
     def kill(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:

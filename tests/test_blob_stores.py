@@ -1,0 +1,79 @@
+"""Both blob stores behind one interface: the local folder and an S3-compatible server
+(moto in server mode: real HTTP through boto3), including a review run by a real worker
+whose corpus and report live in S3."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import Processes, free_port, wait_until
+from runtime_site.blobstore import BlobNotFound, LocalBlobStore, S3BlobStore
+from tasks_app.actions import do_create_task
+from tasks_app.corpus import generate_corpus
+from tasks_app.models import Task
+
+S3_ENV = {"RUNTIME_S3_BUCKET": "runtime-test", "RUNTIME_S3_ACCESS_KEY_ID": "test",
+          "RUNTIME_S3_SECRET_ACCESS_KEY": "test", "RUNTIME_S3_REGION": "us-east-1"}
+
+
+@pytest.fixture
+def s3(processes: Processes) -> tuple[S3BlobStore, dict[str, str]]:
+    port = free_port()
+    processes.start("moto", [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)])
+    endpoint = f"http://127.0.0.1:{port}"
+    wait_until(lambda: _answers(endpoint), timeout=30, what="the S3 server")
+    env = {**S3_ENV, "RUNTIME_S3_ENDPOINT_URL": endpoint}
+    store = S3BlobStore(env["RUNTIME_S3_BUCKET"], endpoint_url=endpoint, region_name="us-east-1",
+                        aws_access_key_id="test", aws_secret_access_key="test")
+    store.client.create_bucket(Bucket=env["RUNTIME_S3_BUCKET"])
+    return store, env
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code < 500
+    except httpx.TransportError:
+        return False
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path):
+    if request.param == "local":
+        return LocalBlobStore(tmp_path / "blobs")
+    return request.getfixturevalue("s3")[0]
+
+
+def test_a_store_round_trips_lists_and_refuses_bad_keys(store):
+    ref = store.put("a/b/one.json", b'{"x": 1}', "application/json")
+    store.put("a/b/two.txt", b"two")
+    store.put("a/c/three.txt", b"three")
+    assert ref.endswith("a/b/one.json") and ref.split("://")[0] in ("file", "s3")
+    assert store.get("a/b/one.json") == b'{"x": 1}'
+    assert store.list("a/b") == ["a/b/one.json", "a/b/two.txt"]
+    assert store.exists("a/c/three.txt") and not store.exists("a/c/none.txt")
+    with pytest.raises(BlobNotFound):
+        store.get("a/missing")
+    for bad in ("../etc/passwd", "/abs", "a//b", ""):
+        with pytest.raises(ValueError, match="invalid blob key"):
+            store.put(bad, b"x")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_on_the_s3_profile_reads_its_corpus_from_and_writes_its_report_to_s3(alice, s3, processes):
+    store, env = s3
+    generate_corpus(store, "corpora/s3", 40, 3, "2026-11-01")
+    processes.worker(**env)
+    task, _ = do_create_task(alice.tenant, actor="user:test", agent="document_review",
+                             input={"corpus": "corpora/s3", "batchSize": 10})
+    wait_until(lambda: Task.objects.get(id=task.id).is_terminal, timeout=60, what="the review to finish")
+    task.refresh_from_db()
+    assert task.status == "completed", task.error
+    report_ref = task.result["report"]["json"]
+    assert report_ref.startswith("s3://runtime-test/")
+    report = json.loads(store.get(report_ref.removeprefix("s3://runtime-test/")))
+    assert report["summary"]["documentsReviewed"] == 40
