@@ -76,3 +76,20 @@ def test_a_worker_killed_mid_run_is_replaced_and_the_task_resumes_from_its_check
     rerun = {seq for seq, attempt, _ in rows if attempt == 2}
     assert rerun == set(range(checkpoint.sequence + 1, killed_at.steps_done + 1))
     assert verify_chain(task) is None
+
+
+def test_the_heartbeat_keeps_a_step_longer_than_the_lease(alice, processes: Processes):
+    # Each step outlasts the 2 s lease; only the heartbeat keeps other workers (and the
+    # scanner's re-enqueues) from taking the task over mid-step.
+    env = {**FAST, "RUNTIME_LEASE_SECONDS": "2", "RUNTIME_HEARTBEAT_SECONDS": "0.5"}
+    processes.worker(concurrency=2, **env)
+    processes.beat(**env)
+    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 3, "sleepMs": 3000})
+    wait_until(lambda: Task.objects.get(id=task.id).steps_done >= 1, timeout=30, what="the first step")
+    for _ in range(4):
+        enqueue_slice(task.id, task.priority)
+    wait_until(lambda: status_of(task) == "completed", timeout=60, what="task to complete")
+    task.refresh_from_db()
+    assert task.lease_epoch == 1  # one claim, never taken over
+    assert list(Step.objects.filter(task=task).values_list("sequence", "attempt").order_by("sequence")) == [
+        (1, 1), (2, 1), (3, 1)]
