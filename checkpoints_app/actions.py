@@ -42,17 +42,30 @@ def record_checkpoint(
 
 
 def latest_checkpoint(task: Task) -> Checkpoint | None:
-    return Checkpoint.objects.filter(task=task).order_by("-sequence", "-id").first()
+    return Checkpoint.objects.filter(task=task, discarded=False).order_by("-sequence", "-id").first()
 
 
-def load_state(cp: Checkpoint) -> dict[str, Any]:
+def load_state(cp: Checkpoint, *, agent: str) -> dict[str, Any]:
     """Verified, upgraded state of a checkpoint; raises codec.CheckpointCorrupt."""
-    return codec.verify_and_upgrade(_fields(cp), cp.checksum)
+    return codec.verify_and_upgrade(_fields(cp), cp.checksum, agent=agent)
 
 
-def is_valid(cp: Checkpoint) -> bool:
+def discard_back_to_last_good(task: Task) -> tuple[Checkpoint | None, list[int]]:
+    """In-transaction helper for a redrive: mark every checkpoint newer than the newest one
+    that verifies as discarded. Returns (that good checkpoint or None, discarded sequences)."""
+    assert transaction.get_connection().in_atomic_block, "discard inside the redrive's transaction"
+    discarded: list[int] = []
+    for cp in Checkpoint.objects.filter(task=task, discarded=False).order_by("-sequence", "-id"):
+        if is_valid(cp, agent=task.agent):
+            return cp, discarded
+        discarded.append(cp.sequence)
+        Checkpoint.objects.filter(id=cp.id).update(discarded=True)
+    return None, discarded
+
+
+def is_valid(cp: Checkpoint, *, agent: str) -> bool:
     try:
-        load_state(cp)
+        load_state(cp, agent=agent)
     except codec.CheckpointCorrupt:
         return False
     return True

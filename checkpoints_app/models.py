@@ -20,6 +20,8 @@ class Checkpoint(models.Model):
     steering_cursor = models.BigIntegerField(default=0)
     reason = models.CharField(max_length=30)  # every_steps, interval, slice_end, terminal, ...
     checksum = models.CharField(max_length=64)
+    # Set by an operator's redrive on checkpoints newer than the last good one: never loaded again.
+    discarded = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
@@ -61,6 +62,7 @@ def do_create_task(
     tenant: Tenant, *, actor: str, agent: str, input: dict[str, Any], goal: str = "",
     checkpoint_policy: dict[str, Any] | None = None, approval_policy: dict[str, Any] | None = None,
     budget: dict[str, Any] | None = None, priority: int = 5, idempotency_key: str | None = None,
+    ttl_seconds: int | None = None,
 ) -> tuple[Task, bool]:
     """Validate and create a task; enqueue its first slice on commit.
 
@@ -70,7 +72,8 @@ def do_create_task(
     definition = agents.get_agent(agent)  # UnknownAgent
     agents.validate(input, definition.input_schema, "input")  # SchemaError
     body = {"agent": agent, "input": input, "goal": goal, "checkpointPolicy": checkpoint_policy or {},
-            "approvalPolicy": approval_policy or {}, "budget": budget or {}, "priority": priority}
+            "approvalPolicy": approval_policy or {}, "budget": budget or {}, "priority": priority,
+            "ttlSeconds": ttl_seconds}
     fingerprint = _fingerprint(body)
     if idempotency_key is not None:
         if existing := _replay(tenant, idempotency_key, fingerprint):
@@ -82,6 +85,7 @@ def do_create_task(
                 checkpoint_policy=checkpoint_policy or {}, approval_policy=approval_policy or {},
                 budget=budget or {}, priority=priority, idempotency_key=idempotency_key,
                 request_fingerprint=fingerprint,
+                expires_at=timezone.now() + timedelta(seconds=ttl_seconds) if ttl_seconds else None,
             )
             record_audit(task, actor=actor, action="created", to_status=task.status,
                          before_version=0, data={"agent": agent})

@@ -31,6 +31,7 @@ from tasks_app import events, leases
 from tasks_app.actions import TRANSITION_FIELDS, transition
 from tasks_app.agents import base as agents
 from tasks_app.models import Step, Task
+from tasks_app.selectors import task_snapshot
 from tasks_app.states import Status
 
 logger = logging.getLogger(__name__)
@@ -81,8 +82,12 @@ def run_slice(task_id: UUID, *, worker_id: str) -> SliceOutcome:
 
 
 def _load(lease: leases.Lease) -> _Run | None:
-    """Read the task and its newest checkpoint; a checkpoint that fails verification
-    dead-letters the task (it is never re-run blindly)."""
+    """Read the task and its newest checkpoint, in the seed's §9 recovery order: (the reaper
+    has marked it recovering) → verify the checkpoint's checksum and schema version,
+    migrating older versions forward → continue from its next step → a fresh snapshot
+    event. A checkpoint that fails verification dead-letters the task; it never re-runs
+    blindly. (Settling the ledger and replaying steering after the checkpoint's cursor join
+    this order with the ledger and steering apps.)"""
     task = Task.objects.get(id=lease.task_id)
     try:
         agent = agents.get_agent(task.agent)
@@ -95,26 +100,37 @@ def _load(lease: leases.Lease) -> _Run | None:
         state, sequence, step_name, refs = agent.start(task.input, task.goal), 0, "", []
     else:
         try:
-            state = checkpoints.load_state(cp)
+            state = checkpoints.load_state(cp, agent=task.agent)
         except CheckpointCorrupt as exc:
             _stop(lease, Status.DEAD_LETTERED, reason=str(exc), message=f"held for operator: {exc}",
                   error={"code": "checkpoint_corrupt", "message": str(exc), "checkpoint": cp.sequence})
             return None
         sequence, step_name, refs = cp.sequence, cp.step_name, list(cp.artifact_refs)
+    if task.status in (Status.QUEUED, Status.RECOVERING):
+        task = _start_working(lease, task.status, sequence if cp else None)
     policy = task.checkpoint_policy or {}
     defaults = settings.RUNTIME["checkpoint"]
-    if task.status == Status.QUEUED:
-        with transaction.atomic(durable=True):
-            task = leases.fenced(lease)
-            transition(task, Status.WORKING, actor=f"worker:{lease.worker_id}", reason="first slice")
-            task.started_at = timezone.now()
-            task.save(update_fields=[*TRANSITION_FIELDS, "started_at"])
     return _Run(
         lease=lease, agent=agent, task=task, state=state, sequence=sequence, last_step_name=step_name,
         artifact_refs=refs, checkpoint_sequence=cp.sequence if cp else None, rerun_until=task.steps_done,
         every_steps=int(policy.get("everySteps", defaults["every_steps"])),
         max_interval=float(policy.get("maxSeconds", defaults["max_interval_seconds"])),
     )
+
+
+def _start_working(lease: leases.Lease, status: str, checkpoint: int | None) -> Task:
+    with transaction.atomic(durable=True):
+        task = leases.fenced(lease)
+        if status == Status.QUEUED:
+            reason = "first slice"
+            task.started_at = timezone.now()
+        else:
+            reason = f"resumed from checkpoint {checkpoint}" if checkpoint else "resumed from the start"
+        transition(task, Status.WORKING, actor=f"worker:{lease.worker_id}", reason=reason)
+        task.save(update_fields=[*TRANSITION_FIELDS, "started_at"])
+        if status == Status.RECOVERING:
+            events.emit(task, "task.snapshot", task_snapshot(task))
+    return task
 
 
 def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:

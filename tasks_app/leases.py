@@ -95,23 +95,19 @@ def release_fields(task: Task) -> list[str]:
     return ["lease_owner", "lease_expires_at"]
 
 
-def needing_a_message(*, stall_seconds: float, limit: int = 500) -> list[tuple[UUID, int]]:
-    """Runnable tasks nobody is working on: (a) a lease that expired (its worker died) or
-    (b) no lease and untouched for stall_seconds (the broker lost its message).
+def stalled(*, stall_seconds: float, limit: int = 500) -> list[tuple[UUID, int]]:
+    """Runnable tasks with no lease, untouched for stall_seconds: the broker lost their
+    message (or it never left a crashed web process). Not a crash; nothing is counted.
 
-    Stalled rows are touched so the next scan leaves them alone for another interval.
+    The rows are touched so the next scan leaves them alone for another interval.
     """
-    expired = Q(lease_owner__isnull=False, lease_expires_at__lt=Now())
-    stalled = Q(lease_owner__isnull=True, updated_at__lt=ExpressionWrapper(
-        Now() - timedelta(seconds=stall_seconds), output_field=DateTimeField()))
-    rows = list(
-        Task.objects.filter(status__in=CLAIMABLE).filter(expired | stalled)
-        .order_by("priority", "updated_at").values_list("id", "priority", "lease_owner")[:limit]
-    )
-    stalled_ids = [task_id for task_id, _, owner in rows if owner is None]
-    if stalled_ids:
-        Task.objects.filter(id__in=stalled_ids, lease_owner__isnull=True).update(updated_at=Now())
-    return [(task_id, priority) for task_id, priority, _ in rows]
+    cutoff = ExpressionWrapper(Now() - timedelta(seconds=stall_seconds), output_field=DateTimeField())
+    rows = list(Task.objects.filter(status__in=CLAIMABLE, lease_owner__isnull=True, updated_at__lt=cutoff)
+                .order_by("priority", "updated_at").values_list("id", "priority")[:limit])
+    if rows:
+        Task.objects.filter(id__in=[task_id for task_id, _ in rows], lease_owner__isnull=True).update(
+            updated_at=Now())
+    return rows
 
 
 class Heartbeat:

@@ -15,7 +15,7 @@ def task_urls(task: Task) -> dict[str, str]:
 def task_snapshot(task: Task) -> dict[str, Any]:
     from checkpoints_app.models import Checkpoint
 
-    last = Checkpoint.objects.filter(task_id=task.id).order_by("-sequence", "-id").values_list(
+    last = Checkpoint.objects.filter(task_id=task.id, discarded=False).order_by("-sequence", "-id").values_list(
         "sequence", flat=True).first()
     return {
         "taskId": str(task.id),
@@ -35,5 +35,6 @@ def task_snapshot(task: Task) -> dict[str, Any]:
         "error": task.error,
         "createdAt": task.created_at.isoformat() if task.created_at else None,
         "updatedAt": task.updated_at.isoformat() if task.updated_at else None,
+        "expiresAt": task.expires_at.isoformat() if task.expires_at else None,
         **task_urls(task),
     }

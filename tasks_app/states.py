@@ -28,17 +28,18 @@ CLAIMABLE = frozenset({Status.QUEUED, Status.WORKING, Status.RECOVERING, Status.
 
 # Read it as: "from X you may go to any of ...". Anything else is a bug or a stale request.
 ALLOWED_TRANSITIONS: dict[str, frozenset[str]] = {
-    Status.QUEUED: frozenset({Status.WORKING, Status.CANCELLED, Status.FAILED, Status.DEAD_LETTERED}),
+    Status.QUEUED: frozenset({Status.WORKING, Status.RECOVERING, Status.CANCELLED, Status.FAILED,
+                              Status.DEAD_LETTERED}),
     Status.WORKING: frozenset(
         {Status.INPUT_REQUIRED, Status.PAUSING, Status.PAUSED, Status.RECOVERING, Status.COMPLETED,
          Status.FAILED, Status.CANCELLED, Status.DEAD_LETTERED}
     ),
-    Status.PAUSING: frozenset({Status.PAUSED, Status.WORKING, Status.CANCELLED, Status.FAILED,
-                               Status.DEAD_LETTERED}),
+    Status.PAUSING: frozenset({Status.PAUSED, Status.WORKING, Status.RECOVERING, Status.CANCELLED,
+                               Status.FAILED, Status.DEAD_LETTERED}),
     Status.PAUSED: frozenset({Status.WORKING, Status.CANCELLED, Status.FAILED}),
     Status.INPUT_REQUIRED: frozenset({Status.WORKING, Status.CANCELLED, Status.FAILED}),
     Status.RECOVERING: frozenset({Status.WORKING, Status.DEAD_LETTERED, Status.CANCELLED, Status.FAILED}),
-    Status.DEAD_LETTERED: frozenset({Status.WORKING, Status.FAILED, Status.CANCELLED}),
+    Status.DEAD_LETTERED: frozenset({Status.RECOVERING, Status.FAILED, Status.CANCELLED}),  # redrive / close
 }
 
 # MCP knows five statuses, and a terminal one may never change afterwards; everything

@@ -8,7 +8,7 @@ from uuid import UUID
 from celery import shared_task
 from django.conf import settings
 
-from tasks_app import engine, leases
+from tasks_app import engine, leases, recovery
 from tasks_app.models import Task
 from tasks_app.queue import enqueue_slice
 
@@ -27,6 +27,11 @@ def run_task_slice(task_id: str) -> None:
 @shared_task(name="tasks.scan_leases", ignore_result=True)
 def scan_leases() -> None:
     """Beat job: the broker may lose messages; the database never forgets running work."""
-    for task_id, priority in leases.needing_a_message(stall_seconds=settings.RUNTIME_STALL_SECONDS):
-        logger.info("re-enqueueing task %s (lease expired or message lost)", task_id)
+    for task_id in recovery.expired_lease_ids():
+        if task := recovery.do_mark_recovering(task_id, actor="system:reaper"):
+            logger.warning("task %s: worker lost, now %s (recoveries %s)", task_id, task.status, task.recoveries)
+    for task_id, priority in leases.stalled(stall_seconds=settings.RUNTIME_STALL_SECONDS):
+        logger.info("task %s: no lease and no progress, re-enqueued (message lost)", task_id)
         enqueue_slice(task_id, priority)
+    for task_id in recovery.expired_ttl_ids():
+        recovery.do_expire_task(task_id, actor="system:reaper")

@@ -53,6 +53,7 @@ class TaskListCreateApi(APIView):
         approvalPolicy = serializers.DictField(required=False)  # noqa: N815
         budget = serializers.DictField(required=False)
         priority = serializers.IntegerField(min_value=0, max_value=9, default=5)
+        ttlSeconds = serializers.IntegerField(min_value=1, max_value=90 * 86400, required=False)  # noqa: N815
 
         def validate_checkpointPolicy(self, value: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
             unknown = set(value) - {"everySteps", "maxSeconds"}
@@ -90,6 +91,7 @@ class TaskListCreateApi(APIView):
             who.tenant, actor=who.actor, agent=body["agent"], input=body["input"], goal=body["goal"],
             checkpoint_policy=body.get("checkpointPolicy"), approval_policy=body.get("approvalPolicy"),
             budget=body.get("budget"), priority=body["priority"], idempotency_key=key,
+            ttl_seconds=body.get("ttlSeconds"),
         )
         answer = {"taskId": str(task.id), "status": task.mcp_status, "runtimeStatus": task.status, **task_urls(task)}
         return Response(answer, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
@@ -126,7 +128,8 @@ class TaskCheckpointsApi(APIView):
         return Response({"results": [{
             "sequence": cp.sequence, "stepName": cp.step_name, "nextStep": cp.next_step,
             "schemaVersion": cp.schema_version, "planVersion": cp.plan_version, "reason": cp.reason,
-            "checksum": cp.checksum, "valid": is_valid(cp), "artifactRefs": cp.artifact_refs,
+            "checksum": cp.checksum, "valid": is_valid(cp, agent=task.agent), "discarded": cp.discarded,
+            "artifactRefs": cp.artifact_refs,
             "createdAt": cp.created_at.isoformat(),
         } for cp in rows]})
 

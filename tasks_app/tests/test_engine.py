@@ -196,19 +196,6 @@ def test_a_message_for_a_finished_task_is_dropped(alice):
     assert Step.objects.filter(task=task).count() == 3
 
 
-def test_the_scanner_finds_expired_leases_and_stalled_tasks_only(alice):
-    live, dead, stalled, fresh = (new_task(alice) for _ in range(4))
-    leases.claim(live.id, worker_id="a", ttl=30)
-    leases.claim(dead.id, worker_id="b", ttl=30)
-    expire_lease(dead)
-    Task.objects.filter(id=stalled.id).update(updated_at=timezone.now() - timedelta(seconds=120))
-    found = {task_id for task_id, _ in leases.needing_a_message(stall_seconds=60)}
-    assert found == {dead.id, stalled.id}
-    # a stalled task is touched, so the next scan leaves it alone for another interval
-    assert {t for t, _ in leases.needing_a_message(stall_seconds=60)} == {dead.id}
-    assert fresh.id not in found
-
-
 def test_every_terminal_chain_verifies_and_an_edited_record_is_named(alice):
     task = new_task(alice, steps=3)
     run_to_end(task)

@@ -1,0 +1,148 @@
+"""Recovery and operator actions (DESIGN §4 beat jobs, the seed's §9).
+
+The reaper (beat) and operators change tasks that no live worker holds. Each of these
+actions moves the lease epoch, so a worker that lost its lease (killed, frozen, cut off)
+fails its fence on its next write and can never commit again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models.functions import Now
+
+from checkpoints_app.actions import discard_back_to_last_good
+from tasks_app import events
+from tasks_app.actions import TRANSITION_FIELDS, IllegalTransition, transition
+from tasks_app.audit import record_audit
+from tasks_app.models import Task
+from tasks_app.queue import enqueue_slice_on_commit
+from tasks_app.states import CLAIMABLE, TERMINAL, Status
+
+
+class NoLease(Exception):
+    def __init__(self, task_id: UUID) -> None:
+        super().__init__("the task holds no lease")
+        self.task_id = task_id
+
+
+LEASE_FIELDS = ["lease_owner", "lease_expires_at", "lease_epoch"]
+
+
+def _drop_lease(task: Task) -> str | None:
+    """On a locked row: clear the lease and move the epoch (the fencing token)."""
+    owner = task.lease_owner
+    task.lease_owner, task.lease_expires_at = None, None
+    task.lease_epoch += 1
+    return owner
+
+
+def expired_lease_ids(limit: int = 500) -> list[UUID]:
+    return list(Task.objects.filter(status__in=CLAIMABLE, lease_owner__isnull=False, lease_expires_at__lt=Now())
+                .order_by("lease_expires_at").values_list("id", flat=True)[:limit])
+
+
+def expired_ttl_ids(limit: int = 500) -> list[UUID]:
+    return list(Task.objects.filter(expires_at__lt=Now()).exclude(status__in=TERMINAL)
+                .order_by("expires_at").values_list("id", flat=True)[:limit])
+
+
+@transaction.atomic(durable=True)
+def do_mark_recovering(task_id: UUID, *, actor: str, max_recoveries: int | None = None) -> Task | None:
+    """A runnable task whose lease expired lost its worker: count a recovery and hand it to
+    the next worker, or dead-letter it when it has crashed workers too often."""
+    max_recoveries = settings.RUNTIME["runtime"]["max_recoveries"] if max_recoveries is None else max_recoveries
+    task = (Task.objects.select_for_update()
+            .filter(id=task_id, status__in=CLAIMABLE, lease_owner__isnull=False, lease_expires_at__lt=Now())
+            .first())
+    if task is None:
+        return None  # renewed, released or already handled by another scan: nothing to do
+    lost = _drop_lease(task)
+    task.recoveries += 1
+    fields = [*TRANSITION_FIELDS, *LEASE_FIELDS, "recoveries"]
+    if task.recoveries > max_recoveries:
+        reason = f"lease of {lost} expired; recovery {task.recoveries} exceeds max_recoveries={max_recoveries}"
+        task.status_message = "held for operator: too many recoveries"
+        task.error = {"code": "max_recoveries_exceeded", "message": reason}
+        transition(task, Status.DEAD_LETTERED, actor=actor, reason=reason)
+        fields.append("error")
+    else:
+        reason = f"lease of {lost} expired (recovery {task.recoveries} of at most {max_recoveries})"
+        if task.status == Status.RECOVERING:  # the recovering worker died too: no status change
+            record_audit(task, actor=actor, action="recovery", before_version=task.state_version, reason=reason)
+        else:
+            transition(task, Status.RECOVERING, actor=actor, reason=reason)
+        events.emit(task, "recovering", {"recoveries": task.recoveries, "reason": reason})
+        enqueue_slice_on_commit(task.id, task.priority)
+    task.save(update_fields=fields)
+    return task
+
+
+@transaction.atomic(durable=True)
+def do_expire_task(task_id: UUID, *, actor: str) -> Task | None:
+    """Past its TTL or deadline: failed with the reason, whatever it was doing."""
+    task = Task.objects.select_for_update().filter(id=task_id, expires_at__lt=Now()).exclude(
+        status__in=TERMINAL).first()
+    if task is None:
+        return None
+    _drop_lease(task)
+    reason = f"past its TTL/deadline ({task.expires_at.isoformat()})"
+    task.error = {"code": "expired", "message": reason}
+    transition(task, Status.FAILED, actor=actor, reason=reason)
+    task.save(update_fields=[*TRANSITION_FIELDS, *LEASE_FIELDS, "error"])
+    return task
+
+
+def _locked(task_id: UUID, tenant: Any | None) -> Task:
+    query = Task.objects.select_for_update().filter(id=task_id)
+    if tenant is not None:
+        query = query.filter(tenant=tenant)
+    return query.get()
+
+
+@transaction.atomic(durable=True)
+def do_redrive_task(task_id: UUID, *, actor: str, reason: str, tenant: Any | None = None) -> Task:
+    """Operator: run a dead-lettered task again from its last good checkpoint (or from the
+    start when none verifies). Newer, failing checkpoints are discarded, never loaded."""
+    task = _locked(task_id, tenant)
+    if task.status != Status.DEAD_LETTERED:
+        raise IllegalTransition(task.status, Status.RECOVERING)
+    good, discarded = discard_back_to_last_good(task)
+    _drop_lease(task)
+    task.recoveries, task.error, task.status_message = 0, None, ""
+    transition(task, Status.RECOVERING, actor=actor, reason=reason, data={
+        "redriveFrom": good.sequence if good else None, "discardedCheckpoints": discarded})
+    task.save(update_fields=[*TRANSITION_FIELDS, *LEASE_FIELDS, "recoveries", "error"])
+    enqueue_slice_on_commit(task.id, task.priority)
+    return task
+
+
+@transaction.atomic(durable=True)
+def do_close_task(task_id: UUID, *, actor: str, reason: str, tenant: Any | None = None) -> Task:
+    """Operator: give up on a dead-lettered task; it becomes failed for good."""
+    task = _locked(task_id, tenant)
+    if task.status != Status.DEAD_LETTERED:
+        raise IllegalTransition(task.status, Status.FAILED)
+    transition(task, Status.FAILED, actor=actor, reason=reason)
+    task.save(update_fields=TRANSITION_FIELDS)
+    return task
+
+
+@transaction.atomic(durable=True)
+def do_release_lease(task_id: UUID, *, actor: str, reason: str, tenant: Any | None = None) -> Task:
+    """Operator: take a lease away from a worker believed gone, without waiting for it to
+    expire. Safe even if the worker lives: the epoch moves, so its next write fails."""
+    task = _locked(task_id, tenant)
+    if task.lease_owner is None:
+        raise NoLease(task.id)
+    owner = _drop_lease(task)
+    record_audit(task, actor=actor, action="lease_released", before_version=task.state_version,
+                 reason=reason, data={"owner": owner})
+    task.save(update_fields=[*LEASE_FIELDS, "updated_at"])
+    if task.status in CLAIMABLE:
+        enqueue_slice_on_commit(task.id, task.priority)
+    return task
+

@@ -1,0 +1,183 @@
+"""Recovery and operator actions in-process on PostgreSQL: the reaper's three scans,
+max recoveries, TTL expiry, checkpoint schema migrations, redrive, close, release."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from checkpoints_app import codec
+from checkpoints_app.models import Checkpoint
+from tasks_app import engine, leases, recovery
+from tasks_app.actions import IllegalTransition, do_create_task
+from tasks_app.agents.base import Agent, StepContext, register
+from tasks_app.audit import verify_chain
+from tasks_app.models import AuditRecord, Step, Task
+from tasks_app.tests.test_engine import expire_lease, new_task, run_to_end
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def crash_mid_slice(task: Task, worker: str = "doomed") -> leases.Lease:
+    """A worker claims the task and dies holding the lease (its lease then expires)."""
+    lease = leases.claim(task.id, worker_id=worker, ttl=30)
+    assert lease is not None
+    expire_lease(task)
+    return lease
+
+
+def test_the_scans_find_expired_leases_stalled_tasks_and_expired_ttls(alice):
+    live, dead, stalled, fresh, old = (new_task(alice) for _ in range(5))
+    leases.claim(live.id, worker_id="a", ttl=30)
+    crash_mid_slice(dead)
+    Task.objects.filter(id=stalled.id).update(updated_at=timezone.now() - timedelta(seconds=120))
+    Task.objects.filter(id=old.id).update(expires_at=timezone.now() - timedelta(seconds=1))
+    assert recovery.expired_lease_ids() == [dead.id]
+    assert [t for t, _ in leases.stalled(stall_seconds=60)] == [stalled.id]
+    assert leases.stalled(stall_seconds=60) == []  # touched: left alone for another interval
+    assert recovery.expired_ttl_ids() == [old.id]
+    assert fresh.id not in recovery.expired_lease_ids()
+
+
+def test_an_expired_lease_marks_the_task_recovering_and_the_next_worker_resumes_it(alice, settings):
+    settings.RUNTIME_SLICE_STEPS = 6
+    task = new_task(alice, steps=20, checkpoint_policy={"everySteps": 4})
+    engine.run_slice(task.id, worker_id="w1")  # 6 steps, checkpoint at 4 and 6
+    lost = crash_mid_slice(task)
+    marked = recovery.do_mark_recovering(task.id, actor="system:reaper")
+    assert marked is not None and marked.status == "recovering" and marked.recoveries == 1
+    assert marked.lease_owner is None and marked.lease_epoch == lost.epoch + 1
+    assert recovery.do_mark_recovering(task.id, actor="system:reaper") is None  # nothing expired now
+    assert task.events.filter(type="recovering").count() == 1
+
+    run_to_end(task, worker="w2")
+    task.refresh_from_db()
+    assert task.status == "completed" and task.recoveries == 1
+    resumed = AuditRecord.objects.get(task=task, from_status="recovering", to_status="working")
+    assert resumed.reason == "resumed from checkpoint 6"
+    assert task.events.filter(type="task.snapshot", seq__gt=1).exists()  # a fresh snapshot
+    assert verify_chain(task) is None
+
+
+def test_a_task_that_keeps_losing_its_worker_is_dead_lettered_after_max_recoveries(alice):
+    task = new_task(alice)
+    for expected in (1, 2, 3):
+        crash_mid_slice(task)
+        assert recovery.do_mark_recovering(task.id, actor="system:reaper", max_recoveries=3).recoveries == expected
+    crash_mid_slice(task)
+    task = recovery.do_mark_recovering(task.id, actor="system:reaper", max_recoveries=3)
+    assert task.status == "dead_lettered" and task.mcp_status == "working"
+    assert task.error["code"] == "max_recoveries_exceeded"
+    assert task.status_text() == "held for operator: too many recoveries"
+    assert task.events.filter(type="dead_lettered").exists()
+    assert leases.claim(task.id, worker_id="w", ttl=30) is None  # held, not runnable
+
+
+def test_a_task_past_its_ttl_fails_with_the_reason(alice):
+    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 5}, ttl_seconds=60)
+    assert task.expires_at is not None
+    lease = leases.claim(task.id, worker_id="busy", ttl=30)
+    Task.objects.filter(id=task.id).update(expires_at=timezone.now() - timedelta(seconds=1))
+    expired = recovery.do_expire_task(task.id, actor="system:reaper")
+    assert expired.status == "failed" and expired.error["code"] == "expired"
+    assert "TTL" in AuditRecord.objects.get(task=task, to_status="failed").reason
+    assert not leases.renew(lease, ttl=30)  # the worker that held it is fenced out
+
+
+STATE_KEY = {"value": "n"}  # the state's shape "in the code": v1 says "n", v2 says "count"
+
+
+@register
+class ShapeShiftingAgent(Agent):
+    name = "test_shape_shifting"
+
+    def start(self, input: dict[str, Any], goal: str) -> dict[str, Any]:
+        return {STATE_KEY["value"]: 0}
+
+    def next_step(self, state: dict[str, Any]) -> str | None:
+        return "tick" if state[STATE_KEY["value"]] < 10 else None
+
+    def run_step(self, ctx: StepContext, state: dict[str, Any]) -> dict[str, Any]:
+        return {STATE_KEY["value"]: state[STATE_KEY["value"]] + 1}
+
+    def result(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {"ticks": state[STATE_KEY["value"]]}
+
+
+def test_a_version_1_checkpoint_resumes_after_the_code_moved_to_version_2(alice, settings, monkeypatch):
+    settings.RUNTIME_SLICE_STEPS = 4
+    task, _ = do_create_task(alice.tenant, actor="user:test", agent="test_shape_shifting", input={})
+    assert engine.run_slice(task.id, worker_id="v1") is engine.SliceOutcome.CONTINUE
+    assert Checkpoint.objects.get(task=task).schema_version == 1
+
+    # The code moves on: state v2 renames "n" to "count", with a registered migration.
+    monkeypatch.setattr(codec, "CURRENT_SCHEMA_VERSION", 2)
+    monkeypatch.setitem(STATE_KEY, "value", "count")
+    monkeypatch.setitem(codec.MIGRATIONS, 1, lambda state, agent: {"count": state["n"]} if agent ==
+                        "test_shape_shifting" else state)
+    run_to_end(task, worker="v2")
+    task.refresh_from_db()
+    assert task.status == "completed" and task.result == {"ticks": 10}
+    assert Step.objects.filter(task=task).count() == 10  # nothing re-ran
+    assert list(Checkpoint.objects.filter(task=task).values_list("schema_version", flat=True)) == [1, 2, 2]
+
+
+def test_a_checkpoint_without_a_migration_path_dead_letters(alice, settings, monkeypatch):
+    settings.RUNTIME_SLICE_STEPS = 4
+    task = new_task(alice, steps=10)
+    engine.run_slice(task.id, worker_id="v1")
+    monkeypatch.setattr(codec, "CURRENT_SCHEMA_VERSION", 2)
+    engine.run_slice(task.id, worker_id="v2")
+    task.refresh_from_db()
+    assert task.status == "dead_lettered" and "no migration from checkpoint schema_version 1" in task.error["message"]
+
+
+def test_redrive_resumes_a_dead_letter_from_its_last_good_checkpoint(alice, settings):
+    settings.RUNTIME_SLICE_STEPS = 5
+    task = new_task(alice, steps=20)
+    engine.run_slice(task.id, worker_id="w1")  # checkpoint at 5
+    engine.run_slice(task.id, worker_id="w1")  # checkpoint at 10
+    bad = Checkpoint.objects.get(task=task, sequence=10)
+    Checkpoint.objects.filter(id=bad.id).update(checksum="0" * 64)
+    engine.run_slice(task.id, worker_id="w2")
+    task.refresh_from_db()
+    assert task.status == "dead_lettered"
+
+    with pytest.raises(IllegalTransition):
+        recovery.do_close_task(new_task(alice).id, actor="admin:op", reason="not dead")
+    task = recovery.do_redrive_task(task.id, actor="admin:op", reason="bad disk replaced")
+    assert task.status == "recovering" and task.error is None and task.recoveries == 0
+    record = AuditRecord.objects.get(task=task, action="transition", to_status="recovering")
+    assert (record.actor, record.reason) == ("admin:op", "bad disk replaced")
+    assert record.data == {"redriveFrom": 5, "discardedCheckpoints": [10]}
+    run_to_end(task, worker="w3")
+    task.refresh_from_db()
+    assert task.status == "completed" and task.result == {"steps": 20}
+    # steps 6-10 ran again from checkpoint 5, visibly, as second attempts
+    assert set(Step.objects.filter(task=task, attempt=2).values_list("sequence", flat=True)) == set(range(6, 11))
+    assert verify_chain(task) is None
+
+
+def test_close_fails_a_dead_letter_for_good(alice):
+    task = new_task(alice)
+    for _ in range(4):
+        crash_mid_slice(task)
+        recovery.do_mark_recovering(task.id, actor="system:reaper", max_recoveries=3)
+    task = recovery.do_close_task(task.id, actor="admin:op", reason="customer withdrew")
+    assert task.status == "failed" and task.is_terminal
+    assert AuditRecord.objects.filter(task=task, actor="admin:op", reason="customer withdrew").exists()
+
+
+def test_release_lease_fences_the_holder_and_requeues(alice):
+    task = new_task(alice)
+    held = leases.claim(task.id, worker_id="stuck", ttl=300)
+    task = recovery.do_release_lease(task.id, actor="admin:op", reason="host is gone")
+    assert task.lease_owner is None and task.lease_epoch == held.epoch + 1
+    assert not leases.renew(held, ttl=30)
+    record = AuditRecord.objects.get(task=task, action="lease_released")
+    assert record.data == {"owner": "stuck"} and record.actor == "admin:op"
+    with pytest.raises(recovery.NoLease):
+        recovery.do_release_lease(task.id, actor="admin:op", reason="again")
