@@ -1,6 +1,6 @@
 """Engine overhead: a no-op agent for N steps vs a bare Celery successor-enqueue chain.
 
-    bin/bench-steps            (or: .venv/bin/python bench/steps.py --steps 1000 --repeat 3)
+    .venv/bin/python bench/steps.py --steps 1000 --repeat 3
 
 Both run on the same real worker process (prefork, -c 1) against PostgreSQL and Redis,
 in the same run. Reported: ms per step and steps per second for the runtime (with one
@@ -13,52 +13,10 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
-import sys
 import time
 import uuid
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "runtime_site.settings")
-os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/runtime_bench")
-os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/0")
-os.environ.setdefault("DJANGO_SECRET_KEY", "bench-only")
-os.environ.setdefault("RUNTIME_DEPLOYMENT", f"bench-{os.getpid()}")
-os.environ.setdefault("RUNTIME_DATA_DIR", f"/tmp/runtime-bench-{os.getpid()}")
-os.environ.setdefault("RUNTIME_LOG_LEVEL", "WARNING")
-
-
-def fresh_database() -> None:
-    import psycopg
-    from urllib.parse import urlsplit
-
-    url = urlsplit(os.environ["DATABASE_URL"])
-    name = url.path.lstrip("/")
-    with psycopg.connect(host=url.hostname, port=url.port or 5432, user=url.username, dbname="postgres",
-                         autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, check=True)
-
-
-def start_worker(**env: str) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "runtime_site", "worker", "-Q", "steps,maintenance", "-c", "1",
-         "-l", "WARNING", "-I", "bench.baseline_tasks", "--without-gossip", "--without-mingle"],
-        cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    time.sleep(0.5)
-    return proc
-
-
-def wait(predicate, timeout: float = 600) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise SystemExit("bench timed out")
-        time.sleep(0.01)
+import _common
 
 
 def baseline(n: int) -> float:
@@ -71,7 +29,7 @@ def baseline(n: int) -> float:
     run_id = uuid.uuid4().hex
     start = time.time()
     successor.apply_async(args=[run_id, n - 1])
-    wait(lambda: r.exists(f"bench:{run_id}:done"))
+    _common.wait(lambda: r.exists(f"bench:{run_id}:done"))
     return float(r.get(f"bench:{run_id}:done")) - start
 
 
@@ -83,7 +41,7 @@ def runtime(n: int, tenant) -> float:
     start = time.time()
     task, _ = do_create_task(tenant, actor="user:bench", agent="noop", input={"steps": n},
                              checkpoint_policy={"everySteps": 10})
-    wait(lambda: Task.objects.filter(id=task.id, status="completed").exists())
+    _common.wait(lambda: Task.objects.filter(id=task.id, status="completed").exists())
     task.refresh_from_db()
     assert task.steps_done == n, task.steps_done
     return task.finished_at.timestamp() - start
@@ -94,18 +52,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    fresh_database()
-
-    import django
-
-    django.setup()
+    _common.setup()
     from tasks_app.models import Tenant
 
     tenant = Tenant.objects.create(slug="bench", name="bench")
     rows = []
     for label, slice_steps in (("runtime, 1 step per slice", "1"), ("runtime, default slices", None)):
         env = {"RUNTIME_SLICE_STEPS": slice_steps} if slice_steps else {}
-        worker = start_worker(**env)
+        worker = _common.worker(None, "-I", "bench.baseline_tasks", **env)
         try:
             baseline(50), runtime(20, tenant)  # warm-up: imports, connections
             base = statistics.median(baseline(args.steps) for _ in range(args.repeat))

@@ -1,0 +1,66 @@
+"""What the bench scripts share: environment defaults, a fresh database, worker processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import urlsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+DEFAULTS = {
+    "DJANGO_SETTINGS_MODULE": "runtime_site.settings",
+    "DATABASE_URL": "postgres://postgres@127.0.0.1:5432/runtime_bench",
+    "REDIS_URL": "redis://127.0.0.1:6379/0",
+    "DJANGO_SECRET_KEY": "bench-only",
+    "RUNTIME_DEPLOYMENT": f"bench-{os.getpid()}",
+    "RUNTIME_DATA_DIR": f"/tmp/runtime-bench-{os.getpid()}",
+    "RUNTIME_LOG_LEVEL": "WARNING",
+}
+
+
+def setup(**overrides: str) -> None:
+    """Environment defaults (the caller's environment wins), a fresh bench database, django.setup()."""
+    for key, value in {**DEFAULTS, **overrides}.items():
+        os.environ.setdefault(key, value)
+    import psycopg
+
+    url = urlsplit(os.environ["DATABASE_URL"])
+    name = url.path.lstrip("/")
+    with psycopg.connect(host=url.hostname, port=url.port or 5432, user=url.username, password=url.password,
+                         dbname="postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, check=True)
+    import django
+
+    django.setup()
+
+
+def start(args: list[str], log: Path | None = None, **env: str) -> subprocess.Popen[bytes]:
+    out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 (lives as long as the process)
+    return subprocess.Popen([sys.executable, "-m", *args], cwd=ROOT, env={**os.environ, **env}, stdout=out,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def worker(log: Path | None = None, *extra: str, **env: str) -> subprocess.Popen[bytes]:
+    return start(["celery", "-A", "runtime_site", "worker", "-Q", "steps,maintenance", "-l", "WARNING",
+                  "--without-gossip", "--without-mingle", "-c", "1", *extra], log, **env)
+
+
+def wait(predicate: Callable[[], object], timeout: float = 600, interval: float = 0.01) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise SystemExit("bench timed out")
+        time.sleep(interval)
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
