@@ -12,7 +12,10 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 
+from steering_app.actions import CommandRefused, InvalidCommand, VersionConflict
 from tasks_app.actions import IdempotencyConflict, IllegalTransition
+from tasks_app.recovery import NoLease
+from tasks_app.selectors import task_snapshot
 from tasks_app.agents.base import SchemaError, UnknownAgent
 
 
@@ -34,10 +37,17 @@ DOMAIN: dict[type[Exception], tuple[int, str]] = {
     SchemaError: (status.HTTP_422_UNPROCESSABLE_ENTITY, "invalid_input"),
     IdempotencyConflict: (status.HTTP_422_UNPROCESSABLE_ENTITY, "idempotency_key_reused"),
     IllegalTransition: (status.HTTP_409_CONFLICT, "illegal_transition"),
+    CommandRefused: (status.HTTP_409_CONFLICT, "command_refused"),
+    InvalidCommand: (status.HTTP_422_UNPROCESSABLE_ENTITY, "invalid_payload"),
+    NoLease: (status.HTTP_409_CONFLICT, "no_lease"),
 }
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, VersionConflict):
+        # The person's view is stale: here is the task as it is now (DESIGN §5).
+        return Response(error_body("version_conflict", str(exc), currentVersion=exc.task.state_version,
+                                   snapshot=task_snapshot(exc.task)), status=status.HTTP_409_CONFLICT)
     for kind, (http_status, code) in DOMAIN.items():
         if isinstance(exc, kind):
             message = f"unknown agent {exc.args[0]!r}" if isinstance(exc, UnknownAgent) else str(exc)

@@ -26,13 +26,14 @@ from django.utils import timezone
 
 from checkpoints_app import actions as checkpoints
 from checkpoints_app.codec import CheckpointCorrupt
+from steering_app import actions as steering
 from runtime_site.blobstore import blob_store
 from tasks_app import events, leases
 from tasks_app.actions import TRANSITION_FIELDS, transition
 from tasks_app.agents import base as agents
 from tasks_app.models import Step, Task
 from tasks_app.selectors import task_snapshot
-from tasks_app.states import Status
+from tasks_app.states import TERMINAL, Status
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +61,9 @@ class _Run:
     artifact_refs: list[str]
     checkpoint_sequence: int | None  # sequence of the newest checkpoint
     rerun_until: int  # steps up to here were committed by a run that crashed before checkpointing
+    plan_version: int  # of `state`; the task's moves ahead when adjust_goal is applied
+    steering_cursor: int  # version of the newest steering command folded into `state`
+    answers: dict[str, Any]  # answered input requests, for ctx.ask()
     every_steps: int = 10
     max_interval: float = 60.0
     checkpoint_clock: float = field(default_factory=time.monotonic)
@@ -106,6 +110,9 @@ def _load(lease: leases.Lease) -> _Run | None:
                   error={"code": "checkpoint_corrupt", "message": str(exc), "checkpoint": cp.sequence})
             return None
         sequence, step_name, refs = cp.sequence, cp.step_name, list(cp.artifact_refs)
+    plan_version = cp.plan_version if cp else 1
+    if task.plan_version != plan_version:  # adjust_goal applied while no worker held the task
+        state, plan_version = agent.replan(state, task.goal, task.constraints), task.plan_version
     if task.status in (Status.QUEUED, Status.RECOVERING):
         task = _start_working(lease, task.status, sequence if cp else None)
     policy = task.checkpoint_policy or {}
@@ -113,7 +120,8 @@ def _load(lease: leases.Lease) -> _Run | None:
     return _Run(
         lease=lease, agent=agent, task=task, state=state, sequence=sequence, last_step_name=step_name,
         artifact_refs=refs, checkpoint_sequence=cp.sequence if cp else None, rerun_until=task.steps_done,
-        every_steps=int(policy.get("everySteps", defaults["every_steps"])),
+        plan_version=plan_version, steering_cursor=cp.steering_cursor if cp else 0,
+        answers=steering.answers_for(task), every_steps=int(policy.get("everySteps", defaults["every_steps"])),
         max_interval=float(policy.get("maxSeconds", defaults["max_interval_seconds"])),
     )
 
@@ -137,6 +145,8 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
     started, steps = time.monotonic(), 0
     while True:
         # --- safe point: the fresh row from the last commit says what was asked of us.
+        if run.task.steering_head > run.steering_cursor and not _apply_steering(run):
+            return SliceOutcome.DONE  # paused, or the task ended
         if run.task.cancel_requested:
             _finish(run, Status.CANCELLED, reason=run.task.cancel_reason or "cancelled")
             return SliceOutcome.DONE
@@ -151,13 +161,16 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
         # --- step
         ctx = agents.StepContext(
             task_id=str(run.task.id), goal=run.task.goal, input=run.task.input, step_name=step_name,
-            sequence=run.sequence + 1, blobs=blob_store(),
+            sequence=run.sequence + 1, blobs=blob_store(), answers=run.answers,
         )
         began, t0 = timezone.now(), time.perf_counter()
         try:
             # A JSON round trip both copies the state (a failed step leaves ours intact)
             # and proves the agent's new state can be checkpointed.
             new_state = json.loads(json.dumps(run.agent.run_step(ctx, json.loads(json.dumps(run.state)))))
+        except agents.InputNeeded as need:
+            _wait_for_input(run, need)
+            return SliceOutcome.DONE
         except Exception as exc:
             logger.exception("task %s: step %s failed", run.task.id, step_name)
             _stop(run.lease, Status.FAILED, reason=f"step {step_name} failed: {exc}"[:500],
@@ -166,6 +179,38 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
             return SliceOutcome.DONE
         _commit_step(run, ctx, new_state, began, (time.perf_counter() - t0) * 1000)
         steps += 1
+
+
+def _apply_steering(run: _Run) -> bool:
+    """Apply pending steering commands in accepted order, re-plan if the goal moved, and
+    checkpoint with the new steering cursor (so recovery re-applies nothing and loses
+    nothing). False: the slice must stop (paused, or the task ended)."""
+    with transaction.atomic(durable=True):
+        task = leases.fenced(run.lease)
+        steering.apply_pending(task, actor=f"worker:{run.lease.worker_id}")
+        run.steering_cursor, run.task = task.steering_head, task
+        if task.plan_version != run.plan_version:
+            run.state, run.plan_version = run.agent.replan(run.state, task.goal, task.constraints), task.plan_version
+        paused = task.status == Status.PAUSED
+        if paused or task.status in TERMINAL:
+            leases.release_fields(task)
+        task.save(update_fields=steering.STEERING_FIELDS)
+        _checkpoint(run, task, "pause" if paused else "steering", force=True)
+    return not (paused or task.status in TERMINAL)
+
+
+def _wait_for_input(run: _Run, need: agents.InputNeeded) -> None:
+    """The step asked a person something: checkpoint the state before it, open the input
+    request and wait in input_required. The step runs again once it is answered."""
+    with transaction.atomic(durable=True):
+        task = leases.fenced(run.lease)
+        steering.open_input_request(task, key=need.key, prompt=need.prompt, schema=need.schema,
+                                    step=run.sequence + 1)
+        transition(task, Status.INPUT_REQUIRED, actor=f"worker:{run.lease.worker_id}", reason=need.prompt[:500])
+        task.status_message = need.prompt[:500]
+        events.emit(task, "input_required", {"key": need.key, "prompt": need.prompt, "schema": need.schema})
+        task.save(update_fields=[*TRANSITION_FIELDS, *leases.release_fields(task)])
+        _checkpoint(run, task, "input_required", force=True)
 
 
 def _commit_step(run: _Run, ctx: agents.StepContext, new_state: dict[str, Any], began: Any, ms: float) -> None:
@@ -191,7 +236,8 @@ def _commit_step(run: _Run, ctx: agents.StepContext, new_state: dict[str, Any], 
     items += [("artifact", {"step": sequence, **artifact}) for artifact in ctx.artifacts]
     with transaction.atomic(durable=True):
         leases.fenced_update(run.lease, event_seq=F("event_seq") + len(items), **fields)
-        fresh = Task.objects.values("event_seq", "cancel_requested", "cancel_reason").get(id=run.task.id)
+        fresh = Task.objects.values("event_seq", "cancel_requested", "cancel_reason", "steering_head").get(
+            id=run.task.id)
         attempt = 1
         if sequence <= run.rerun_until:  # re-running after a crash: keep both attempts visible
             attempt += Step.objects.filter(task_id=run.task.id, sequence=sequence).count()
@@ -206,17 +252,19 @@ def _commit_step(run: _Run, ctx: agents.StepContext, new_state: dict[str, Any], 
         run.state, run.sequence, run.last_step_name = new_state, sequence, ctx.step_name
         run.task.event_seq, run.task.steps_done = fresh["event_seq"], sequence
         run.task.cancel_requested, run.task.cancel_reason = fresh["cancel_requested"], fresh["cancel_reason"]
+        run.task.steering_head = fresh["steering_head"]
         if due:
             _checkpoint(run, run.task, "every_steps" if since >= run.every_steps else "interval")
 
 
-def _checkpoint(run: _Run, task: Task, reason: str) -> None:
-    if run.checkpoint_sequence == run.sequence:
+def _checkpoint(run: _Run, task: Task, reason: str, *, force: bool = False) -> None:
+    if run.checkpoint_sequence == run.sequence and not force:
         return  # nothing new since the last one
     cp = checkpoints.record_checkpoint(
         task, sequence=run.sequence, step_name=run.last_step_name,
         next_step=run.agent.next_step(run.state) or "", state=run.state,
-        artifact_refs=run.artifact_refs, reason=reason,
+        artifact_refs=run.artifact_refs, reason=reason, plan_version=run.plan_version,
+        steering_cursor=run.steering_cursor,
     )
     events.emit(task, "checkpoint", {"checkpoint": cp.sequence, "reason": reason})
     run.checkpoint_sequence, run.checkpoint_clock = cp.sequence, time.monotonic()

@@ -71,6 +71,7 @@ class Task(models.Model):
     agent = models.CharField(max_length=100)
     input = models.JSONField(default=dict)
     goal = models.TextField(blank=True)
+    constraints = models.JSONField(default=dict)  # set by adjust_goal; the agent re-plans to them
 
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.QUEUED)
     status_message = models.CharField(max_length=500, blank=True)
@@ -86,6 +87,7 @@ class Task(models.Model):
     recoveries = models.IntegerField(default=0)
     cancel_requested = models.BooleanField(default=False)
     cancel_reason = models.CharField(max_length=500, blank=True)
+    steering_head = models.BigIntegerField(default=0)  # version of the newest accepted steering command
 
     priority = models.SmallIntegerField(default=5)
     checkpoint_policy = models.JSONField(default=dict)

@@ -14,6 +14,7 @@ def task_urls(task: Task) -> dict[str, str]:
 
 def task_snapshot(task: Task) -> dict[str, Any]:
     from checkpoints_app.models import Checkpoint
+    from steering_app.models import InputRequest, InputStatus
 
     last = Checkpoint.objects.filter(task_id=task.id, discarded=False).order_by("-sequence", "-id").values_list(
         "sequence", flat=True).first()
@@ -33,6 +34,12 @@ def task_snapshot(task: Task) -> dict[str, Any]:
         "priority": task.priority,
         "cancelRequested": task.cancel_requested,
         "error": task.error,
+        "goal": task.goal,
+        "constraints": task.constraints,
+        "inputRequests": [
+            {"key": r.key, "prompt": r.prompt, "schema": r.answer_schema}
+            for r in InputRequest.objects.filter(task_id=task.id, status=InputStatus.OPEN).order_by("id")
+        ],
         "createdAt": task.created_at.isoformat() if task.created_at else None,
         "updatedAt": task.updated_at.isoformat() if task.updated_at else None,
         "expiresAt": task.expires_at.isoformat() if task.expires_at else None,

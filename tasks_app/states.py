@@ -28,7 +28,7 @@ CLAIMABLE = frozenset({Status.QUEUED, Status.WORKING, Status.RECOVERING, Status.
 
 # Read it as: "from X you may go to any of ...". Anything else is a bug or a stale request.
 ALLOWED_TRANSITIONS: dict[str, frozenset[str]] = {
-    Status.QUEUED: frozenset({Status.WORKING, Status.RECOVERING, Status.CANCELLED, Status.FAILED,
+    Status.QUEUED: frozenset({Status.WORKING, Status.RECOVERING, Status.PAUSED, Status.CANCELLED, Status.FAILED,
                               Status.DEAD_LETTERED}),
     Status.WORKING: frozenset(
         {Status.INPUT_REQUIRED, Status.PAUSING, Status.PAUSED, Status.RECOVERING, Status.COMPLETED,
@@ -36,9 +36,10 @@ ALLOWED_TRANSITIONS: dict[str, frozenset[str]] = {
     ),
     Status.PAUSING: frozenset({Status.PAUSED, Status.WORKING, Status.RECOVERING, Status.CANCELLED,
                                Status.FAILED, Status.DEAD_LETTERED}),
-    Status.PAUSED: frozenset({Status.WORKING, Status.CANCELLED, Status.FAILED}),
-    Status.INPUT_REQUIRED: frozenset({Status.WORKING, Status.CANCELLED, Status.FAILED}),
-    Status.RECOVERING: frozenset({Status.WORKING, Status.DEAD_LETTERED, Status.CANCELLED, Status.FAILED}),
+    Status.PAUSED: frozenset({Status.WORKING, Status.INPUT_REQUIRED, Status.CANCELLED, Status.FAILED}),
+    Status.INPUT_REQUIRED: frozenset({Status.WORKING, Status.PAUSED, Status.CANCELLED, Status.FAILED}),
+    Status.RECOVERING: frozenset({Status.WORKING, Status.PAUSED, Status.DEAD_LETTERED, Status.CANCELLED,
+                                  Status.FAILED}),
     Status.DEAD_LETTERED: frozenset({Status.RECOVERING, Status.FAILED, Status.CANCELLED}),  # redrive / close
 }
 

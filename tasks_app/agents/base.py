@@ -23,6 +23,14 @@ def validate(document: Any, schema: dict[str, Any], what: str) -> None:
         raise SchemaError(f"{what} {where}: {error.message}")
 
 
+class InputNeeded(Exception):  # noqa: N818 (a signal to the engine, not an error)
+    """Raised by ctx.ask(): the step cannot go on until a person answers."""
+
+    def __init__(self, key: str, prompt: str, schema: dict[str, Any]) -> None:
+        super().__init__(f"input needed: {key}")
+        self.key, self.prompt, self.schema = key, prompt, schema
+
+
 @dataclass
 class StepContext:
     """What one step may touch. The engine commits what it collects with the step."""
@@ -39,6 +47,7 @@ class StepContext:
     logs: list[dict[str, Any]] = field(default_factory=list)
     artifacts: list[dict[str, str]] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
+    answers: dict[str, Any] = field(default_factory=dict)  # answered input requests, by key
 
     def progress(self, fraction: float, *, phase: str | None = None, message: str | None = None) -> None:
         self.progress_value = min(max(float(fraction), 0.0), 1.0)
@@ -57,6 +66,13 @@ class StepContext:
         self.artifacts.append({"name": name, "ref": ref, "contentType": content_type})
         return ref
 
+    def ask(self, key: str, prompt: str, schema: dict[str, Any]) -> Any:
+        """The answer to a question for a person. Unanswered, the task waits in input_required
+        (after checkpointing) and this step runs again once the answer is in."""
+        if key in self.answers:
+            return self.answers[key]
+        raise InputNeeded(key, prompt, schema)
+
     def read_blob(self, key: str) -> bytes:
         return self.blobs.get(key)
 
@@ -71,6 +87,8 @@ class Agent:
     description: ClassVar[str] = ""
     input_schema: ClassVar[dict[str, Any]] = {"type": "object"}
     output_schema: ClassVar[dict[str, Any]] = {"type": "object"}
+    # JSON schema of the constraints adjust_goal may set; None: the agent cannot be re-aimed.
+    constraints_schema: ClassVar[dict[str, Any] | None] = None
 
     def start(self, input: dict[str, Any], goal: str) -> dict[str, Any]:
         """The initial structured state (JSON-serialisable)."""
@@ -87,6 +105,11 @@ class Agent:
     def result(self, state: dict[str, Any]) -> dict[str, Any]:
         """The final output; must validate against output_schema."""
         raise NotImplementedError
+
+    def replan(self, state: dict[str, Any], goal: str, constraints: dict[str, Any]) -> dict[str, Any]:
+        """The state re-aimed at a new goal and constraints. An agent whose plan does not
+        depend on them keeps its state."""
+        return state
 
 
 _REGISTRY: dict[str, type[Agent]] = {}

@@ -12,6 +12,7 @@ import copy
 import datetime as dt
 import json
 import re
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -285,6 +286,8 @@ class DocumentReviewAgent(Agent):
             "limit": {"type": "integer", "minimum": 1},
             "excludeExpired": {"type": "boolean", "default": False},
             "focus": {"type": "array", "items": {"enum": list(CATEGORIES)}, "minItems": 1, "uniqueItems": True},
+            # Slows each batch down, for demos and steering tests that need a run to watch.
+            "pacingMs": {"type": "integer", "minimum": 0, "maximum": 60_000, "default": 0},
         },
         "required": ["corpus"],
         "additionalProperties": False,
@@ -336,6 +339,16 @@ class DocumentReviewAgent(Agent):
         "additionalProperties": False,
     }
 
+    # Re-aiming mid-run (steering adjust_goal): the remaining documents follow the new constraints.
+    constraints_schema = {
+        "type": "object",
+        "properties": {
+            "excludeExpired": {"type": "boolean"},
+            "focus": {"type": "array", "items": {"enum": list(CATEGORIES)}, "minItems": 1, "uniqueItems": True},
+        },
+        "additionalProperties": False,
+    }
+
     # -- lifecycle --
 
     def start(self, input: dict[str, Any], goal: str) -> dict[str, Any]:
@@ -348,6 +361,7 @@ class DocumentReviewAgent(Agent):
             "limit": input.get("limit"),
             "excludeExpired": input.get("excludeExpired", False),
             "focus": categories if focus is not None else None,
+            "pacingMs": input.get("pacingMs", 0),
             "asOf": None,
             "total": 0,
             "keys": None,  # only filled when manifest keys do not follow the standard layout
@@ -364,6 +378,18 @@ class DocumentReviewAgent(Agent):
             "errors": [],
             "report": None,
         }
+
+    def replan(self, state: dict[str, Any], goal: str, constraints: dict[str, Any]) -> dict[str, Any]:
+        """Documents already reviewed keep their findings; the rest follow the new constraints
+        (e.g. "prioritise compliance risk, exclude expired contracts")."""
+        state = copy.deepcopy(state)
+        if "excludeExpired" in constraints:
+            state["excludeExpired"] = constraints["excludeExpired"]
+        if "focus" in constraints:
+            state["focus"] = [c for c in CATEGORIES if c in constraints["focus"]]
+            for category in state["focus"]:
+                state["counts"]["byCategory"].setdefault(category, 0)
+        return state
 
     def next_step(self, state: dict[str, Any]) -> str | None:
         stage = state["stage"]
@@ -420,6 +446,8 @@ class DocumentReviewAgent(Agent):
         return state
 
     def _review_batch(self, ctx: StepContext, state: dict[str, Any]) -> dict[str, Any]:
+        if state.get("pacingMs"):
+            time.sleep(state["pacingMs"] / 1000)
         start = state["cursor"]
         end = min(start + state["batchSize"], state["total"])
         batch_levels = dict.fromkeys(LEVELS, 0)

@@ -17,6 +17,8 @@ class NoopAgent(Agent):
         "properties": {
             "steps": {"type": "integer", "minimum": 1, "maximum": 1_000_000},
             "sleepMs": {"type": "number", "minimum": 0, "maximum": 600_000},
+            # Before this step, ask a person whether to go on (answer false: stop early).
+            "askAt": {"type": "integer", "minimum": 1},
         },
         "required": ["steps"],
         "additionalProperties": False,
@@ -28,12 +30,17 @@ class NoopAgent(Agent):
     }
 
     def start(self, input: dict[str, Any], goal: str) -> dict[str, Any]:
-        return {"done": 0, "total": input["steps"], "sleepMs": input.get("sleepMs", 0)}
+        return {"done": 0, "total": input["steps"], "sleepMs": input.get("sleepMs", 0), "askAt": input.get("askAt")}
 
     def next_step(self, state: dict[str, Any]) -> str | None:
         return f"noop-{state['done'] + 1}" if state["done"] < state["total"] else None
 
     def run_step(self, ctx: StepContext, state: dict[str, Any]) -> dict[str, Any]:
+        if state.get("askAt") == state["done"] + 1:
+            go_on = ctx.ask("continue", f"Continue with step {state['askAt']} of {state['total']}?",
+                            {"type": "boolean"})
+            if not go_on:
+                return {**state, "total": state["done"], "askAt": None}
         if state["sleepMs"]:
             time.sleep(state["sleepMs"] / 1000)
         done = state["done"] + 1

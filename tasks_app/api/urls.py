@@ -1,5 +1,6 @@
 from django.urls import path
 
+from steering_app.api.views import TaskSteeringApi
 from tasks_app.api import views
 
 urlpatterns = [
@@ -9,4 +10,5 @@ urlpatterns = [
     path("tasks/<str:task_id>/checkpoints", views.TaskCheckpointsApi.as_view(), name="task-checkpoints"),
     path("tasks/<str:task_id>/result", views.TaskResultApi.as_view(), name="task-result"),
     path("tasks/<str:task_id>/audit", views.TaskAuditApi.as_view(), name="task-audit"),
+    path("tasks/<str:task_id>/steering", TaskSteeringApi.as_view(), name="task-steering"),
 ]

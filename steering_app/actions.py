@@ -1,0 +1,246 @@
+"""Steering (DESIGN §5): accept a command with a compare-and-set on the task's state_version,
+apply it at the task's next safe point, never mid-step. Input requests live here too.
+
+Accepting happens in the API's transaction. Applying happens there as well when nobody is
+mid-step (the task is paused, waiting for input, or holds no live lease); otherwise the
+engine applies pending commands, in accepted order, at its next safe point.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from django.db import transaction
+from django.db.models.functions import Now
+from django.utils import timezone
+
+from steering_app.models import CommandStatus, CommandType, InputRequest, InputStatus, SteeringCommand
+from tasks_app import events
+from tasks_app.actions import TRANSITION_FIELDS, transition
+from tasks_app.agents import base as agents
+from tasks_app.audit import record_audit
+from tasks_app.models import Task, Tenant
+from tasks_app.queue import enqueue_slice_on_commit
+from tasks_app.states import TERMINAL, Status
+
+
+class VersionConflict(Exception):
+    def __init__(self, task: Task) -> None:
+        super().__init__(f"someone changed this task: its version is now {task.state_version}")
+        self.task = task
+
+
+class CommandRefused(Exception):
+    """The command cannot apply to the task as it is now (HTTP 409)."""
+
+
+class InvalidCommand(Exception):
+    """The payload does not fit the command (HTTP 422)."""
+
+
+_EMPTY = {"type": "object", "additionalProperties": False}
+PAYLOAD_SCHEMAS: dict[str, dict[str, Any]] = {
+    CommandType.PAUSE: _EMPTY,
+    CommandType.RESUME: _EMPTY,
+    CommandType.CANCEL: _EMPTY,
+    CommandType.ADJUST_GOAL: {
+        "type": "object",
+        "properties": {"goal": {"type": "string", "maxLength": 10_000}, "constraints": {"type": "object"}},
+        "minProperties": 1,
+        "additionalProperties": False,
+    },
+    CommandType.PROVIDE_INPUT: {
+        "type": "object",
+        "properties": {"key": {"type": "string", "minLength": 1, "maxLength": 100}, "answer": {}},
+        "required": ["key", "answer"],
+        "additionalProperties": False,
+    },
+    CommandType.SET_PRIORITY: {
+        "type": "object",
+        "properties": {"priority": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "required": ["priority"],
+        "additionalProperties": False,
+    },
+}
+
+# Everything apply_command may change on the task row.
+STEERING_FIELDS = [*TRANSITION_FIELDS, "goal", "constraints", "plan_version", "priority", "cancel_requested",
+                   "cancel_reason", "steering_head", "lease_owner", "lease_expires_at", "lease_epoch"]
+
+
+def _validate(task: Task, type: str, payload: dict[str, Any]) -> None:
+    try:
+        agents.validate(payload, PAYLOAD_SCHEMAS[type], "payload")
+    except agents.SchemaError as exc:
+        raise InvalidCommand(str(exc)) from None
+    if type == CommandType.ADJUST_GOAL and "constraints" in payload:
+        agent = agents.get_agent(task.agent)
+        if agent.constraints_schema is None:
+            raise InvalidCommand(f"agent {task.agent!r} cannot be re-aimed with constraints")
+        try:
+            agents.validate(payload["constraints"], agent.constraints_schema, "payload constraints")
+        except agents.SchemaError as exc:
+            raise InvalidCommand(str(exc)) from None
+    if type == CommandType.PROVIDE_INPUT:
+        request = InputRequest.objects.filter(task=task, key=payload["key"]).first()
+        if request is None or request.status != InputStatus.OPEN:
+            raise CommandRefused(f"no open input request {payload['key']!r} on this task")
+        try:
+            agents.validate(payload["answer"], request.answer_schema, "payload answer")
+        except agents.SchemaError as exc:
+            raise InvalidCommand(str(exc)) from None
+
+
+def _refusal(task: Task, type: str, *, applying: bool = False) -> str | None:
+    """Why this command cannot be accepted (or, applying, apply) on the task as it is, or None."""
+    if task.status in TERMINAL:
+        return f"the task is {task.status}; it takes no more commands"
+    if task.status == Status.DEAD_LETTERED and type != CommandType.CANCEL:
+        return "the task is held for an operator (dead-lettered); only cancel applies"
+    if type == CommandType.RESUME and task.status not in (Status.PAUSED, Status.PAUSING):
+        return f"resume applies to a paused task; this one is {task.status}"
+    # An accepted pause leaves the task "pausing" until it is applied.
+    if type == CommandType.PAUSE and task.status in ((Status.PAUSED,) if applying else (Status.PAUSED, Status.PAUSING)):
+        return f"the task is already {task.status}"
+    return None
+
+
+def _idle(task: Task) -> bool:
+    """Nobody is mid-step: the task is at a safe point now."""
+    if task.status in (Status.PAUSED, Status.INPUT_REQUIRED, Status.DEAD_LETTERED):
+        return True
+    return not Task.objects.filter(id=task.id, lease_owner__isnull=False, lease_expires_at__gt=Now()).exists()
+
+
+@transaction.atomic(durable=True)
+def do_enqueue_command(
+    task_id: UUID, *, tenant: Tenant, command_id: str, type: str, payload: dict[str, Any],
+    expected_version: int, requested_by: str, reason: str = "",
+) -> tuple[SteeringCommand, bool]:
+    """Accept a command (compare-and-set on state_version) and apply it at once when the
+    task is at a safe point. Returns (command, created); a known command_id returns the
+    original command whatever happened since."""
+    # The row lock orders concurrent commands: exactly one of two with the same expected
+    # version sees its version still current.
+    task = Task.objects.select_for_update().get(id=task_id, tenant=tenant)
+    if existing := SteeringCommand.objects.filter(task=task, command_id=command_id).first():
+        return existing, False
+    if refusal := _refusal(task, type):
+        raise CommandRefused(refusal)
+    if task.state_version != expected_version:
+        raise VersionConflict(task)
+    _validate(task, type, payload)
+
+    before = task.state_version
+    task.state_version += 1
+    command = SteeringCommand(tenant_id=task.tenant_id, task=task, command_id=command_id, type=type,
+                              payload=payload, reason=reason[:500], expected_version=expected_version,
+                              requested_by=requested_by, version=task.state_version)
+    record_audit(task, actor=requested_by, action="steering_accepted", before_version=before, reason=reason,
+                 data={"commandId": command_id, "type": type, "payload": payload})
+    enqueue = False
+    if type == CommandType.SET_PRIORITY or _idle(task):
+        command.save()
+        enqueue = apply_command(task, command, actor=requested_by)
+    else:
+        if type == CommandType.PAUSE:  # acknowledged now; the worker pauses at its safe point
+            transition(task, Status.PAUSING, actor=requested_by, reason=reason or "pause requested")
+        command.save()
+    # The command's version is the task's version once this transaction is done: it orders
+    # the commands of a task and is what the client sends as its next expectedVersion.
+    command.version = task.steering_head = task.state_version
+    SteeringCommand.objects.filter(id=command.id).update(version=command.version)
+    task.save(update_fields=STEERING_FIELDS)
+    if enqueue:
+        enqueue_slice_on_commit(task.id, task.priority)
+    return command, True
+
+
+def apply_pending(task: Task, *, actor: str) -> list[SteeringCommand]:
+    """Engine-only, in its fenced safe-point transaction: apply pending commands in
+    accepted order. The caller saves STEERING_FIELDS."""
+    assert transaction.get_connection().in_atomic_block
+    done = []
+    for command in SteeringCommand.objects.filter(task=task, status=CommandStatus.PENDING).order_by("version"):
+        apply_command(task, command, actor=actor, by_worker=True)
+        done.append(command)
+    return done
+
+
+def apply_command(task: Task, command: SteeringCommand, *, actor: str, by_worker: bool = False) -> bool:
+    """In-transaction helper on a locked or fenced row: apply one command or reject it with
+    the reason; audited, with a steering.applied / steering.rejected event. Returns True
+    when the task became runnable and needs a slice. The caller saves STEERING_FIELDS.
+    by_worker: the lease holder applies it at its safe point (it finishes a cancel itself)."""
+    before = task.state_version
+    refusal = _refusal(task, command.type, applying=True)
+    if command.type == CommandType.PROVIDE_INPUT and refusal is None:
+        open_request = InputRequest.objects.filter(task=task, key=command.payload["key"],
+                                                   status=InputStatus.OPEN).first()
+        refusal = None if open_request else f"input request {command.payload['key']!r} is no longer open"
+    if refusal is not None:
+        _settle(task, command, CommandStatus.REJECTED, refusal, actor, before)
+        return False
+    enqueue = False
+    match command.type:
+        case CommandType.PAUSE:
+            transition(task, Status.PAUSED, actor=actor, reason=command.reason or "paused")
+            task.status_message = f"paused by {command.requested_by}"
+        case CommandType.RESUME:
+            waiting = InputRequest.objects.filter(task=task, status=InputStatus.OPEN).exists()
+            if task.status == Status.PAUSED:
+                transition(task, Status.INPUT_REQUIRED if waiting else Status.WORKING, actor=actor,
+                           reason=command.reason or "resumed")
+            else:  # PAUSING: the pause never landed; carry on
+                transition(task, Status.WORKING, actor=actor, reason=command.reason or "resumed before pausing")
+            task.status_message = ""
+            enqueue = not waiting
+        case CommandType.CANCEL:
+            task.cancel_requested, task.cancel_reason = True, (command.reason or "cancelled")[:500]
+            if not by_worker:  # nobody is mid-step: cancelled now
+                transition(task, Status.CANCELLED, actor=actor, reason=task.cancel_reason)
+                task.lease_owner, task.lease_expires_at = None, None
+                task.lease_epoch += 1  # fences any worker that still believes it holds the task
+        case CommandType.ADJUST_GOAL:
+            task.goal = command.payload.get("goal", task.goal)
+            task.constraints = {**task.constraints, **command.payload.get("constraints", {})}
+            task.plan_version += 1  # the agent re-plans at its next safe point
+        case CommandType.PROVIDE_INPUT:
+            open_request.status, open_request.answer = InputStatus.ANSWERED, command.payload["answer"]
+            open_request.answered_by, open_request.answered_at = command.requested_by, timezone.now()
+            open_request.save(update_fields=["status", "answer", "answered_by", "answered_at"])
+            still_open = InputRequest.objects.filter(task=task, status=InputStatus.OPEN).exists()
+            if task.status == Status.INPUT_REQUIRED and not still_open:
+                transition(task, Status.WORKING, actor=actor, reason=f"input {open_request.key!r} answered")
+                task.status_message = ""
+                enqueue = True
+        case CommandType.SET_PRIORITY:
+            task.priority = command.payload["priority"]
+    _settle(task, command, CommandStatus.APPLIED, "", actor, before)
+    return enqueue
+
+
+def _settle(task: Task, command: SteeringCommand, status: str, outcome: str, actor: str, before: int) -> None:
+    command.status, command.outcome, command.applied_at = status, outcome, timezone.now()
+    command.save(update_fields=["status", "outcome", "applied_at"])
+    applied = status == CommandStatus.APPLIED
+    record_audit(task, actor=actor, action="steering_applied" if applied else "steering_rejected",
+                 before_version=before, reason=outcome or command.reason,
+                 data={"commandId": command.command_id, "type": command.type})
+    events.emit(task, "steering.applied" if applied else "steering.rejected", {
+        "commandId": command.command_id, "type": command.type, "version": command.version,
+        "stateVersion": task.state_version, "runtimeStatus": task.status, "outcome": outcome})
+
+
+def open_input_request(task: Task, *, key: str, prompt: str, schema: dict[str, Any], step: int) -> InputRequest:
+    """Engine-only, in its fenced transaction: the task is about to wait for this answer."""
+    assert transaction.get_connection().in_atomic_block
+    request, _ = InputRequest.objects.get_or_create(
+        task=task, key=key,
+        defaults={"tenant_id": task.tenant_id, "prompt": prompt, "answer_schema": schema, "step_sequence": step})
+    return request
+
+
+def answers_for(task: Task) -> dict[str, Any]:
+    return dict(InputRequest.objects.filter(task=task, status=InputStatus.ANSWERED).values_list("key", "answer"))

@@ -1,0 +1,173 @@
+"""Steering through the REST API with the engine run in-process (real PostgreSQL)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from checkpoints_app.models import Checkpoint
+from runtime_site.blobstore import blob_store
+from steering_app.models import InputRequest, SteeringCommand
+from tasks_app import engine, leases
+from tasks_app.audit import verify_chain
+from tasks_app.corpus import generate_corpus
+from tasks_app.models import AuditRecord, Step, Task
+from tasks_app.tests.test_engine import new_task, run_to_end
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def steer(persona, task, type, payload=None, *, version=None, command_id=None, reason=""):
+    version = version if version is not None else Task.objects.get(id=task.id).state_version
+    body = {"commandId": command_id or f"{type}-{version}", "type": type, "payload": payload or {},
+            "expectedVersion": version, "reason": reason}
+    return persona.client().post(f"/runtime/tasks/{task.id}/steering", body, format="json")
+
+
+def test_accept_answers_202_with_the_new_version_and_a_replay_gets_the_original_answer(alice):
+    task = new_task(alice)
+    first = steer(alice, task, "set_priority", {"priority": 1}, command_id="c1")
+    assert first.status_code == 202, first.content
+    assert first.json()["version"] == 2 and first.json()["status"] == "applied"
+    steer(alice, task, "set_priority", {"priority": 7}, command_id="c2")
+    replay = steer(alice, task, "set_priority", {"priority": 1}, command_id="c1", version=1)
+    assert replay.status_code == 202 and replay.json() == first.json()
+    assert Task.objects.get(id=task.id).priority == 7
+    listed = alice.client().get(f"/runtime/tasks/{task.id}/steering").json()["results"]
+    assert [c["commandId"] for c in listed] == ["c1", "c2"]
+
+
+def test_a_stale_version_is_409_with_the_current_snapshot(alice):
+    task = new_task(alice)
+    steer(alice, task, "set_priority", {"priority": 1}, version=1)
+    stale = steer(alice, task, "set_priority", {"priority": 2}, version=1, command_id="late")
+    assert stale.status_code == 409
+    error = stale.json()["error"]
+    assert error["code"] == "version_conflict" and error["currentVersion"] == 2
+    assert error["snapshot"]["taskId"] == str(task.id) and error["snapshot"]["stateVersion"] == 2
+    assert not SteeringCommand.objects.filter(command_id="late").exists()
+
+
+@pytest.mark.parametrize(
+    ("type", "payload", "status", "needle"),
+    [
+        ("teleport", {}, 400, "teleport"),
+        ("set_priority", {"priority": 12}, 422, "priority"),
+        ("set_priority", {}, 422, "priority"),
+        ("pause", {"now": True}, 422, "now"),
+        ("adjust_goal", {}, 422, "payload"),
+        ("adjust_goal", {"constraints": {"speed": "max"}}, 422, "cannot be re-aimed"),
+        ("resume", {}, 409, "resume applies to a paused task"),
+        ("provide_input", {"key": "nope", "answer": 1}, 409, "no open input request"),
+    ],
+)
+def test_invalid_commands_are_refused_naming_the_problem_and_store_nothing(alice, type, payload, status, needle):
+    task = new_task(alice)
+    response = steer(alice, task, type, payload)
+    assert response.status_code == status, response.content
+    assert needle in response.json()["error"]["message"]
+    assert SteeringCommand.objects.count() == 0
+    assert Task.objects.get(id=task.id).state_version == 1
+
+
+def test_commands_on_a_terminal_task_are_409_and_viewers_and_strangers_are_kept_out(alice, victor, mallory):
+    task = new_task(alice, steps=2)
+    assert steer(victor, task, "pause").status_code == 403
+    assert steer(mallory, task, "pause").status_code == 404
+    run_to_end(task)
+    response = steer(alice, task, "pause")
+    assert response.status_code == 409 and "completed" in response.json()["error"]["message"]
+
+
+def test_pause_on_an_idle_task_applies_at_once_and_resume_continues_from_the_checkpoint(alice, settings):
+    settings.RUNTIME_SLICE_STEPS = 4
+    task = new_task(alice, steps=10)
+    assert engine.run_slice(task.id, worker_id="w1") is engine.SliceOutcome.CONTINUE
+    paused = steer(alice, task, "pause", reason="lunch")
+    assert paused.json()["status"] == "applied"
+    task.refresh_from_db()
+    assert task.status == "paused" and task.mcp_status == "working" and task.status_text() == f"paused by user:{alice.user.pk}"
+    assert engine.run_slice(task.id, worker_id="w1") is engine.SliceOutcome.DROPPED  # no step while paused
+    assert Step.objects.filter(task=task).count() == 4
+    steer(alice, task, "resume")
+    run_to_end(task)
+    task.refresh_from_db()
+    assert task.status == "completed" and Step.objects.filter(task=task).count() == 10
+    assert task.events.filter(type="steering.applied").count() == 2
+    assert verify_chain(task) is None
+
+
+def test_pause_under_a_live_lease_is_acknowledged_then_applied_at_the_safe_point(alice, settings):
+    settings.RUNTIME_SLICE_STEPS = 3
+    task = new_task(alice, steps=10)
+    engine.run_slice(task.id, worker_id="w1")
+    lease = leases.claim(task.id, worker_id="w2", ttl=30)  # a worker is mid-step
+    accepted = steer(alice, task, "pause")
+    assert accepted.json()["status"] == "pending"
+    assert Task.objects.get(id=task.id).status == "pausing"
+    # the worker reaches its next safe point
+    run = engine._load(lease)
+    assert engine._loop(run, leases.Heartbeat(lease, ttl=30, interval=10)) is engine.SliceOutcome.DONE
+    task.refresh_from_db()
+    command = SteeringCommand.objects.get(task=task)
+    assert task.status == "paused" and task.lease_owner is None and command.status == "applied"
+    cp = Checkpoint.objects.filter(task=task).order_by("-id").first()
+    assert cp.reason == "pause" and cp.steering_cursor == command.version and cp.sequence == 3
+    assert Step.objects.filter(task=task).count() == 3  # nothing after the pause
+
+
+def test_cancel_pending_under_a_lease_lands_at_the_safe_point_with_the_reason(alice, settings):
+    settings.RUNTIME_SLICE_STEPS = 3
+    task = new_task(alice, steps=10)
+    engine.run_slice(task.id, worker_id="w1")
+    lease = leases.claim(task.id, worker_id="w2", ttl=30)
+    steer(alice, task, "cancel", reason="wrong customer")
+    assert Task.objects.get(id=task.id).status == "working"
+    engine._loop(engine._load(lease), leases.Heartbeat(lease, ttl=30, interval=10))
+    task.refresh_from_db()
+    assert task.status == "cancelled" and task.cancel_reason == "wrong customer"
+    assert AuditRecord.objects.filter(task=task, to_status="cancelled", reason="wrong customer").exists()
+
+
+def test_provide_input_answers_what_the_agent_asked(alice):
+    task = new_task(alice, steps=6)
+    Task.objects.filter(id=task.id).update(input={"steps": 6, "askAt": 3})
+    assert engine.run_slice(task.id, worker_id="w1") is engine.SliceOutcome.DONE
+    task.refresh_from_db()
+    assert task.status == "input_required" and task.mcp_status == "input_required"
+    assert Step.objects.filter(task=task).count() == 2
+    snapshot = alice.client().get(f"/runtime/tasks/{task.id}").json()
+    assert snapshot["inputRequests"] == [{"key": "continue", "prompt": "Continue with step 3 of 6?",
+                                          "schema": {"type": "boolean"}}]
+    assert task.events.filter(type="input_required").exists()
+    bad = steer(alice, task, "provide_input", {"key": "continue", "answer": "yes please"})
+    assert bad.status_code == 422 and "answer" in bad.json()["error"]["message"]
+    assert steer(alice, task, "provide_input", {"key": "continue", "answer": False}).status_code == 202
+    assert Task.objects.get(id=task.id).status == "working"
+    run_to_end(task)
+    task.refresh_from_db()
+    assert task.status == "completed" and task.result == {"steps": 2}  # the person said stop
+    assert InputRequest.objects.get(task=task).answered_by == f"user:{alice.user.pk}"
+
+
+def test_adjust_goal_changes_the_remaining_work_of_the_review(alice, settings):
+    store = blob_store()
+    generate_corpus(store, "corpora/adjust", 100, 5, "2026-11-01")
+    truth = json.loads(store.get("corpora/adjust/truth.json"))
+    settings.RUNTIME_SLICE_STEPS = 3  # load_manifest + 2 batches of 10 = 20 documents
+    task = alice.client().post("/runtime/tasks", {"agent": "document_review", "input": {
+        "corpus": "corpora/adjust", "batchSize": 10}, "goal": "find risky contracts"}, format="json").json()
+    task = Task.objects.get(id=task["taskId"])
+    assert engine.run_slice(task.id, worker_id="w1") is engine.SliceOutcome.CONTINUE
+    response = steer(alice, task, "adjust_goal", {"goal": "prioritise compliance risk, exclude expired contracts",
+                                                  "constraints": {"excludeExpired": True}})
+    assert response.status_code == 202
+    assert Task.objects.get(id=task.id).plan_version == 2
+    run_to_end(task)
+    task.refresh_from_db()
+    docs = truth["documents"]
+    expired_later = sum(1 for i, (_, d) in enumerate(sorted(docs.items())) if i >= 20 and d["expired"])
+    assert task.result["documentsReviewed"] == 100 - expired_later
+    assert task.result["skipped"] == expired_later
+    assert Checkpoint.objects.filter(task=task).order_by("-id").first().plan_version == 2
