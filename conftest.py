@@ -6,6 +6,7 @@ data folder as the test, so they see exactly what the test wrote.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -179,3 +180,62 @@ def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Any:
 
 def pytest_configure(config: pytest.Config) -> None:
     settings.RUNTIME_BLOB_DIR.mkdir(parents=True, exist_ok=True)
+
+
+class SseClient:
+    """A real SSE client on its own thread: collects parsed events until closed or the
+    stream ends. Each event is a dict with type, id and data (parsed JSON)."""
+
+    def __init__(self, url: str, token: str, last_event_id: str | None = None) -> None:
+        import threading
+
+        self.url, self.token, self.last_event_id = url, token, last_event_id
+        self.events: list[dict[str, Any]] = []
+        self.status: int | None = None
+        self.closed = False
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import httpx
+
+        headers = {"Authorization": f"Bearer {self.token}"}
+        if self.last_event_id:
+            headers["Last-Event-ID"] = self.last_event_id
+        try:
+            with httpx.Client(timeout=httpx.Timeout(10, read=60)) as client, \
+                    client.stream("GET", self.url, headers=headers) as response:
+                self.status = response.status_code
+                event: dict[str, Any] = {}
+                for line in response.iter_lines():
+                    if self.closed:
+                        return
+                    if line == "":
+                        if "data" in event and event.get("type") not in (None, "stream-open", "keep-alive"):
+                            raw = event["data"]
+                            event["data"] = json.loads(raw) if raw else None
+                            self.events.append(event)
+                        event = {}
+                    elif not line.startswith(":"):
+                        name, _, value = line.partition(":")
+                        value = value.removeprefix(" ")
+                        key = {"event": "type"}.get(name, name)
+                        event[key] = event[key] + "\n" + value if key == "data" and key in event else value
+        except Exception:  # noqa: S110 (closed under us, or the server went away: the test decides)
+            pass
+
+    def close(self) -> None:
+        self.closed = True
+
+    def of(self, type: str) -> list[dict[str, Any]]:
+        return [e for e in list(self.events) if e["type"] == type]
+
+    def deduplicated(self) -> list[dict[str, Any]]:
+        """The client contract: drop any event whose seq is not above the last one seen."""
+        out, last = [], -1
+        for event in list(self.events):
+            seq = event["data"]["seq"]
+            if seq > last:
+                out.append(event)
+                last = seq
+        return out

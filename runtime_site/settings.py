@@ -62,6 +62,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "django_eventstream",
     "tasks_app",
     "checkpoints_app",
     "steering_app",
@@ -192,6 +193,15 @@ CELERY_BEAT_SCHEDULE = {
     "scan-leases": {"task": "tasks.scan_leases", "schedule": float(RUNTIME_SCAN_SECONDS)},
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / f"celerybeat-schedule-{RUNTIME_DEPLOYMENT}")
+
+# --- Streaming (django-eventstream; tasks_app/streams.py) ---------------------------------
+EVENTSTREAM_STORAGE_CLASS = "tasks_app.streams.TaskEventStorage"
+EVENTSTREAM_CHANNELMANAGER_CLASS = "tasks_app.streams.TaskChannelManager"
+if REDIS_URL:
+    # Read at import time by django-eventstream, in every process that publishes (web and workers).
+    from redis.connection import parse_url as _parse_redis_url
+
+    EVENTSTREAM_REDIS = {**_parse_redis_url(REDIS_URL), "socket_connect_timeout": 5, "health_check_interval": 25}
 
 # --- DRF ---------------------------------------------------------------------------------
 REST_FRAMEWORK = {

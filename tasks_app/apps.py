@@ -7,4 +7,6 @@ class TasksAppConfig(AppConfig):
 
     def ready(self) -> None:
         # Built-in agents register themselves on import.
-        from tasks_app import agents  # noqa: F401
+        from tasks_app import agents, streams  # noqa: F401
+
+        streams.install()

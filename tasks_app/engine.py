@@ -67,6 +67,8 @@ class _Run:
     every_steps: int = 10
     max_interval: float = 60.0
     checkpoint_clock: float = field(default_factory=time.monotonic)
+    progress_sent_at: float = 0.0  # progress events are coalesced to one per interval ...
+    progress_unsent: bool = False  # ... and the latest value is flushed when the slice stops
 
 
 def run_slice(task_id: UUID, *, worker_id: str) -> SliceOutcome:
@@ -194,6 +196,7 @@ def _apply_steering(run: _Run) -> bool:
         paused = task.status == Status.PAUSED
         if paused or task.status in TERMINAL:
             leases.release_fields(task)
+            _flush_progress(run, task)
         task.save(update_fields=steering.STEERING_FIELDS)
         _checkpoint(run, task, "pause" if paused else "steering", force=True)
     return not (paused or task.status in TERMINAL)
@@ -208,6 +211,7 @@ def _wait_for_input(run: _Run, need: agents.InputNeeded) -> None:
                                     step=run.sequence + 1)
         transition(task, Status.INPUT_REQUIRED, actor=f"worker:{run.lease.worker_id}", reason=need.prompt[:500])
         task.status_message = need.prompt[:500]
+        _flush_progress(run, task)
         events.emit(task, "input_required", {"key": need.key, "prompt": need.prompt, "schema": need.schema})
         task.save(update_fields=[*TRANSITION_FIELDS, *leases.release_fields(task)])
         _checkpoint(run, task, "input_required", force=True)
@@ -226,12 +230,19 @@ def _commit_step(run: _Run, ctx: agents.StepContext, new_state: dict[str, Any], 
                               "lease_expires_at": leases.deadline(settings.RUNTIME_LEASE_SECONDS)}
     if ctx.progress_value is not None or ctx.phase is not None or ctx.message is not None:
         task = run.task
+        new_phase = ctx.phase is not None and ctx.phase != task.phase
         task.progress = ctx.progress_value if ctx.progress_value is not None else task.progress
         task.phase = ctx.phase if ctx.phase is not None else task.phase
         task.status_message = ctx.message if ctx.message is not None else task.status_message
         fields.update(progress=task.progress, phase=task.phase, status_message=task.status_message)
-        items.append(("progress", {"progress": task.progress, "phase": task.phase,
-                                   "message": task.status_message, "step": sequence}))
+        # The row always has the latest; the stream gets at most one progress event per
+        # interval (a fast task must not flood Redis or browsers), plus every phase change.
+        now = time.monotonic()
+        if new_phase or now - run.progress_sent_at >= settings.RUNTIME["stream"]["progress_interval_ms"] / 1000:
+            items.append(("progress", _progress(task, sequence)))
+            run.progress_sent_at, run.progress_unsent = now, False
+        else:
+            run.progress_unsent = True
     items += [("log", {"step": sequence, **entry}) for entry in ctx.logs]
     items += [("artifact", {"step": sequence, **artifact}) for artifact in ctx.artifacts]
     with transaction.atomic(durable=True):
@@ -257,6 +268,17 @@ def _commit_step(run: _Run, ctx: agents.StepContext, new_state: dict[str, Any], 
             _checkpoint(run, run.task, "every_steps" if since >= run.every_steps else "interval")
 
 
+def _progress(task: Task, sequence: int) -> dict[str, Any]:
+    return {"progress": task.progress, "phase": task.phase, "message": task.status_message, "step": sequence}
+
+
+def _flush_progress(run: _Run, task: Task) -> None:
+    """In the transaction that stops the slice: the latest progress always goes out."""
+    if run.progress_unsent:
+        events.emit(task, "progress", _progress(run.task, run.sequence))
+        run.progress_unsent = False
+
+
 def _checkpoint(run: _Run, task: Task, reason: str, *, force: bool = False) -> None:
     if run.checkpoint_sequence == run.sequence and not force:
         return  # nothing new since the last one
@@ -274,6 +296,7 @@ def _yield(run: _Run) -> None:
     """End of slice with work left: checkpoint (the successor starts from it) and release."""
     with transaction.atomic(durable=True):
         leases.fenced_update(run.lease, lease_owner=None, lease_expires_at=None)
+        _flush_progress(run, run.task)
         _checkpoint(run, run.task, "slice_end")
 
 
@@ -293,6 +316,7 @@ def _finish(run: _Run, to: str, *, reason: str = "", result: dict[str, Any] | No
     """Terminal with a checkpoint (completed, cancelled at a safe point)."""
     with transaction.atomic(durable=True):
         task = leases.fenced(run.lease)
+        _flush_progress(run, task)
         _checkpoint(run, task, "terminal")
         transition(task, to, actor=f"worker:{run.lease.worker_id}", reason=reason)
         fields = [*TRANSITION_FIELDS, *leases.release_fields(task)]

@@ -10,6 +10,7 @@ from typing import Any
 from django.db import transaction
 from django.db.models import F
 
+from tasks_app import streams
 from tasks_app.models import Task, TaskEvent
 
 EVENT_TYPES = frozenset({
@@ -32,8 +33,12 @@ def store(task: Task, first_seq: int, items: list[tuple[str, dict[str, Any]]]) -
     allocated on the task row in this transaction (the engine folds that into its fence)."""
     for event_type, _ in items:
         assert event_type in EVENT_TYPES, event_type
-    return TaskEvent.objects.bulk_create([
+    rows = TaskEvent.objects.bulk_create([
         TaskEvent(tenant_id=task.tenant_id, task_id=task.id, seq=seq, type=event_type,
                   data={"seq": seq, "taskId": str(task.id), **data})
         for seq, (event_type, data) in enumerate(items, start=first_seq)
     ])
+    # Published only once the change is committed; never from inside the transaction.
+    task_id = task.id
+    transaction.on_commit(lambda: [streams.publish(task_id, row.type, row.data) for row in rows])
+    return rows

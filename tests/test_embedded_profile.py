@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import ROOT, Processes, free_port, wait_until
+from conftest import ROOT, Processes, SseClient, free_port, wait_until
 
 
 @pytest.fixture
@@ -35,7 +35,7 @@ def embedded(tmp_path: Path, processes: Processes):
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {key}"},
                           timeout=10)
     wait_until(lambda: _up(client), timeout=30, what="uvicorn to answer")
-    return client, manage, data
+    return client, manage, data, f"http://127.0.0.1:{port}", key
 
 
 def _up(client: httpx.Client) -> bool:
@@ -46,7 +46,7 @@ def _up(client: httpx.Client) -> bool:
 
 
 def test_the_embedded_profile_runs_a_task_end_to_end(embedded):
-    client, manage, data = embedded
+    client, manage, data, _, _ = embedded
     created = client.post("/runtime/tasks", json={"agent": "noop", "input": {"steps": 30, "sleepMs": 5}},
                           headers={"Idempotency-Key": "embedded-1"})
     assert created.status_code == 201, created.text
@@ -57,3 +57,16 @@ def test_the_embedded_profile_runs_a_task_end_to_end(embedded):
     assert client.get(f"/runtime/tasks/{task_id}/result").json()["result"] == {"steps": 30}
     assert "0 broken" in manage("verify_audit")
     assert (data / "broker" / "queue").is_dir()  # the filesystem broker carried the messages
+
+
+def test_the_embedded_profile_streams_a_workers_events_across_processes(embedded):
+    client, _, _, base, key = embedded
+    task_id = client.post("/runtime/tasks", json={"agent": "noop", "input": {"steps": 25, "sleepMs": 40}}).json()["taskId"]
+    stream = SseClient(f"{base}/runtime/tasks/{task_id}/events", key)
+    wait_until(lambda: stream.of("terminal"), timeout=60, what="the worker's events to reach the web process")
+    stream.close()
+    events = stream.deduplicated()
+    assert events[0]["type"] == "task.snapshot"
+    seqs = [e["data"]["seq"] for e in events]
+    assert seqs == list(range(seqs[0], seqs[-1] + 1))  # no redis, still no gap
+    assert {"progress", "checkpoint"} <= {e["type"] for e in events}

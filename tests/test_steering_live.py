@@ -173,11 +173,15 @@ def test_cancel_during_a_long_step_lets_the_step_finish_then_cancels(live):
     task_id = api.create("noop", {"steps": 5, "sleepMs": 2500})
     wait_until(lambda: steps_done(task_id) >= 1, timeout=30, what="the first step")
     sent = datetime.now().astimezone()
-    assert api.steer(task_id, "cancel", reason="budget cut").status_code == 202  # step 2 is under way
+    response = api.steer(task_id, "cancel", reason="budget cut")  # a 2.5 s step is (about to be) under way
+    assert response.status_code == 202 and response.json()["status"] == "pending"
     wait_until(lambda: status(task_id) == "cancelled", timeout=30, what="the cancel to land")
-    second = Step.objects.get(task_id=task_id, sequence=2)
-    assert second.started_at < sent < second.finished_at  # it was running, and it finished
-    assert not Step.objects.filter(task_id=task_id, sequence=3).exists()
+    command = SteeringCommand.objects.get(command_id=response.json()["commandId"])
+    last = Step.objects.filter(task_id=task_id).order_by("-sequence").first()
+    assert last.finished_at > sent  # the step in flight was not cut short ...
+    assert command.applied_at >= last.finished_at  # ... the cancel landed after it committed ...
+    assert not Step.objects.filter(task_id=task_id, started_at__gt=command.applied_at).exists()  # ... and nothing after
+    assert last.sequence < 5
     task = Task.objects.get(id=task_id)
     assert task.cancel_reason == "budget cut" and api.snapshot(task_id)["status"] == "cancelled"
 

@@ -1,6 +1,7 @@
 from django.urls import path
 
 from steering_app.api.views import TaskSteeringApi
+from tasks_app import streams
 from tasks_app.api import views
 
 urlpatterns = [
@@ -10,5 +11,6 @@ urlpatterns = [
     path("tasks/<str:task_id>/checkpoints", views.TaskCheckpointsApi.as_view(), name="task-checkpoints"),
     path("tasks/<str:task_id>/result", views.TaskResultApi.as_view(), name="task-result"),
     path("tasks/<str:task_id>/audit", views.TaskAuditApi.as_view(), name="task-audit"),
+    path("tasks/<str:task_id>/events", streams.task_events, name="task-events"),
     path("tasks/<str:task_id>/steering", TaskSteeringApi.as_view(), name="task-steering"),
 ]
