@@ -126,6 +126,13 @@ if EMBEDDED:
 else:
     # CONN_MAX_AGE=0 under ASGI: each request gets and returns its own connection.
     DATABASES = {"default": dj_database_url.parse(os.environ["DATABASE_URL"], conn_max_age=0, conn_health_checks=True)}
+    if env_bool("RUNTIME_DB_POOL", False):
+        # Set by runtime_site/asgi.py: the web process borrows connections from a bounded pool,
+        # so a burst of requests (hundreds of SSE streams connecting) waits instead of
+        # exhausting PostgreSQL's max_connections. Workers keep one connection per process.
+        DATABASES["default"]["CONN_HEALTH_CHECKS"] = False
+        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+            "min_size": 1, "max_size": int(os.getenv("RUNTIME_DB_POOL_MAX", "20")), "timeout": 30}
 
 # --- Runtime knobs (config/runtime.yaml, overridable by environment) ---------------------
 RUNTIME = config.load()
