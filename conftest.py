@@ -128,7 +128,10 @@ class Processes:
         return self.start("beat", [sys.executable, "-m", *BEAT, str(self.tmp / f"beat-{len(self.procs)}")], **env)
 
     def web(self, port: int, **env: str) -> subprocess.Popen[bytes]:
-        return self.start("web", [sys.executable, "-m", *WEB, str(port)], **env)
+        """uvicorn on `port`, returned once it answers."""
+        proc = self.start("web", [sys.executable, "-m", *WEB, str(port)], **env)
+        wait_until(lambda: answers(f"http://127.0.0.1:{port}/healthz"), timeout=30, what="uvicorn to answer")
+        return proc
 
     @staticmethod
     def kill(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
@@ -157,6 +160,36 @@ def processes(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Proces
     procs.stop_all()
     if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed:
         print(procs.logs())
+
+
+def answers(url: str) -> bool:
+    """True once an HTTP server answers at url (with anything but a server error)."""
+    import httpx
+
+    try:
+        return httpx.get(url, timeout=2).status_code < 500
+    except httpx.TransportError:
+        return False
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path, processes: Processes) -> tuple[int, Callable[[], subprocess.Popen[bytes]]]:
+    """(port, start): a redis-server of our own, so killing and restarting it disturbs nobody."""
+    import shutil
+
+    port = free_port()
+    binary = shutil.which("redis-server")
+    assert binary, "redis-server is needed for this test"
+    args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            "--dir", str(tmp_path)]
+
+    def start() -> subprocess.Popen[bytes]:
+        proc = processes.start("redis", args)
+        wait_until(lambda: subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True,
+                                          text=True).stdout.strip() == "PONG", timeout=10, what="redis")
+        return proc
+
+    return port, start
 
 
 def purge_queues() -> None:

@@ -64,3 +64,39 @@ def wait(predicate: Callable[[], object], timeout: float = 600, interval: float 
 def percentile(values: list[float], p: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+def operator_key() -> tuple[object, str]:
+    """A bench tenant with an operator and an API key: (tenant, token)."""
+    from django.contrib.auth import get_user_model
+
+    from tasks_app.auth import issue_api_key
+    from tasks_app.models import Membership, Tenant
+
+    tenant = Tenant.objects.create(slug="bench", name="bench")
+    user = get_user_model().objects.create(username="bench")
+    Membership.objects.create(tenant=tenant, user=user, role="operator")
+    return tenant, issue_api_key(tenant, user, role="operator", name="bench")[1]
+
+
+def web(logs: Path, **env: str) -> tuple[subprocess.Popen[bytes], str]:
+    """A uvicorn process on a free port, once it answers: (process, base URL)."""
+    import socket
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = start(["uvicorn", "runtime_site.asgi:application", "--port", str(port), "--log-level", "warning"],
+                 logs / "web.log", **env)
+    base = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        try:
+            return httpx.get(f"{base}/healthz", timeout=2).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    wait(up, timeout=30, interval=0.1)
+    return proc, base

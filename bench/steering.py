@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,29 +29,17 @@ def main() -> None:
     args = parser.parse_args()
     _common.setup(RUNTIME_SLICE_STEPS="50")
     import httpx
-    import socket
 
     from steering_app.models import SteeringCommand
     from tasks_app.actions import do_create_task
-    from tasks_app.auth import issue_api_key
-    from tasks_app.models import Membership, Task, Tenant
-    from django.contrib.auth import get_user_model
+    from tasks_app.models import Task
 
-    tenant = Tenant.objects.create(slug="bench", name="bench")
-    user = get_user_model().objects.create(username="bench")
-    Membership.objects.create(tenant=tenant, user=user, role="operator")
-    _, token = issue_api_key(tenant, user, role="operator", name="bench")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    logs = Path(f"/tmp/bench-steering-{port}")
-    logs.mkdir(exist_ok=True)
-    web = _common.start(["uvicorn", "runtime_site.asgi:application", "--port", str(port), "--log-level",
-                         "warning"], logs / "web.log")
+    tenant, token = _common.operator_key()
+    logs = Path(tempfile.mkdtemp(prefix="bench-steering-"))
+    web, base = _common.web(logs)
     worker = _common.worker(logs / "worker.log")
-    http = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"})
+    http = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"})
     try:
-        _common.wait(lambda: _up(http), timeout=30, interval=0.1)
         task, _ = do_create_task(tenant, actor="user:bench", agent="noop", input={"steps": 1_000_000, "sleepMs": 20})
         _common.wait(lambda: Task.objects.get(id=task.id).steps_done > 0, timeout=30)
         url = f"/runtime/tasks/{task.id}"
@@ -99,15 +88,6 @@ def main() -> None:
     print(row("accept: POST .../steering set_priority", accepts))
     print(row("accept -> steering.applied (pause)", applied))
     print(f"accept p50 / snapshot-read p50 = {statistics.median(accepts) / statistics.median(reads):.2f}")
-
-
-def _up(http) -> bool:
-    import httpx
-
-    try:
-        return http.get("/healthz").status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 if __name__ == "__main__":

@@ -16,8 +16,8 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -87,29 +87,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     args = parser.parse_args()
     _common.setup(STREAM_PROGRESS_INTERVAL_MS="100")
-    from django.contrib.auth import get_user_model
+    from tasks_app.models import Task
 
-    from tasks_app.auth import issue_api_key
-    from tasks_app.models import Membership, Task, Tenant
-
-    tenant = Tenant.objects.create(slug="bench", name="bench")
-    user = get_user_model().objects.create(username="bench")
-    Membership.objects.create(tenant=tenant, user=user, role="operator")
-    _, token = issue_api_key(tenant, user, role="operator", name="bench")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    logs = Path(f"/tmp/bench-streams-{port}")
-    logs.mkdir(exist_ok=True)
-    web = _common.start(["uvicorn", "runtime_site.asgi:application", "--port", str(port), "--log-level", "warning"],
-                        logs / "web.log", DATABASE_URL=os.environ["DATABASE_URL"] + "?application_name=bench-web")
+    tenant, token = _common.operator_key()
+    logs = Path(tempfile.mkdtemp(prefix="bench-streams-"))
+    web, base = _common.web(logs, DATABASE_URL=os.environ["DATABASE_URL"] + "?application_name=bench-web")
     worker = _common.worker(logs / "worker.log")
-    base = f"http://127.0.0.1:{port}"
     rows = []
     try:
-        import httpx
-
-        _common.wait(lambda: _up(httpx, base), timeout=30, interval=0.1)
         for n in (1, args.streams):
             task = Task.objects.create(tenant=tenant, created_by="user:bench", agent="noop", status="paused",
                                        input={"steps": args.steps, "sleepMs": 50})
@@ -152,13 +137,6 @@ def db_connections() -> int:
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'bench-web'")
         return cursor.fetchone()[0]
-
-
-def _up(httpx, base: str) -> bool:
-    try:
-        return httpx.get(f"{base}/healthz", timeout=2).status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 if __name__ == "__main__":

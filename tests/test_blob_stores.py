@@ -8,10 +8,9 @@ import json
 import sys
 from pathlib import Path
 
-import httpx
 import pytest
 
-from conftest import Processes, free_port, wait_until
+from conftest import Processes, answers, free_port, wait_until
 from runtime_site.blobstore import BlobNotFound, LocalBlobStore, S3BlobStore
 from tasks_app.actions import do_create_task
 from tasks_app.corpus import generate_corpus
@@ -26,19 +25,12 @@ def s3(processes: Processes) -> tuple[S3BlobStore, dict[str, str]]:
     port = free_port()
     processes.start("moto", [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)])
     endpoint = f"http://127.0.0.1:{port}"
-    wait_until(lambda: _answers(endpoint), timeout=30, what="the S3 server")
+    wait_until(lambda: answers(endpoint), timeout=30, what="the S3 server")
     env = {**S3_ENV, "RUNTIME_S3_ENDPOINT_URL": endpoint}
     store = S3BlobStore(env["RUNTIME_S3_BUCKET"], endpoint_url=endpoint, region_name="us-east-1",
                         aws_access_key_id="test", aws_secret_access_key="test")
     store.client.create_bucket(Bucket=env["RUNTIME_S3_BUCKET"])
     return store, env
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=1).status_code < 500
-    except httpx.TransportError:
-        return False
 
 
 @pytest.fixture(params=["local", "s3"])

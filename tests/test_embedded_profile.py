@@ -34,15 +34,7 @@ def embedded(tmp_path: Path, processes: Processes):
     processes.beat(**env)
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {key}"},
                           timeout=10)
-    wait_until(lambda: _up(client), timeout=30, what="uvicorn to answer")
     return client, manage, data, f"http://127.0.0.1:{port}", key
-
-
-def _up(client: httpx.Client) -> bool:
-    try:
-        return client.get("/healthz").status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 def test_the_embedded_profile_runs_a_task_end_to_end(embedded):
