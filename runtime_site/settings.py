@@ -170,8 +170,8 @@ if REDIS_URL:
         "socket_timeout": 30,
         "socket_connect_timeout": 5,
         "health_check_interval": 25,
+        # Task priority 0 (most urgent) .. 9: on Redis a lower number is served first.
         "priority_steps": [0, 3, 6, 9],
-        "queue_order_strategy": "priority",
     }
 else:
     # Embedded default: messages are files. At-most-once on a crash; the lease scanner re-finds work.

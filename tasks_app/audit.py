@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from checkpoints_app.codec import canonical_json
 from tasks_app.models import AuditRecord, Task
+from tasks_app.redaction import redact
 
 GENESIS = "0" * 64
 
@@ -33,7 +34,7 @@ def record_audit(
     record = AuditRecord(
         tenant_id=task.tenant_id, task=task, seq=task.audit_seq + 1, actor=actor, action=action,
         from_status=from_status, to_status=to_status, before_version=before_version,
-        after_version=task.state_version, reason=reason[:1000], data=data or {},
+        after_version=task.state_version, reason=redact(reason)[:1000], data=redact(data or {}),
         created_at=timezone.now(), prev_hash=task.audit_head or GENESIS,
     )
     record.hash = _hash(record)

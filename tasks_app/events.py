@@ -1,4 +1,5 @@
-"""Task events: stored with the task's monotonic seq in the transaction of the change.
+"""Task events: stored with the task's monotonic seq in the transaction of the change,
+redacted (tasks_app.redaction), and published to streams only after it commits.
 
 Stream fan-out reads these rows; a client that sees a gap in seq re-reads the snapshot.
 """
@@ -12,6 +13,7 @@ from django.db.models import F
 
 from tasks_app import streams
 from tasks_app.models import Task, TaskEvent
+from tasks_app.redaction import redact
 
 EVENT_TYPES = frozenset({
     "task.snapshot", "progress", "log", "artifact", "checkpoint", "steering.applied",
@@ -35,7 +37,7 @@ def store(task: Task, first_seq: int, items: list[tuple[str, dict[str, Any]]]) -
         assert event_type in EVENT_TYPES, event_type
     rows = TaskEvent.objects.bulk_create([
         TaskEvent(tenant_id=task.tenant_id, task_id=task.id, seq=seq, type=event_type,
-                  data={"seq": seq, "taskId": str(task.id), **data})
+                  data={"seq": seq, "taskId": str(task.id), **redact(data)})
         for seq, (event_type, data) in enumerate(items, start=first_seq)
     ])
     # Published only once the change is committed; never from inside the transaction.

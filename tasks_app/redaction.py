@@ -1,0 +1,37 @@
+"""Masking of secrets and configured personal fields before anything is stored for people
+to read (events, audit data). A first version: the ledger's diagnostics will use it too."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from django.conf import settings
+
+MASK = "***"
+_SECRET_KEY = re.compile(r"pass(word|wd)?$|secret|token|api[_-]?key|authori[sz]ation|cookie|credential|"
+                         r"private[_-]?key|session", re.IGNORECASE)
+_SECRET_VALUE = re.compile(
+    r"(?P<bearer>\b(?:Bearer|Basic|Token)\s+)[A-Za-z0-9._~+/=-]{8,}"  # authorization header values
+    r"|\brt_[0-9a-f]{12}_[A-Za-z0-9_-]{20,}"  # our own API keys
+    r"|\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"  # AWS access key ids
+    r"|\b(?:sk|pk|ghp|gho|xox[abp])[-_][A-Za-z0-9-_]{16,}"  # common vendor tokens
+)
+
+
+def _personal_fields() -> frozenset[str]:
+    return frozenset(f.lower() for f in settings.RUNTIME.get("security", {}).get("redact_fields", []))
+
+
+def redact(value: Any, _personal: frozenset[str] | None = None) -> Any:
+    """A copy of value with secret-looking keys, configured personal fields and token-like
+    strings masked."""
+    personal = _personal_fields() if _personal is None else _personal
+    if isinstance(value, dict):
+        return {k: MASK if isinstance(k, str) and (_SECRET_KEY.search(k) or k.lower() in personal)
+                else redact(v, personal) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact(v, personal) for v in value]
+    if isinstance(value, str):
+        return _SECRET_VALUE.sub(lambda m: (m.group("bearer") or "") + MASK, value)
+    return value

@@ -1,0 +1,58 @@
+"""Secrets and personal fields never reach events or audit records."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tasks_app import engine
+from tasks_app.actions import do_create_task
+from tasks_app.agents.base import Agent, StepContext, register
+from tasks_app.models import AuditRecord
+from tasks_app.redaction import MASK, redact
+
+TOKEN = "rt_0123456789ab_" + "s" * 40
+
+
+def test_it_masks_secret_keys_personal_fields_and_token_values():
+    masked = redact({
+        "Authorization": "Bearer abcdef1234567890", "password": "hunter2", "apiKey": "k",
+        "email": "ann@example.com", "nested": [{"client_secret": "x", "note": f"used {TOKEN} today"}],
+        "header": "Bearer abcdef1234567890", "aws": "key AKIAABCDEFGHIJKLMNOP here", "count": 3,
+        "message": "reviewed 40 of 100",
+    })
+    assert masked["Authorization"] == masked["password"] == masked["apiKey"] == masked["email"] == MASK
+    assert masked["nested"] == [{"client_secret": MASK, "note": f"used {MASK} today"}]
+    assert masked["header"] == f"Bearer {MASK}" and masked["aws"] == f"key {MASK} here"
+    assert masked["count"] == 3 and masked["message"] == "reviewed 40 of 100"
+
+
+@register
+class ChattyAgent(Agent):
+    name = "test_chatty"
+
+    def start(self, input: dict[str, Any], goal: str) -> dict[str, Any]:
+        return {"done": False}
+
+    def next_step(self, state: dict[str, Any]) -> str | None:
+        return None if state["done"] else "talk"
+
+    def run_step(self, ctx: StepContext, state: dict[str, Any]) -> dict[str, Any]:
+        ctx.log(f"calling the CRM with Bearer {TOKEN}", token=TOKEN, email="ann@example.com")
+        return {"done": True}
+
+    def result(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_events_and_audit_records_carry_no_secrets(alice):
+    task, _ = do_create_task(alice.tenant, actor="user:test", agent="test_chatty", input={},
+                             goal="x")
+    while engine.run_slice(task.id, worker_id="w") is engine.SliceOutcome.CONTINUE:
+        pass
+    log = task.events.get(type="log").data
+    assert log["token"] == MASK and log["email"] == MASK and TOKEN not in log["message"]
+    for record in AuditRecord.objects.filter(task=task):
+        assert TOKEN not in str(record.data) and TOKEN not in record.reason
