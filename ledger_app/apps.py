@@ -4,3 +4,6 @@ from django.apps import AppConfig
 class LedgerAppConfig(AppConfig):
     name = "ledger_app"
     verbose_name = "Ledger"
+
+    def ready(self) -> None:
+        from ledger_app import tools  # noqa: F401  (registers the built-in tools)

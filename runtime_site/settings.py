@@ -126,6 +126,8 @@ if EMBEDDED:
 else:
     # CONN_MAX_AGE=0 under ASGI: each request gets and returns its own connection.
     DATABASES = {"default": dj_database_url.parse(os.environ["DATABASE_URL"], conn_max_age=0, conn_health_checks=True)}
+    if test_name := os.getenv("RUNTIME_TEST_DB_NAME"):
+        DATABASES["default"]["TEST"] = {"NAME": test_name}  # bin/test: one test database per run
     if env_bool("RUNTIME_DB_POOL", False):
         # Set by runtime_site/asgi.py: the web process borrows connections from a bounded pool,
         # so a burst of requests (hundreds of SSE streams connecting) waits instead of

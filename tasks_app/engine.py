@@ -26,6 +26,8 @@ from django.utils import timezone
 
 from checkpoints_app import actions as checkpoints
 from checkpoints_app.codec import CheckpointCorrupt
+from ledger_app import actions as ledger
+from ledger_app import tools
 from steering_app import actions as steering
 from runtime_site.blobstore import blob_store
 from tasks_app import events, leases
@@ -92,8 +94,9 @@ def _load(lease: leases.Lease) -> _Run | None:
     has marked it recovering) → verify the checkpoint's checksum and schema version,
     migrating older versions forward → continue from its next step → a fresh snapshot
     event. A checkpoint that fails verification dead-letters the task; it never re-runs
-    blindly. (Settling the ledger and replaying steering after the checkpoint's cursor join
-    this order with the ledger and steering apps.)"""
+    blindly. Ledger rows a lost worker left started become unknown here, and are reconciled
+    before the step that made them runs again (ledger_app.actions); steering accepted after
+    the checkpoint's cursor is applied at the first safe point."""
     task = Task.objects.get(id=lease.task_id)
     try:
         agent = agents.get_agent(task.agent)
@@ -101,6 +104,7 @@ def _load(lease: leases.Lease) -> _Run | None:
         _stop(lease, Status.FAILED, reason=f"agent {task.agent!r} is not registered on this worker",
               error={"code": "unknown_agent", "message": f"agent {task.agent!r} is not registered"})
         return None
+    ledger.settle_interrupted(task.id)  # whatever a lost worker left started is unknown now
     cp = checkpoints.latest_checkpoint(task)
     if cp is None:
         state, sequence, step_name, refs = agent.start(task.input, task.goal), 0, "", []
@@ -161,9 +165,13 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
         if heartbeat.lost:
             raise leases.LeaseLost(run.lease.task_id)
         # --- step
+        sequence = run.sequence + 1
         ctx = agents.StepContext(
             task_id=str(run.task.id), goal=run.task.goal, input=run.task.input, step_name=step_name,
-            sequence=run.sequence + 1, blobs=blob_store(), answers=run.answers,
+            sequence=sequence, blobs=blob_store(), answers=run.answers,
+            tool_runner=lambda name, args, index, sequence=sequence: ledger.execute_once(
+                run.lease, tenant_id=run.task.tenant_id, sequence=sequence, index=index, name=name, args=args,
+                answers=run.answers),
         )
         began, t0 = timezone.now(), time.perf_counter()
         try:
@@ -172,6 +180,13 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
             new_state = json.loads(json.dumps(run.agent.run_step(ctx, json.loads(json.dumps(run.state)))))
         except agents.InputNeeded as need:
             _wait_for_input(run, need)
+            return SliceOutcome.DONE
+        except leases.LeaseLost:
+            raise
+        except (ledger.ToolFailed, tools.UnknownTool, agents.SchemaError) as exc:
+            _stop(run.lease, Status.FAILED, reason=f"step {step_name}: {exc}"[:500],
+                  error={"code": "tool_failed", "step": step_name, "sequence": run.sequence + 1,
+                         "message": str(exc)[:1000]})
             return SliceOutcome.DONE
         except Exception as exc:
             logger.exception("task %s: step %s failed", run.task.id, step_name)

@@ -3,6 +3,7 @@ context; they never see Celery, leases or SQL (DESIGN §4)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -48,6 +49,9 @@ class StepContext:
     artifacts: list[dict[str, str]] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
     answers: dict[str, Any] = field(default_factory=dict)  # answered input requests, by key
+    # Set by the engine: runs a tool exactly once through the ledger (name, args, call index).
+    tool_runner: Callable[[str, dict[str, Any], int], Any] | None = None
+    calls: int = 0
 
     def progress(self, fraction: float, *, phase: str | None = None, message: str | None = None) -> None:
         self.progress_value = min(max(float(fraction), 0.0), 1.0)
@@ -65,6 +69,14 @@ class StepContext:
         ref = self.blobs.put(f"tasks/{self.task_id}/artifacts/{name}", data, content_type)
         self.artifacts.append({"name": name, "ref": ref, "contentType": content_type})
         return ref
+
+    def tool(self, name: str, args: dict[str, Any]) -> Any:
+        """Call a registered tool. Its effect happens once even if this step runs again:
+        the n-th call of a step is the same ledger entry on every run."""
+        if self.tool_runner is None:
+            raise RuntimeError("tools are only available to steps run by the engine")
+        self.calls += 1
+        return self.tool_runner(name, args, self.calls)
 
     def ask(self, key: str, prompt: str, schema: dict[str, Any]) -> Any:
         """The answer to a question for a person. Unanswered, the task waits in input_required

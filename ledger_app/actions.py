@@ -1,0 +1,144 @@
+"""Execute-once (DESIGN §6, STYLE 2.5): steps are scheduled at least once; effects happen once.
+
+    key = task:step:call-index
+    succeeded row    → the stored result, no call
+    started/unknown  → a previous run may have called: ask the tool's reconcile hook by key;
+                       without an answer, a person confirms (an input request); never re-run blindly
+    no row           → commit a started row (fenced), call with the key as idempotency key
+                       and bounded retries, settle succeeded or failed (fenced)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+
+from checkpoints_app.codec import canonical_json
+from ledger_app import tools
+from ledger_app.models import EffectStatus, LedgerEntry
+from tasks_app import leases
+from tasks_app.agents import base as agents
+from tasks_app.redaction import redact
+
+logger = logging.getLogger(__name__)
+
+
+class ToolFailed(Exception):
+    """The call failed for good (permanent error, or retries used up); the step fails with this."""
+
+
+def _crash_here(point: str) -> None:
+    """Fault injection for the crash tests (RUNTIME_FAULT_INJECTION="<point>:<marker file>"):
+    the process dies like a kill -9, once (the marker file remembers)."""
+    spec = os.getenv("RUNTIME_FAULT_INJECTION", "")
+    if spec.startswith(point + ":"):
+        marker = Path(spec[len(point) + 1:])
+        if not marker.exists():
+            marker.write_text(point)
+            os._exit(137)
+
+
+def settle_interrupted(task_id: Any) -> int:
+    """At a new lease: rows a lost worker left started are unknown now (it may have called)."""
+    return LedgerEntry.objects.filter(task_id=task_id, status=EffectStatus.STARTED).update(
+        status=EffectStatus.UNKNOWN)
+
+
+def execute_once(lease: leases.Lease, *, tenant_id: int, sequence: int, index: int, name: str,
+                 args: dict[str, Any], answers: dict[str, Any]) -> Any:
+    if name in settings.RUNTIME["security"]["deny_tools"]:
+        raise ToolFailed(f"tool {name!r} is denied by policy (security.deny_tools)")
+    tool = tools.get_tool(name)
+    agents.validate(args, tool.input_schema, f"{name} arguments")
+    key = f"{lease.task_id}:{sequence}:{index}"
+    fingerprint = hashlib.sha256(canonical_json(args).encode()).hexdigest()
+    entry = LedgerEntry.objects.filter(key=key).first()
+    if entry is not None:
+        if entry.fingerprint != fingerprint:
+            raise ToolFailed(f"call {key} was made before with other arguments (the agent is not deterministic)")
+        if entry.status == EffectStatus.SUCCEEDED:
+            return entry.result  # replay: done already
+        if entry.status == EffectStatus.FAILED:
+            raise ToolFailed(entry.error["message"])
+        if _reconciled(lease, entry, tool, args, answers):
+            return LedgerEntry.objects.get(id=entry.id).result
+        # The remote says it never happened: the call is safe to make (under the same key).
+    else:
+        with transaction.atomic(durable=True):
+            leases.fenced_update(lease)  # a zombie commits no ledger row either
+            entry = LedgerEntry.objects.create(
+                tenant_id=tenant_id, task_id=lease.task_id, step_sequence=sequence, call_index=index, key=key,
+                tool=name, fingerprint=fingerprint, status=EffectStatus.STARTED, lease_epoch=lease.epoch)
+    _crash_here("ledger:before_call")
+    return _call_and_settle(lease, entry, tool, args)
+
+
+def _reconciled(lease: leases.Lease, entry: LedgerEntry, tool: tools.Tool, args: dict[str, Any],
+                answers: dict[str, Any]) -> bool:
+    """True: settled as succeeded (the remote, or a person, says it happened). False: it did
+    not happen. Raises InputNeeded when nobody can tell."""
+    verdict = None
+    if tool.reconcile is not None:
+        try:
+            verdict = tool.reconcile(args, entry.key)
+        except Exception as exc:  # cannot tell: same as no hook
+            logger.warning("reconcile of %s failed: %s", entry.key, exc)
+    confirm_key = f"confirm-{entry.key}"
+    if verdict is None and confirm_key in answers:
+        verdict = (tools.DONE, None) if answers[confirm_key] == "done" else (tools.NOT_DONE, None)
+    if verdict is None:
+        with transaction.atomic(durable=True):
+            leases.fenced_update(lease)
+            LedgerEntry.objects.filter(id=entry.id).update(status=EffectStatus.UNKNOWN)
+        raise agents.InputNeeded(
+            confirm_key,
+            f"A {entry.tool} call (key {entry.key}) may or may not have taken effect before a worker was lost, "
+            "and the remote cannot be asked. Check it, then answer 'done' or 'not_done'.",
+            {"enum": [tools.DONE, tools.NOT_DONE]})
+    if verdict[0] == tools.DONE:
+        _settle(lease, entry, EffectStatus.SUCCEEDED, result=verdict[1])
+        return True
+    return False
+
+
+def _call_and_settle(lease: leases.Lease, entry: LedgerEntry, tool: tools.Tool, args: dict[str, Any]) -> Any:
+    durations: list[float] = []
+    delay = tool.backoff
+    for attempt in range(1, tool.retries + 2):
+        t0 = time.perf_counter()
+        try:
+            result = tool.call(args, entry.key, tool.timeout)
+        except tools.ToolError as exc:
+            durations.append(round((time.perf_counter() - t0) * 1000, 1))
+            if exc.retryable and attempt <= tool.retries:
+                logger.info("%s attempt %s failed (%s); retrying in %.1fs", entry.key, attempt, exc, delay)
+                time.sleep(delay)
+                delay *= 2
+                continue
+            error = {"message": f"{tool.name}: {exc}", "retryable": exc.retryable, "attempts": attempt}
+            _settle(lease, entry, EffectStatus.FAILED, error=error, attempts=attempt, durations=durations)
+            raise ToolFailed(error["message"] + f" (after {attempt} attempt{'s' * (attempt > 1)})") from exc
+        durations.append(round((time.perf_counter() - t0) * 1000, 1))
+        _crash_here("ledger:after_call")
+        _settle(lease, entry, EffectStatus.SUCCEEDED, result=result, attempts=attempt, durations=durations)
+        _crash_here("ledger:after_settle")
+        return result
+    raise AssertionError("unreachable")
+
+
+def _settle(lease: leases.Lease, entry: LedgerEntry, status: str, *, result: Any = None,
+            error: dict[str, Any] | None = None, attempts: int | None = None,
+            durations: list[float] | None = None) -> None:
+    with transaction.atomic(durable=True):
+        leases.fenced_update(lease)
+        fields: dict[str, Any] = {"status": status, "result": result, "error": redact(error) if error else None}
+        if attempts is not None:
+            fields.update(attempts=entry.attempts + attempts, durations_ms=entry.durations_ms + (durations or []))
+        LedgerEntry.objects.filter(id=entry.id).update(**fields)

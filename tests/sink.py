@@ -1,0 +1,65 @@
+"""An independent HTTP receiver that counts side effects (not our tables): a stand-in for a
+remote API that honours Idempotency-Key and can be asked about a key.
+
+    python tests/sink.py --port 8123 [--fail-first N]
+
+POST /effects           records the call; the same key again gets the first answer (idempotent)
+GET  /effects/<key>     200 with the effect, 404 if it never happened (a reconcile endpoint)
+GET  /stats             {"posts": total POSTs, "perKey": {key: POSTs with that key}, "effects": n}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+lock = threading.Lock()
+posts: dict[str, int] = {}
+effects: dict[str, dict] = {}
+state = {"total": 0, "fail_first": 0}
+
+
+class Handler(BaseHTTPRequestHandler):
+    def _send(self, status: int, body: object) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self) -> None:  # noqa: N802
+        key = self.headers.get("Idempotency-Key", "")
+        payload = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"null")
+        with lock:
+            state["total"] += 1
+            posts[key] = posts.get(key, 0) + 1
+            if state["total"] <= state["fail_first"]:
+                return self._send(503, {"error": "try again"})
+            if key in effects:
+                return self._send(200, effects[key])
+            effects[key] = {"key": key, "payload": payload, "n": len(effects) + 1}
+            return self._send(201, effects[key])
+
+    def do_GET(self) -> None:  # noqa: N802
+        with lock:
+            if self.path == "/stats":
+                return self._send(200, {"posts": state["total"], "perKey": posts, "effects": len(effects)})
+            key = self.path.removeprefix("/effects/")
+            if key in effects:
+                return self._send(200, effects[key])
+            return self._send(404, {"error": "no such effect"})
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--fail-first", type=int, default=0)
+    options = parser.parse_args()
+    state["fail_first"] = options.fail_first
+    ThreadingHTTPServer(("127.0.0.1", options.port), Handler).serve_forever()

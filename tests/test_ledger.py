@@ -1,0 +1,127 @@
+"""Exactly-once side effects with real worker processes, counted by an independent HTTP
+receiver (tests/sink.py), not by our own tables."""
+
+from __future__ import annotations
+
+import sys
+
+import httpx
+import pytest
+
+from conftest import ROOT, Processes, answers, free_port, wait_until
+from ledger_app.models import LedgerEntry
+from tasks_app.actions import do_create_task
+from tasks_app.models import Task
+from tasks_app.queue import enqueue_slice
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FAST = {"RUNTIME_LEASE_SECONDS": "3", "RUNTIME_HEARTBEAT_SECONDS": "1", "RUNTIME_SCAN_SECONDS": "1",
+        "RUNTIME_SLICE_STEPS": "8", "SECURITY_HTTP_ALLOWLIST": "127.0.0.1"}
+
+
+class Sink:
+    def __init__(self, processes: Processes, fail_first: int = 0) -> None:
+        self.port = free_port()
+        processes.start("sink", [sys.executable, str(ROOT / "tests" / "sink.py"), "--port", str(self.port),
+                                 "--fail-first", str(fail_first)])
+        self.url = f"http://127.0.0.1:{self.port}"
+        wait_until(lambda: answers(f"{self.url}/stats"), timeout=10, what="the sink")
+
+    def stats(self) -> dict:
+        return httpx.get(f"{self.url}/stats", timeout=5).json()
+
+
+def webhook(alice, sink: Sink, *, count: int = 3, reconcile: bool = True, **extra) -> Task:
+    payload = {"url": f"{sink.url}/effects", "payload": {"hello": "world"}, "count": count, **extra}
+    if reconcile:
+        payload["reconcileUrl"] = f"{sink.url}/effects/{{key}}"
+    return do_create_task(alice.tenant, actor="user:test", agent="webhook", input=payload)[0]
+
+
+def finished(task: Task) -> Task:
+    wait_until(lambda: Task.objects.get(id=task.id).status in ("completed", "failed", "input_required"),
+               timeout=90, what="the task to settle")
+    return Task.objects.get(id=task.id)
+
+
+@pytest.mark.parametrize("point", ["ledger:before_call", "ledger:after_call", "ledger:after_settle"])
+def test_a_crash_around_a_call_still_ends_with_exactly_one_effect(alice, processes, tmp_path, point):
+    sink = Sink(processes)
+    marker = tmp_path / "crashed"
+    processes.worker(**FAST, RUNTIME_FAULT_INJECTION=f"{point}:{marker}")
+    processes.beat(**FAST)
+    task = finished(webhook(alice, sink))
+    assert marker.exists(), "the fault was never injected"
+    assert task.status == "completed", task.error
+    assert task.recoveries >= 1 and task.result["sent"] == 3
+    stats = sink.stats()
+    assert stats["effects"] == 3 and set(stats["perKey"].values()) == {1}  # never sent twice
+    assert set(LedgerEntry.objects.filter(task=task).values_list("status", flat=True)) == {"succeeded"}
+
+
+def test_a_remote_that_cannot_be_asked_gets_a_person_not_a_second_call(alice, processes, tmp_path):
+    sink = Sink(processes)
+    marker = tmp_path / "crashed"
+    processes.worker(**FAST, RUNTIME_FAULT_INJECTION=f"ledger:after_call:{marker}")
+    processes.beat(**FAST)
+    task = finished(webhook(alice, sink, reconcile=False))
+    assert task.status == "input_required"
+    entry = LedgerEntry.objects.get(task=task, step_sequence=1)
+    assert entry.status == "unknown"
+    assert sink.stats()["perKey"] == {entry.key: 1}
+    snapshot = alice.client().get(f"/runtime/tasks/{task.id}").json()
+    [request] = snapshot["inputRequests"]
+    assert request["key"] == f"confirm-{entry.key}" and request["schema"] == {"enum": ["done", "not_done"]}
+    answer = alice.client().post(f"/runtime/tasks/{task.id}/steering", {
+        "commandId": "confirm-1", "type": "provide_input", "payload": {"key": request["key"], "answer": "done"},
+        "expectedVersion": snapshot["stateVersion"]}, format="json")
+    assert answer.status_code == 202, answer.content
+    task = finished(task)
+    assert task.status == "completed"
+    stats = sink.stats()
+    assert stats["effects"] == 3 and set(stats["perKey"].values()) == {1}
+
+
+def test_the_same_slice_delivered_many_times_makes_each_effect_once(alice, processes):
+    sink = Sink(processes)
+    processes.worker(concurrency=2, **FAST)
+    task = webhook(alice, sink, count=10, sleepMs=30)
+    for _ in range(10):
+        enqueue_slice(task.id, task.priority)
+    assert finished(task).status == "completed"
+    stats = sink.stats()
+    assert stats["effects"] == 10 and set(stats["perKey"].values()) == {1}
+
+
+def test_transient_failures_are_retried_with_backoff_and_left_in_the_ledger(alice, processes):
+    sink = Sink(processes, fail_first=2)
+    processes.worker(**FAST)
+    task = finished(webhook(alice, sink, count=1))
+    assert task.status == "completed"
+    entry = LedgerEntry.objects.get(task=task)
+    assert entry.attempts == 3 and len(entry.durations_ms) == 3
+    stats = sink.stats()
+    assert stats["posts"] == 3 and stats["effects"] == 1
+
+
+def test_retries_are_bounded_and_the_step_fails_with_a_diagnosable_reason(alice, processes):
+    sink = Sink(processes, fail_first=100)
+    processes.worker(**FAST)
+    task = finished(webhook(alice, sink, count=2))
+    assert task.status == "failed" and task.error["code"] == "tool_failed"
+    assert "HTTP 503" in task.error["message"] and "after 3 attempts" in task.error["message"]
+    entry = LedgerEntry.objects.get(task=task)
+    assert entry.status == "failed" and entry.attempts == 3 and entry.error["retryable"] is True
+    assert sink.stats()["posts"] == 3  # bounded
+
+
+def test_denied_tools_and_hosts_off_the_allowlist_fail_clearly(alice, processes):
+    sink = Sink(processes)
+    processes.worker(**FAST)
+    denied = finished(webhook(alice, sink, tool="shell.root"))
+    assert denied.status == "failed" and "denied by policy" in denied.error["message"]
+    elsewhere = finished(do_create_task(alice.tenant, actor="user:test", agent="webhook",
+                                        input={"url": "http://localhost:9/effects"})[0])
+    assert elsewhere.status == "failed" and "not in security.http_allowlist" in elsewhere.error["message"]
+    assert sink.stats()["posts"] == 0
