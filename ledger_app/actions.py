@@ -17,14 +17,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
 from checkpoints_app.codec import canonical_json
-from ledger_app import tools
+from ledger_app import policy, tools
 from ledger_app.models import EffectStatus, LedgerEntry
 from tasks_app import leases
 from tasks_app.agents import base as agents
+from tasks_app.models import Task
 from tasks_app.redaction import redact
 
 logger = logging.getLogger(__name__)
@@ -53,8 +54,8 @@ def settle_interrupted(task_id: Any) -> int:
 
 def execute_once(lease: leases.Lease, *, tenant_id: int, sequence: int, index: int, name: str,
                  args: dict[str, Any], answers: dict[str, Any]) -> Any:
-    if name in settings.RUNTIME["security"]["deny_tools"]:
-        raise ToolFailed(f"tool {name!r} is denied by policy (security.deny_tools)")
+    if reason := policy.denial(name):
+        raise ToolFailed(reason)
     tool = tools.get_tool(name)
     agents.validate(args, tool.input_schema, f"{name} arguments")
     key = f"{lease.task_id}:{sequence}:{index}"
@@ -70,7 +71,9 @@ def execute_once(lease: leases.Lease, *, tenant_id: int, sequence: int, index: i
         if _reconciled(lease, entry, tool, args, answers):
             return LedgerEntry.objects.get(id=entry.id).result
         # The remote says it never happened: the call is safe to make (under the same key).
+        _guard(lease, tool, key, args, answers)
     else:
+        _guard(lease, tool, key, args, answers)
         with transaction.atomic(durable=True):
             leases.fenced_update(lease)  # a zombie commits no ledger row either
             entry = LedgerEntry.objects.create(
@@ -78,6 +81,27 @@ def execute_once(lease: leases.Lease, *, tenant_id: int, sequence: int, index: i
                 tool=name, fingerprint=fingerprint, status=EffectStatus.STARTED, lease_epoch=lease.epoch)
     _crash_here("ledger:before_call")
     return _call_and_settle(lease, entry, tool, args)
+
+
+def _guard(lease: leases.Lease, tool: tools.Tool, key: str, args: dict[str, Any], answers: dict[str, Any]) -> None:
+    """Ask the policy before a call: denied → ToolFailed; guarded → an approver's answer,
+    or wait for one (the task checkpoints and goes to input_required before the call)."""
+    task = Task.objects.values("approval_policy", "budget", "steps_done", "started_at").get(id=lease.task_id)
+    usage = policy.Usage(
+        steps=task["steps_done"], tool_calls=LedgerEntry.objects.filter(task_id=lease.task_id).count(),
+        wall_seconds=(timezone.now() - task["started_at"]).total_seconds() if task["started_at"] else 0.0)
+    decision = policy.decide(tool.name, approval_policy=task["approval_policy"], budget=task["budget"], usage=usage)
+    if decision.verdict == policy.DENY:
+        raise ToolFailed(decision.reason)
+    if decision.verdict == policy.NEEDS_APPROVAL:
+        answer = answers.get(f"approve-{key}")
+        if answer == "reject":
+            raise agents.ToolRejected(f"{tool.name} was rejected by an approver")
+        if answer != "approve":
+            summary = canonical_json(redact(args))
+            raise agents.InputNeeded(
+                f"approve-{key}", f"Approve {tool.name} with {summary[:400]}{'...' if len(summary) > 400 else ''}?",
+                {"enum": ["approve", "reject"]}, kind="approval")
 
 
 def _reconciled(lease: leases.Lease, entry: LedgerEntry, tool: tools.Tool, args: dict[str, Any],

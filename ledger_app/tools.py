@@ -114,3 +114,71 @@ register(Tool(
     call=_http_call,
     reconcile=_http_reconcile,
 ))
+
+
+# --- content.publish: copy an artifact to the published area of the blob store ----------
+
+def _published_key(args: dict[str, Any], key: str) -> str:
+    return f"published/{key.split(':')[0]}/{args['name']}"
+
+
+def _publish_call(args: dict[str, Any], key: str, timeout: float) -> Any:
+    from runtime_site.blobstore import BlobNotFound, blob_store
+
+    store = blob_store()
+    source = args["source"].split("://", 1)[-1]
+    if source.startswith(getattr(store, "bucket", "\0") + "/"):
+        source = source.split("/", 1)[1]
+    try:
+        data = store.get(source)
+    except BlobNotFound as exc:
+        raise ToolError(f"nothing to publish at {args['source']}", retryable=False) from exc
+    return {"ref": store.put(_published_key(args, key), data, args.get("contentType", "application/octet-stream"))}
+
+
+def _publish_reconcile(args: dict[str, Any], key: str) -> tuple[str, Any] | None:
+    from runtime_site.blobstore import blob_store
+
+    store = blob_store()
+    target = _published_key(args, key)
+    return (DONE, {"ref": store.ref(target), "reconciled": True}) if store.exists(target) else (NOT_DONE, None)
+
+
+register(Tool(
+    name="content.publish",
+    input_schema={"type": "object", "properties": {
+        "source": {"type": "string"}, "name": {"type": "string", "pattern": "^[A-Za-z0-9._-]+$"},
+        "contentType": {"type": "string"}}, "required": ["source", "name"], "additionalProperties": False},
+    call=_publish_call,
+    reconcile=_publish_reconcile,
+))
+
+
+# --- email.send: Django's mail backends (SMTP in production) ------------------------------
+
+def _mail_call(args: dict[str, Any], key: str, timeout: float) -> Any:
+    import smtplib
+
+    from django.core.mail import EmailMessage
+
+    # SMTP cannot be asked afterwards whether a message went out, so email.send has no
+    # reconcile hook: an interrupted send is confirmed by a person, never re-sent blindly.
+    message = EmailMessage(args["subject"], args["body"], to=args["to"],
+                           headers={"Idempotency-Key": key, "Message-ID": f"<{key.replace(':', '.')}@runtime>"})
+    try:
+        sent = message.send(using="default")
+    except (smtplib.SMTPServerDisconnected, smtplib.SMTPConnectError, ConnectionError, TimeoutError) as exc:
+        raise ToolError(f"mail server unreachable: {exc}", retryable=True) from exc
+    except smtplib.SMTPException as exc:
+        raise ToolError(f"mail refused: {exc}", retryable=False) from exc
+    return {"sent": sent, "to": args["to"]}
+
+
+register(Tool(
+    name="email.send",
+    input_schema={"type": "object", "properties": {
+        "to": {"type": "array", "items": {"type": "string", "format": "email"}, "minItems": 1},
+        "subject": {"type": "string", "maxLength": 300}, "body": {"type": "string"}},
+        "required": ["to", "subject", "body"], "additionalProperties": False},
+    call=_mail_call,
+))

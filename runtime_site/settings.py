@@ -160,6 +160,17 @@ RUNTIME_S3 = {
     "aws_secret_access_key": env_secret("RUNTIME_S3_SECRET_ACCESS_KEY"),
 }
 
+# --- Mail (the email.send tool; Django 6.1 MAILERS) ----------------------------------------
+if os.getenv("EMAIL_HOST"):
+    MAILERS = {"default": {"BACKEND": "django.core.mail.backends.smtp.EmailBackend", "OPTIONS": {
+        "host": os.environ["EMAIL_HOST"], "port": int(os.getenv("EMAIL_PORT", "25")),
+        "username": os.getenv("EMAIL_HOST_USER", ""), "password": env_secret("EMAIL_HOST_PASSWORD", "") or "",
+        "use_tls": env_bool("EMAIL_USE_TLS", False), "timeout": 10}}}
+else:  # embedded default: mail lands as files in the data folder
+    MAILERS = {"default": {"BACKEND": "django.core.mail.backends.filebased.EmailBackend",
+                           "OPTIONS": {"file_path": str(DATA_DIR / "mail")}}}
+DEFAULT_FROM_EMAIL = os.getenv("DEFAULT_FROM_EMAIL", "runtime@localhost")
+
 # --- Celery ------------------------------------------------------------------------------
 REDIS_URL = os.getenv("REDIS_URL", "")
 if REDIS_URL:

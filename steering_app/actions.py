@@ -52,7 +52,7 @@ PAYLOAD_SCHEMAS: dict[str, dict[str, Any]] = {
     },
     CommandType.PROVIDE_INPUT: {
         "type": "object",
-        "properties": {"key": {"type": "string", "minLength": 1, "maxLength": 100}, "answer": {}},
+        "properties": {"key": {"type": "string", "minLength": 1, "maxLength": 200}, "answer": {}},
         "required": ["key", "answer"],
         "additionalProperties": False,
     },
@@ -157,13 +157,14 @@ def do_enqueue_command(
     return command, True
 
 
-def apply_pending(task: Task, *, actor: str) -> list[SteeringCommand]:
+def apply_pending(task: Task, *, actor: str, by_worker: bool = True) -> list[SteeringCommand]:
     """Engine-only, in its fenced safe-point transaction: apply pending commands in
-    accepted order. The caller saves STEERING_FIELDS."""
+    accepted order. by_worker=False when the worker is letting go of the task in this same
+    transaction (it will not be there to finish a cancel). The caller saves STEERING_FIELDS."""
     assert transaction.get_connection().in_atomic_block
     done = []
     for command in SteeringCommand.objects.filter(task=task, status=CommandStatus.PENDING).order_by("version"):
-        apply_command(task, command, actor=actor, by_worker=True)
+        apply_command(task, command, actor=actor, by_worker=by_worker)
         done.append(command)
     return done
 
@@ -233,12 +234,13 @@ def _settle(task: Task, command: SteeringCommand, status: str, outcome: str, act
         "stateVersion": task.state_version, "runtimeStatus": task.status, "outcome": outcome})
 
 
-def open_input_request(task: Task, *, key: str, prompt: str, schema: dict[str, Any], step: int) -> InputRequest:
+def open_input_request(task: Task, *, key: str, prompt: str, schema: dict[str, Any], step: int,
+                       kind: str = "question") -> InputRequest:
     """Engine-only, in its fenced transaction: the task is about to wait for this answer."""
     assert transaction.get_connection().in_atomic_block
     request, _ = InputRequest.objects.get_or_create(
-        task=task, key=key,
-        defaults={"tenant_id": task.tenant_id, "prompt": prompt, "answer_schema": schema, "step_sequence": step})
+        task=task, key=key, defaults={"tenant_id": task.tenant_id, "prompt": prompt, "answer_schema": schema,
+                                      "step_sequence": step, "kind": kind})
     return request
 
 

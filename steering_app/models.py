@@ -57,7 +57,8 @@ class InputRequest(models.Model):
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT)
     task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="input_requests")
-    key = models.CharField(max_length=100)
+    key = models.CharField(max_length=200)
+    kind = models.CharField(max_length=10, default="question")  # "approval": the approver role answers
     prompt = models.TextField()
     answer_schema = models.JSONField(default=dict)
     step_sequence = models.IntegerField()  # the step that asked

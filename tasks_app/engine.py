@@ -183,6 +183,10 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
             return SliceOutcome.DONE
         except leases.LeaseLost:
             raise
+        except agents.ToolRejected as exc:
+            _stop(run.lease, Status.FAILED, reason=f"step {step_name}: {exc}"[:500],
+                  error={"code": "rejected", "step": step_name, "message": str(exc)[:1000]})
+            return SliceOutcome.DONE
         except (ledger.ToolFailed, tools.UnknownTool, agents.SchemaError) as exc:
             _stop(run.lease, Status.FAILED, reason=f"step {step_name}: {exc}"[:500],
                   error={"code": "tool_failed", "step": step_name, "sequence": run.sequence + 1,
@@ -223,12 +227,18 @@ def _wait_for_input(run: _Run, need: agents.InputNeeded) -> None:
     with transaction.atomic(durable=True):
         task = leases.fenced(run.lease)
         steering.open_input_request(task, key=need.key, prompt=need.prompt, schema=need.schema,
-                                    step=run.sequence + 1)
+                                    step=run.sequence + 1, kind=need.kind)
         transition(task, Status.INPUT_REQUIRED, actor=f"worker:{run.lease.worker_id}", reason=need.prompt[:500])
         task.status_message = need.prompt[:500]
         _flush_progress(run, task)
-        events.emit(task, "input_required", {"key": need.key, "prompt": need.prompt, "schema": need.schema})
-        task.save(update_fields=[*TRANSITION_FIELDS, *leases.release_fields(task)])
+        events.emit(task, "input_required", {"key": need.key, "kind": need.kind, "prompt": need.prompt,
+                                             "schema": need.schema})
+        # Entering approval is a safe point: a pause sent just before lands here, so the
+        # guarded call cannot happen until someone resumes (and someone approves).
+        steering.apply_pending(task, actor=f"worker:{run.lease.worker_id}", by_worker=False)
+        run.steering_cursor = task.steering_head
+        leases.release_fields(task)
+        task.save(update_fields=steering.STEERING_FIELDS)
         _checkpoint(run, task, "input_required", force=True)
 
 

@@ -34,8 +34,9 @@ ALLOWED_TRANSITIONS: dict[str, frozenset[str]] = {
         {Status.INPUT_REQUIRED, Status.PAUSING, Status.PAUSED, Status.RECOVERING, Status.COMPLETED,
          Status.FAILED, Status.CANCELLED, Status.DEAD_LETTERED}
     ),
-    Status.PAUSING: frozenset({Status.PAUSED, Status.WORKING, Status.RECOVERING, Status.CANCELLED,
-                               Status.FAILED, Status.DEAD_LETTERED}),
+    # A pausing task may reach an approval point first: the pause then lands there.
+    Status.PAUSING: frozenset({Status.PAUSED, Status.WORKING, Status.INPUT_REQUIRED, Status.RECOVERING,
+                               Status.CANCELLED, Status.FAILED, Status.DEAD_LETTERED}),
     Status.PAUSED: frozenset({Status.WORKING, Status.INPUT_REQUIRED, Status.CANCELLED, Status.FAILED}),
     Status.INPUT_REQUIRED: frozenset({Status.WORKING, Status.PAUSED, Status.CANCELLED, Status.FAILED}),
     Status.RECOVERING: frozenset({Status.WORKING, Status.PAUSED, Status.DEAD_LETTERED, Status.CANCELLED,

@@ -59,9 +59,10 @@ def test_a_store_round_trips_lists_and_refuses_bad_keys(store):
 def test_a_worker_on_the_s3_profile_reads_its_corpus_from_and_writes_its_report_to_s3(alice, s3, processes):
     store, env = s3
     generate_corpus(store, "corpora/s3", 40, 3, "2026-11-01")
-    processes.worker(**env)
+    # Publishing without an approval gate here (approvals have their own tests).
+    processes.worker(**env, SECURITY_REQUIRE_APPROVAL="payment.create")
     task, _ = do_create_task(alice.tenant, actor="user:test", agent="document_review",
-                             input={"corpus": "corpora/s3", "batchSize": 10})
+                             input={"corpus": "corpora/s3", "batchSize": 10, "publish": True})
     wait_until(lambda: Task.objects.get(id=task.id).is_terminal, timeout=60, what="the review to finish")
     task.refresh_from_db()
     assert task.status == "completed", task.error
@@ -69,3 +70,6 @@ def test_a_worker_on_the_s3_profile_reads_its_corpus_from_and_writes_its_report_
     assert report_ref.startswith("s3://runtime-test/")
     report = json.loads(store.get(report_ref.removeprefix("s3://runtime-test/")))
     assert report["summary"]["documentsReviewed"] == 40
+    published = task.result["published"]["ref"]
+    assert published == f"s3://runtime-test/published/{task.id}/report.md"
+    assert store.get(published.removeprefix("s3://runtime-test/")).decode().startswith("#")

@@ -1,17 +1,20 @@
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
+from django.conf import settings
 from rest_framework import serializers, status
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from steering_app.actions import do_enqueue_command
-from steering_app.models import CommandType, SteeringCommand
+from steering_app.models import CommandType, InputRequest, SteeringCommand
 from tasks_app.api.views import IDEMPOTENCY_KEY, tenant_task
 from tasks_app.auth import principal, require_role
-from tasks_app.models import Role
+from tasks_app.models import Role, Task
 
 
 def command_body(command: SteeringCommand) -> dict[str, Any]:
@@ -22,6 +25,18 @@ def command_body(command: SteeringCommand) -> dict[str, Any]:
         "createdAt": command.created_at.isoformat(),
         "appliedAt": command.applied_at.isoformat() if command.applied_at else None,
     }
+
+
+def check_may_answer(request: Request, task: Task, key: str) -> None:
+    """Approvals need the approver role (and, if configured, someone other than the
+    task's creator); other questions need an operator."""
+    who = principal(request)
+    kind = InputRequest.objects.filter(task=task, key=key).values_list("kind", flat=True).first()
+    if kind == "approval":
+        if not who.has_role(Role.APPROVER):
+            raise PermissionDenied("answering an approval needs the approver role")
+        if settings.RUNTIME["security"].get("approver_not_creator") and who.actor == task.created_by:
+            raise PermissionDenied("the task's creator may not approve its own guarded calls")
 
 
 class TaskSteeringApi(APIView):
@@ -45,8 +60,34 @@ class TaskSteeringApi(APIView):
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         body, who = data.validated_data, principal(request)
+        if body["type"] == CommandType.PROVIDE_INPUT and isinstance(body["payload"].get("key"), str):
+            check_may_answer(request, task, body["payload"]["key"])
         command, _ = do_enqueue_command(
             task.id, tenant=who.tenant, command_id=body["commandId"], type=body["type"], payload=body["payload"],
             expected_version=body["expectedVersion"], requested_by=who.actor, reason=body["reason"])
         # A replay gets the original answer: the command as accepted, with its version.
+        return Response(command_body(command), status=status.HTTP_202_ACCEPTED)
+
+
+class TaskInputApi(APIView):
+    """POST /runtime/tasks/{id}/inputs/{key}: answer an open input request (an approval:
+    {"answer": "approve"} or {"answer": "reject"}). A provide_input command underneath, so
+    it is ordered, audited and applied like any steering; the same answer again is a replay."""
+
+    permission_classes = [require_role(Role.OPERATOR)]
+
+    class InputSerializer(serializers.Serializer):
+        answer = serializers.JSONField()
+        reason = serializers.CharField(max_length=500, allow_blank=True, default="")
+
+    def post(self, request: Request, task_id: str, key: str) -> Response:
+        task = tenant_task(request, task_id)
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        check_may_answer(request, task, key)
+        who = principal(request)
+        command, _ = do_enqueue_command(
+            task.id, tenant=who.tenant, command_id="input:" + hashlib.sha1(key.encode()).hexdigest(), type=CommandType.PROVIDE_INPUT,
+            payload={"key": key, "answer": data.validated_data["answer"]}, expected_version=task.state_version,
+            requested_by=who.actor, reason=data.validated_data["reason"])
         return Response(command_body(command), status=status.HTTP_202_ACCEPTED)

@@ -25,11 +25,16 @@ def validate(document: Any, schema: dict[str, Any], what: str) -> None:
 
 
 class InputNeeded(Exception):  # noqa: N818 (a signal to the engine, not an error)
-    """Raised by ctx.ask(): the step cannot go on until a person answers."""
+    """Raised by ctx.ask() (or a guarded tool call): the step cannot go on until a person
+    answers. kind "approval" answers need the approver role."""
 
-    def __init__(self, key: str, prompt: str, schema: dict[str, Any]) -> None:
+    def __init__(self, key: str, prompt: str, schema: dict[str, Any], kind: str = "question") -> None:
         super().__init__(f"input needed: {key}")
-        self.key, self.prompt, self.schema = key, prompt, schema
+        self.key, self.prompt, self.schema, self.kind = key, prompt, schema, kind
+
+
+class ToolRejected(Exception):
+    """An approver said no to a guarded call; the agent may catch it and take its rejection path."""
 
 
 @dataclass

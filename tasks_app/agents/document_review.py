@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime_site.blobstore import BlobNotFound
-from tasks_app.agents.base import Agent, StepContext, register
+from tasks_app.agents.base import Agent, StepContext, ToolRejected, register
 
 # --- the rule table ----------------------------------------------------------------------
 
@@ -288,6 +288,10 @@ class DocumentReviewAgent(Agent):
             "focus": {"type": "array", "items": {"enum": list(CATEGORIES)}, "minItems": 1, "uniqueItems": True},
             # Slows each batch down, for demos and steering tests that need a run to watch.
             "pacingMs": {"type": "integer", "minimum": 0, "maximum": 60_000, "default": 0},
+            # End by publishing the report (content.publish) and mailing a summary (email.send);
+            # both are guarded by approval in the default policy.
+            "publish": {"type": "boolean", "default": False},
+            "notify": {"type": "array", "items": {"type": "string", "format": "email"}, "maxItems": 50},
         },
         "required": ["corpus"],
         "additionalProperties": False,
@@ -334,6 +338,8 @@ class DocumentReviewAgent(Agent):
                 "required": ["json", "markdown"],
                 "additionalProperties": False,
             },
+            "published": {"type": ["object", "null"]},
+            "notified": {"type": ["object", "null"]},
         },
         "required": ["documentsReviewed", "byLevel", "byCategory", "expired", "topRisks", "report"],
         "additionalProperties": False,
@@ -362,6 +368,10 @@ class DocumentReviewAgent(Agent):
             "excludeExpired": input.get("excludeExpired", False),
             "focus": categories if focus is not None else None,
             "pacingMs": input.get("pacingMs", 0),
+            "publish": input.get("publish", False),
+            "notify": input.get("notify", []),
+            "published": None,
+            "notified": None,
             "asOf": None,
             "total": 0,
             "keys": None,  # only filled when manifest keys do not follow the standard layout
@@ -408,6 +418,10 @@ class DocumentReviewAgent(Agent):
             return self._review_batch(ctx, state)
         if stage == "write_report":
             return self._write_report(ctx, state)
+        if stage == "publish_report":
+            return self._publish(ctx, state)
+        if stage == "notify":
+            return self._notify(ctx, state)
         raise RuntimeError(f"document_review: no step to run in stage {stage!r}")
 
     def result(self, state: dict[str, Any]) -> dict[str, Any]:
@@ -424,6 +438,8 @@ class DocumentReviewAgent(Agent):
             "highRiskAmount": dict(sorted(counts["highRiskAmount"].items())),
             "topRisks": [dict(t) for t in state["topRisks"]],
             "report": dict(state["report"] or {}),
+            "published": state.get("published"),
+            "notified": state.get("notified"),
         }
 
     # -- steps --
@@ -514,9 +530,41 @@ class DocumentReviewAgent(Agent):
         }
         json_ref = ctx.artifact("report.json", json.dumps(report, indent=2), "application/json")
         md_ref = ctx.artifact("report.md", render_markdown(report), "text/markdown")
-        state.update(report={"json": json_ref, "markdown": md_ref}, stage="done")
+        state.update(report={"json": json_ref, "markdown": md_ref}, stage=self._after("write_report", state))
         ctx.progress(1.0, phase="reporting", message="report written")
         ctx.log("report written", json=json_ref, markdown=md_ref)
+        return state
+
+    @staticmethod
+    def _after(stage: str, state: dict[str, Any]) -> str:
+        order = ["write_report", "publish_report", "notify", "done"]
+        wanted = {"publish_report": state.get("publish"), "notify": bool(state.get("notify")), "done": True}
+        return next(s for s in order[order.index(stage) + 1:] if wanted[s])
+
+    def _publish(self, ctx: StepContext, state: dict[str, Any]) -> dict[str, Any]:
+        try:
+            published = ctx.tool("content.publish", {"source": state["report"]["markdown"], "name": "report.md",
+                                                     "contentType": "text/markdown"})
+            state["published"] = {"ref": published["ref"]}
+            ctx.log("report published", ref=published["ref"])
+        except ToolRejected as exc:  # the rejection path: keep the report unpublished
+            state["published"] = {"rejected": str(exc)}
+            ctx.log("publishing rejected", reason=str(exc))
+        state["stage"] = self._after("publish_report", state)
+        return state
+
+    def _notify(self, ctx: StepContext, state: dict[str, Any]) -> dict[str, Any]:
+        counts = state["counts"]
+        body = (f"Reviewed {counts['reviewed']} of {state['total']} contracts: {counts['byLevel']['high']} high, "
+                f"{counts['byLevel']['medium']} medium, {counts['byLevel']['low']} low risk.\n"
+                f"Report: {(state.get('published') or {}).get('ref') or state['report']['markdown']}\n")
+        try:
+            ctx.tool("email.send", {"to": state["notify"], "subject": f"Contract risk review: {state['corpus']}",
+                                    "body": body})
+            state["notified"] = {"to": state["notify"]}
+        except ToolRejected as exc:
+            state["notified"] = {"rejected": str(exc)}
+        state["stage"] = "done"
         return state
 
     @staticmethod

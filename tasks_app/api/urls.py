@@ -1,6 +1,6 @@
 from django.urls import path
 
-from steering_app.api.views import TaskSteeringApi
+from steering_app.api.views import TaskInputApi, TaskSteeringApi
 from tasks_app import streams
 from tasks_app.api import views
 
@@ -13,4 +13,5 @@ urlpatterns = [
     path("tasks/<str:task_id>/audit", views.TaskAuditApi.as_view(), name="task-audit"),
     path("tasks/<str:task_id>/events", streams.task_events, name="task-events"),
     path("tasks/<str:task_id>/steering", TaskSteeringApi.as_view(), name="task-steering"),
+    path("tasks/<str:task_id>/inputs/<str:key>", TaskInputApi.as_view(), name="task-input"),
 ]
