@@ -35,3 +35,17 @@ def redact(value: Any, _personal: frozenset[str] | None = None) -> Any:
     if isinstance(value, str):
         return _SECRET_VALUE.sub(lambda m: (m.group("bearer") or "") + MASK, value)
     return value
+
+
+class RedactingFilter:
+    """logging filter: token-like values never reach the logs either (settings.LOGGING)."""
+
+    def filter(self, record: Any) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a broken format string is the logging module's problem, not ours
+            return True
+        redacted = _SECRET_VALUE.sub(lambda m: (m.group("bearer") or "") + MASK, message)
+        if redacted != message:
+            record.msg, record.args = redacted, None
+        return True

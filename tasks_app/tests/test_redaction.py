@@ -56,3 +56,22 @@ def test_events_and_audit_records_carry_no_secrets(alice):
     assert log["token"] == MASK and log["email"] == MASK and TOKEN not in log["message"]
     for record in AuditRecord.objects.filter(task=task):
         assert TOKEN not in str(record.data) and TOKEN not in record.reason
+
+
+def test_logs_carry_no_tokens(caplog):
+    import logging
+
+    from tasks_app.redaction import RedactingFilter
+
+    logger = logging.getLogger("tasks_app.test")
+    handler_filter = RedactingFilter()
+    with caplog.at_level(logging.INFO, logger="tasks_app.test"):
+        caplog.handler.addFilter(handler_filter)
+        logger.info("calling %s with Authorization: Bearer %s", "the CRM", TOKEN)
+        caplog.handler.removeFilter(handler_filter)
+    assert TOKEN not in caplog.text and "Bearer ***" in caplog.text
+
+
+def test_every_process_logs_through_the_filter(settings):
+    assert settings.LOGGING["handlers"]["console"]["filters"] == ["redact"]
+    assert settings.LOGGING["filters"]["redact"]["()"] == "tasks_app.redaction.RedactingFilter"
