@@ -166,3 +166,37 @@ def _settle(lease: leases.Lease, entry: LedgerEntry, status: str, *, result: Any
         if attempts is not None:
             fields.update(attempts=entry.attempts + attempts, durations_ms=entry.durations_ms + (durations or []))
         LedgerEntry.objects.filter(id=entry.id).update(**fields)
+
+
+@transaction.atomic(durable=True)
+def do_resolve_unknown(entry_id: int, *, succeeded: bool, actor: str, reason: str) -> LedgerEntry:
+    """Operator, after checking the remote by hand: an unknown effect did (or did not)
+    happen. Audited on the task's chain; a task waiting for this confirmation goes on."""
+    # Imported here: steering_app imports tasks_app, and the engine imports us.
+    from steering_app.actions import STEERING_FIELDS, apply_command
+    from steering_app.models import CommandType, InputRequest, InputStatus, SteeringCommand
+    from tasks_app.audit import record_audit
+    from tasks_app.queue import enqueue_slice_on_commit
+
+    entry = LedgerEntry.objects.select_for_update().get(id=entry_id)
+    if entry.status not in (EffectStatus.UNKNOWN, EffectStatus.STARTED):
+        raise ToolFailed(f"ledger entry {entry.key} is {entry.status}, not unknown")
+    task = Task.objects.select_for_update().get(id=entry.task_id)
+    entry.status = EffectStatus.SUCCEEDED if succeeded else EffectStatus.FAILED
+    if not succeeded:
+        entry.error = {"message": f"{entry.tool}: did not take effect (resolved by {actor})", "retryable": False}
+    entry.save(update_fields=["status", "error", "updated_at"])
+    record_audit(task, actor=actor, action="ledger_resolved", before_version=task.state_version, reason=reason,
+                 data={"key": entry.key, "status": entry.status})
+    request = InputRequest.objects.filter(task=task, key=f"confirm-{entry.key}", status=InputStatus.OPEN).first()
+    if request is not None:  # the task waits for exactly this answer: give it, through steering
+        task.state_version += 1
+        command = SteeringCommand.objects.create(
+            tenant_id=task.tenant_id, task=task, command_id=f"resolve-{entry.id}", type=CommandType.PROVIDE_INPUT,
+            payload={"key": request.key, "answer": tools.DONE if succeeded else tools.NOT_DONE},
+            reason=reason, expected_version=task.state_version - 1, version=task.state_version, requested_by=actor)
+        task.steering_head = task.state_version
+        if apply_command(task, command, actor=actor):
+            enqueue_slice_on_commit(task.id, task.priority)
+        task.save(update_fields=STEERING_FIELDS)
+    return entry

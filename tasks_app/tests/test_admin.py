@@ -20,3 +20,65 @@ def test_admin_lists_render_for_every_registered_model(alice, client):
     for model in admin.site._registry:
         url = f"/admin/{model._meta.app_label}/{model._meta.model_name}/"
         assert client.get(url).status_code == 200, url
+
+
+@pytest.fixture
+def operator_client(client, db):
+    get_user_model().objects.create_superuser("opal", "opal@example.com", "pw")
+    client.login(username="opal", password="pw")
+    return client
+
+
+def act(client, model: str, action: str, pk) -> None:
+    app = {"task": "tasks_app", "ledgerentry": "ledger_app"}[model]
+    response = client.post(f"/admin/{app}/{model}/", {"action": action, "_selected_action": [str(pk)]})
+    assert response.status_code == 302
+
+
+@pytest.mark.django_db(transaction=True)
+def test_admin_actions_go_through_the_domain_functions_and_are_audited(alice, operator_client):
+    from tasks_app import leases, recovery
+    from tasks_app.models import AuditRecord, Task
+    from tasks_app.tests.test_recovery import crash_mid_slice
+
+    dead = new_task(alice)
+    for _ in range(4):
+        crash_mid_slice(dead)
+        recovery.do_mark_recovering(dead.id, actor="system:reaper", max_recoveries=3)
+    act(operator_client, "task", "redrive", dead.id)
+    assert Task.objects.get(id=dead.id).status == "recovering"
+    assert AuditRecord.objects.filter(task=dead, actor="admin:opal", to_status="recovering").exists()
+
+    held = new_task(alice)
+    lease = leases.claim(held.id, worker_id="gone", ttl=300)
+    act(operator_client, "task", "release_lease", held.id)
+    assert Task.objects.get(id=held.id).lease_owner is None and not leases.renew(lease, ttl=30)
+    assert AuditRecord.objects.filter(task=held, actor="admin:opal", action="lease_released").exists()
+
+    queued = new_task(alice)
+    act(operator_client, "task", "cancel", queued.id)
+    assert Task.objects.get(id=queued.id).status == "cancelled"
+
+    closed = new_task(alice)
+    act(operator_client, "task", "close", closed.id)  # not a dead letter: refused, nothing changes
+    assert Task.objects.get(id=closed.id).status == "queued"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_resolving_an_unknown_effect_answers_the_waiting_task(alice, operator_client):
+    from ledger_app.models import LedgerEntry
+    from steering_app.models import InputRequest
+    from tasks_app.models import AuditRecord, Task
+
+    task = new_task(alice)
+    Task.objects.filter(id=task.id).update(status="input_required")
+    entry = LedgerEntry.objects.create(tenant=alice.tenant, task=task, step_sequence=1, call_index=1,
+                                       key=f"{task.id}:1:1", tool="email.send", fingerprint="f", status="unknown",
+                                       lease_epoch=1)
+    InputRequest.objects.create(tenant=alice.tenant, task=task, key=f"confirm-{entry.key}", kind="question",
+                                prompt="did it?", answer_schema={"enum": ["done", "not_done"]}, step_sequence=1)
+    act(operator_client, "ledgerentry", "resolve_succeeded", entry.id)
+    assert LedgerEntry.objects.get(id=entry.id).status == "succeeded"
+    assert InputRequest.objects.get(task=task).answer == "done"
+    assert Task.objects.get(id=task.id).status == "working"
+    assert AuditRecord.objects.filter(task=task, actor="admin:opal", action="ledger_resolved").exists()
