@@ -168,35 +168,33 @@ def _settle(lease: leases.Lease, entry: LedgerEntry, status: str, *, result: Any
         LedgerEntry.objects.filter(id=entry.id).update(**fields)
 
 
-@transaction.atomic(durable=True)
 def do_resolve_unknown(entry_id: int, *, succeeded: bool, actor: str, reason: str) -> LedgerEntry:
     """Operator, after checking the remote by hand: an unknown effect did (or did not)
-    happen. Audited on the task's chain; a task waiting for this confirmation goes on."""
+    happen. Audited on the task's chain; a task waiting for this confirmation then gets
+    the answer as an ordinary provide_input command (accepted, audited, applied)."""
     # Imported here: steering_app imports tasks_app, and the engine imports us.
-    from steering_app.actions import STEERING_FIELDS, apply_command
-    from steering_app.models import CommandType, InputRequest, InputStatus, SteeringCommand
+    from steering_app.actions import do_enqueue_command
+    from steering_app.models import CommandType, InputRequest, InputStatus
     from tasks_app.audit import record_audit
-    from tasks_app.queue import enqueue_slice_on_commit
 
-    entry = LedgerEntry.objects.select_for_update().get(id=entry_id)
-    if entry.status not in (EffectStatus.UNKNOWN, EffectStatus.STARTED):
-        raise ToolFailed(f"ledger entry {entry.key} is {entry.status}, not unknown")
-    task = Task.objects.select_for_update().get(id=entry.task_id)
-    entry.status = EffectStatus.SUCCEEDED if succeeded else EffectStatus.FAILED
-    if not succeeded:
-        entry.error = {"message": f"{entry.tool}: did not take effect (resolved by {actor})", "retryable": False}
-    entry.save(update_fields=["status", "error", "updated_at"])
-    record_audit(task, actor=actor, action="ledger_resolved", before_version=task.state_version, reason=reason,
-                 data={"key": entry.key, "status": entry.status})
-    request = InputRequest.objects.filter(task=task, key=f"confirm-{entry.key}", status=InputStatus.OPEN).first()
-    if request is not None:  # the task waits for exactly this answer: give it, through steering
-        task.state_version += 1
-        command = SteeringCommand.objects.create(
-            tenant_id=task.tenant_id, task=task, command_id=f"resolve-{entry.id}", type=CommandType.PROVIDE_INPUT,
-            payload={"key": request.key, "answer": tools.DONE if succeeded else tools.NOT_DONE},
-            reason=reason, expected_version=task.state_version - 1, version=task.state_version, requested_by=actor)
-        task.steering_head = task.state_version
-        if apply_command(task, command, actor=actor):
-            enqueue_slice_on_commit(task.id, task.priority)
-        task.save(update_fields=STEERING_FIELDS)
+    with transaction.atomic(durable=True):
+        entry = LedgerEntry.objects.select_for_update().get(id=entry_id)
+        if entry.status not in (EffectStatus.UNKNOWN, EffectStatus.STARTED):
+            raise ToolFailed(f"ledger entry {entry.key} is {entry.status}, not unknown")
+        task = Task.objects.select_for_update().get(id=entry.task_id)
+        entry.status = EffectStatus.SUCCEEDED if succeeded else EffectStatus.FAILED
+        if not succeeded:
+            entry.error = {"message": f"{entry.tool}: did not take effect (resolved by {actor})", "retryable": False}
+        entry.save(update_fields=["status", "error", "updated_at"])
+        record_audit(task, actor=actor, action="ledger_resolved", before_version=task.state_version, reason=reason,
+                     data={"key": entry.key, "status": entry.status})
+    key = f"confirm-{entry.key}"
+    if InputRequest.objects.filter(task=task, key=key, status=InputStatus.OPEN).exists():
+        # A version race here leaves the request open for a person to answer; the effect
+        # itself is already resolved above.
+        do_enqueue_command(task.id, tenant=task.tenant, command_id=f"resolve-{entry.id}",
+                           type=CommandType.PROVIDE_INPUT,
+                           payload={"key": key, "answer": tools.DONE if succeeded else tools.NOT_DONE},
+                           expected_version=Task.objects.values_list("state_version", flat=True).get(id=task.id),
+                           requested_by=actor, reason=reason)
     return entry

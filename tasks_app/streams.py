@@ -29,7 +29,7 @@ from uuid import UUID
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import close_old_connections, connection
+from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django_eventstream.channelmanager import ChannelManagerBase
 from django_eventstream.event import Event
@@ -240,7 +240,6 @@ def _seqs(channels: list[str]) -> dict[str, int]:
         rows = Task.objects.filter(id__in=[i for i in ids if i]).values_list("id", "event_seq")
         return {ids[task_id]: seq for task_id, seq in rows}
     finally:
-        close_old_connections()
         connection.close()
 
 

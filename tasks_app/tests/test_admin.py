@@ -82,3 +82,6 @@ def test_resolving_an_unknown_effect_answers_the_waiting_task(alice, operator_cl
     assert InputRequest.objects.get(task=task).answer == "done"
     assert Task.objects.get(id=task.id).status == "working"
     assert AuditRecord.objects.filter(task=task, actor="admin:opal", action="ledger_resolved").exists()
+    # the answer went in as an ordinary command: accepted and applied, each audited
+    assert AuditRecord.objects.filter(task=task, actor="admin:opal", action="steering_accepted").exists()
+    assert AuditRecord.objects.filter(task=task, actor="admin:opal", action="steering_applied").exists()
