@@ -6,6 +6,9 @@
                        without an answer, a person confirms (an input request); never re-run blindly
     no row           → commit a started row (fenced), call with the key as idempotency key
                        and bounded retries, settle succeeded or failed (fenced)
+    pending          → the remote answered with a task of its own, whose id (remote_ref) was
+                       committed: poll it — in this slice for a while, then from later slices
+                       (agents.RemoteWait), after restarts too — and settle when it ends
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -68,6 +72,8 @@ def execute_once(lease: leases.Lease, *, tenant_id: int, sequence: int, index: i
             return entry.result  # replay: done already
         if entry.status == EffectStatus.FAILED:
             raise ToolFailed(entry.error["message"])
+        if entry.status == EffectStatus.PENDING:
+            return _poll_and_settle(lease, entry, tool, args)
         if _reconciled(lease, entry, tool, args, answers):
             return LedgerEntry.objects.get(id=entry.id).result
         # The remote says it never happened: the call is safe to make (under the same key).
@@ -151,18 +157,53 @@ def _call_and_settle(lease: leases.Lease, entry: LedgerEntry, tool: tools.Tool, 
             raise ToolFailed(error["message"] + f" (after {attempt} attempt{'s' * (attempt > 1)})") from exc
         durations.append(round((time.perf_counter() - t0) * 1000, 1))
         _crash_here("ledger:after_call")
+        if isinstance(result, tools.Pending):
+            _settle(lease, entry, EffectStatus.PENDING, remote_ref=result.ref, attempts=attempt, durations=durations)
+            _crash_here("ledger:after_remote_task")
+            entry.remote_ref = result.ref
+            return _poll_and_settle(lease, entry, tool, args, first=result)
         _settle(lease, entry, EffectStatus.SUCCEEDED, result=result, attempts=attempt, durations=durations)
         _crash_here("ledger:after_settle")
         return result
     raise AssertionError("unreachable")
 
 
+def _poll_and_settle(lease: leases.Lease, entry: LedgerEntry, tool: tools.Tool, args: dict[str, Any],
+                     first: tools.Pending | None = None) -> Any:
+    """Poll the remote task for up to tools.remote_wait_seconds; then give the worker back
+    (agents.RemoteWait: the slice yields and a later one polls again). Transient poll
+    errors are not the call failing: they are recorded and the next slice asks again."""
+    assert tool.poll is not None, f"{tool.name} answered Pending but has no poll hook"
+    deadline = time.monotonic() + float(settings.RUNTIME["tools"]["remote_wait_seconds"])
+    answer: Any = first
+    while True:
+        if answer is not None:
+            if not isinstance(answer, tools.Pending):
+                _settle(lease, entry, EffectStatus.SUCCEEDED, result=answer, remote_ref=entry.remote_ref)
+                return answer
+            if time.monotonic() + answer.poll_after > deadline:
+                raise agents.RemoteWait(f"{tool.name}: {answer.message or 'remote task running'} "
+                                        f"(task {entry.remote_ref})", poll_after=answer.poll_after)
+            time.sleep(answer.poll_after)
+        try:
+            answer = tool.poll(args, entry.remote_ref, tool.timeout)
+        except tools.ToolError as exc:
+            if not exc.retryable:
+                error = {"message": f"{tool.name}: {exc}", "retryable": False, "remoteRef": entry.remote_ref}
+                _settle(lease, entry, EffectStatus.FAILED, error=error, remote_ref=entry.remote_ref)
+                raise ToolFailed(error["message"]) from exc
+            _settle(lease, entry, EffectStatus.PENDING, remote_ref=entry.remote_ref,
+                    error={"message": f"polling {entry.remote_ref}: {exc}", "retryable": True})
+            raise agents.RemoteWait(f"{tool.name}: polling failed, will retry: {exc}") from exc
+
+
 def _settle(lease: leases.Lease, entry: LedgerEntry, status: str, *, result: Any = None,
             error: dict[str, Any] | None = None, attempts: int | None = None,
-            durations: list[float] | None = None) -> None:
+            durations: list[float] | None = None, remote_ref: str = "") -> None:
     with transaction.atomic(durable=True):
         leases.fenced_update(lease)
-        fields: dict[str, Any] = {"status": status, "result": result, "error": redact(error) if error else None}
+        fields: dict[str, Any] = {"status": status, "result": result, "error": redact(error) if error else None,
+                                  "remote_ref": remote_ref}
         if attempts is not None:
             fields.update(attempts=entry.attempts + attempts, durations_ms=entry.durations_ms + (durations or []))
         LedgerEntry.objects.filter(id=entry.id).update(**fields)

@@ -10,6 +10,7 @@ class EffectStatus(models.TextChoices):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     UNKNOWN = "unknown"  # a previous run may or may not have made the call; never re-run blindly
+    PENDING = "pending"  # the remote took the call as a task (remote_ref): poll it, never call again
 
 
 class LedgerEntry(models.Model):
@@ -28,7 +29,7 @@ class LedgerEntry(models.Model):
     durations_ms = models.JSONField(default=list)
     result = models.JSONField(null=True, blank=True)
     error = models.JSONField(null=True, blank=True)
-    remote_ref = models.CharField(max_length=500, blank=True)
+    remote_ref = models.CharField(max_length=500, blank=True)  # the remote's task id while pending
     lease_epoch = models.BigIntegerField()
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

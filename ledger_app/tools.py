@@ -24,6 +24,16 @@ DONE, NOT_DONE = "done", "not_done"
 
 
 @dataclass(frozen=True)
+class Pending:
+    """A call (or poll) answer: the remote took the call as a long-running task of its own.
+    The ledger stores `ref` and polls it; the call itself is never made again."""
+
+    ref: str
+    message: str = ""
+    poll_after: float = 1.0  # seconds; the remote's suggestion where it made one
+
+
+@dataclass(frozen=True)
 class Tool:
     name: str
     input_schema: dict[str, Any]
@@ -34,6 +44,8 @@ class Tool:
     backoff: float = 0.2  # seconds, doubled per retry
     # (args, key) -> (DONE, result) | (NOT_DONE, None); None (or the hook raising) means it cannot tell
     reconcile: Callable[[dict[str, Any], str], tuple[str, Any] | None] | None = None
+    # (args, remote ref, timeout) -> result | Pending: for tools whose call may answer Pending
+    poll: Callable[[dict[str, Any], str, float], Any] | None = None
 
 
 _TOOLS: dict[str, Tool] = {}
@@ -181,4 +193,49 @@ register(Tool(
         "subject": {"type": "string", "maxLength": 300}, "body": {"type": "string"}},
         "required": ["to", "subject", "body"], "additionalProperties": False},
     call=_mail_call,
+))
+
+
+# --- mcp.call: a tool on a remote MCP server, through the official SDK -------------------
+
+def _remote(fn: Callable[[], Any]) -> Any:
+    from ledger_app import mcp_client
+
+    try:
+        answer = fn()
+    except mcp_client.RemoteError as exc:
+        raise ToolError(str(exc), retryable=exc.retryable) from exc
+    if isinstance(answer, mcp_client.RemoteTask):
+        return Pending(answer.task_id, f"remote task {answer.status}: {answer.message}".strip(": "),
+                       (answer.poll_interval_ms or 1000) / 1000)
+    return answer
+
+
+def _mcp_call(args: dict[str, Any], key: str, timeout: float) -> Any:
+    from ledger_app import mcp_client
+
+    _allowed(args["server"])
+    return _remote(lambda: mcp_client.call_tool(args["server"], args["tool"], args.get("arguments", {}),
+                                                key=key, timeout=args.get("timeoutSeconds", timeout)))
+
+
+def _mcp_poll(args: dict[str, Any], ref: str, timeout: float) -> Any:
+    from ledger_app import mcp_client
+
+    _allowed(args["server"])
+    return _remote(lambda: mcp_client.get_task(args["server"], ref, timeout=timeout))
+
+
+register(Tool(
+    name="mcp.call",
+    input_schema={"type": "object", "properties": {
+        "server": {"type": "string", "pattern": "^https?://"}, "tool": {"type": "string", "minLength": 1},
+        "arguments": {"type": "object"},
+        # per call: the caller knows how long the remote tool takes to answer
+        "timeoutSeconds": {"type": "number", "exclusiveMinimum": 0, "maximum": 600}},
+        "required": ["server", "tool"], "additionalProperties": False},
+    call=_mcp_call,
+    # The remote cannot be asked about a call by our key (MCP has no such verb): a call
+    # interrupted before its answer (or its task id) was stored is confirmed by a person.
+    poll=_mcp_poll,
 ))

@@ -43,6 +43,7 @@ logger = logging.getLogger(__name__)
 class SliceOutcome(enum.Enum):
     DROPPED = "dropped"  # no lease (duplicate message, task done or held elsewhere), or lease lost
     CONTINUE = "continue"  # yielded with work left: enqueue the successor
+    POLL = "poll"  # yielded while a remote task runs: enqueue the successor a little later
     DONE = "done"  # reached a state that needs no further message
 
 
@@ -181,6 +182,9 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
         except agents.InputNeeded as need:
             _wait_for_input(run, need)
             return SliceOutcome.DONE
+        except agents.RemoteWait as wait:
+            _yield(run, message=wait.message)
+            return SliceOutcome.POLL
         except leases.LeaseLost:
             raise
         except agents.ToolRejected as exc:
@@ -317,10 +321,15 @@ def _checkpoint(run: _Run, task: Task, reason: str, *, force: bool = False) -> N
     run.checkpoint_sequence, run.checkpoint_clock = cp.sequence, time.monotonic()
 
 
-def _yield(run: _Run) -> None:
-    """End of slice with work left: checkpoint (the successor starts from it) and release."""
+def _yield(run: _Run, *, message: str | None = None) -> None:
+    """End of slice with work left: checkpoint (the successor starts from it) and release.
+    With a message (waiting on a remote task), the person watching sees why."""
     with transaction.atomic(durable=True):
-        leases.fenced_update(run.lease, lease_owner=None, lease_expires_at=None)
+        fields: dict[str, Any] = {}
+        if message is not None and message != run.task.status_message:
+            run.task.status_message = fields["status_message"] = message[:500]
+            run.progress_unsent = True
+        leases.fenced_update(run.lease, lease_owner=None, lease_expires_at=None, **fields)
         _flush_progress(run, run.task)
         _checkpoint(run, run.task, "slice_end")
 

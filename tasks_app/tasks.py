@@ -18,10 +18,13 @@ logger = logging.getLogger(__name__)
 @shared_task(name="tasks.run_task_slice", acks_late=True, ignore_result=True)
 def run_task_slice(task_id: str) -> None:
     outcome = engine.run_slice(UUID(task_id), worker_id=engine.worker_identity())
-    if outcome is engine.SliceOutcome.CONTINUE:
+    if outcome in (engine.SliceOutcome.CONTINUE, engine.SliceOutcome.POLL):
         # After the slice's last commit, never before: no pre-built chains (DESIGN §4).
+        # Waiting on a remote task, the next look is a poll interval away (if that
+        # message is lost, the lease scanner finds the task stalled and re-enqueues it).
         priority = Task.objects.values_list("priority", flat=True).get(id=task_id)
-        enqueue_slice(task_id, priority)
+        delay = settings.RUNTIME["tools"]["remote_poll_seconds"] if outcome is engine.SliceOutcome.POLL else 0
+        enqueue_slice(task_id, priority, countdown=delay)
 
 
 @shared_task(name="tasks.scan_leases", ignore_result=True)

@@ -33,6 +33,16 @@ class InputNeeded(Exception):  # noqa: N818 (a signal to the engine, not an erro
         self.key, self.prompt, self.schema, self.kind = key, prompt, schema, kind
 
 
+class RemoteWait(Exception):  # noqa: N818 (a signal to the engine, not an error)
+    """Raised by a tool call whose remote task is still running: the step ends without
+    committing, the slice yields, and a later slice runs the step again, which polls the
+    same remote task (the ledger holds its id) instead of calling again."""
+
+    def __init__(self, message: str, *, poll_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.message, self.poll_after = message, poll_after
+
+
 class ToolRejected(Exception):
     """An approver said no to a guarded call; the agent may catch it and take its rejection path."""
 

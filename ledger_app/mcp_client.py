@@ -1,0 +1,153 @@
+"""The remote MCP tool's wire, through the official SDK (`mcp` 2.3.0, the 2026-07-28 wire).
+
+We declare the io.modelcontextprotocol/tasks extension on every request, so a remote may
+answer a tools/call with a task of its own. The caller (ledger_app.tools) stores that task
+id in the ledger and polls it with tasks/get: in this slice, the next one, or after a
+restart — never by calling the tool again. The SDK is async; workers are not, so each
+exchange runs in its own short event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+import httpx2
+import mcp.types as types
+from mcp import Client
+from mcp.client import ClaimContext, ClientExtension, ResultClaim
+from mcp.shared.exceptions import MCPError
+from mcp_types import REQUEST_TIMEOUT
+from pydantic import TypeAdapter
+
+TASKS = "io.modelcontextprotocol/tasks"
+TERMINAL = ("completed", "failed", "cancelled")
+# Our key travels in the request's _meta, so a remote that de-duplicates can use it.
+IDEMPOTENCY_META = "io.github.agent-runtime/idempotency-key"
+_RAW = TypeAdapter(dict[str, Any])
+T = TypeVar("T")
+
+
+class RemoteError(Exception):
+    def __init__(self, message: str, *, retryable: bool) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+@dataclass(frozen=True)
+class RemoteTask:
+    """The remote took the call as a task: poll `task_id` until it ends."""
+
+    task_id: str
+    status: str
+    message: str
+    poll_interval_ms: int | None
+
+
+class _TaskIdParams(types.RequestParams):
+    task_id: str
+
+
+class _GetTask(types.Request[_TaskIdParams, Literal["tasks/get"]]):
+    method: Literal["tasks/get"] = "tasks/get"
+    params: _TaskIdParams
+    name_param = "taskId"  # sent as the Mcp-Name header, as the extension asks
+
+
+class _CreateTaskResult(types.Result):
+    result_type: Literal["task"] = "task"
+    task_id: str
+    status: str
+    status_message: str | None = None
+    created_at: str
+    last_updated_at: str
+    ttl_ms: int | None
+    poll_interval_ms: int | None = None
+
+
+class _Tasks(ClientExtension):
+    """Declares the extension and claims its CreateTaskResult; we resolve it ourselves
+    (session.call_tool(..., allow_claimed=True)), so the resolver is never used."""
+
+    identifier = TASKS
+
+    def claims(self) -> list[ResultClaim[Any]]:
+        return [ResultClaim(result_type="task", model=_CreateTaskResult, resolve=self._resolve)]
+
+    async def _resolve(self, created: _CreateTaskResult, ctx: ClaimContext) -> types.CallToolResult:
+        raise NotImplementedError("the ledger polls remote tasks itself")
+
+
+def call_tool(server: str, tool: str, arguments: dict[str, Any], *, key: str,
+              timeout: float) -> dict[str, Any] | RemoteTask:
+    """One tools/call: the tool's result (a CallToolResult as JSON), or the remote task."""
+
+    async def go(client: Client) -> dict[str, Any] | RemoteTask:
+        result = await client.session.call_tool(tool, arguments, read_timeout_seconds=timeout,
+                                                meta={IDEMPOTENCY_META: key}, allow_claimed=True)
+        if isinstance(result, _CreateTaskResult):
+            return RemoteTask(result.task_id, result.status, result.status_message or "", result.poll_interval_ms)
+        return _tool_result(tool, result.model_dump(mode="json", by_alias=True, exclude_none=True))
+
+    return _run(server, timeout, go)
+
+
+def get_task(server: str, task_id: str, *, timeout: float) -> dict[str, Any] | RemoteTask:
+    """tasks/get: the final tool result once the remote task completed, else its state."""
+
+    async def go(client: Client) -> dict[str, Any] | RemoteTask:
+        task = await client.session.send_request(_GetTask(params=_TaskIdParams(task_id=task_id)), _RAW,
+                                                 request_read_timeout_seconds=timeout)
+        status = task.get("status")
+        if status == "completed":
+            return _tool_result(f"remote task {task_id}", task.get("result") or {})
+        if status == "failed":
+            error = task.get("error") or {}
+            raise RemoteError(f"remote task {task_id} failed: {error.get('message') or task.get('statusMessage')}"
+                              f" (code {error.get('code')})", retryable=False)
+        if status == "cancelled":
+            raise RemoteError(f"remote task {task_id} was cancelled by the remote", retryable=False)
+        return RemoteTask(task_id, str(status), task.get("statusMessage") or "", task.get("pollIntervalMs"))
+
+    return _run(server, timeout, go)
+
+
+def _tool_result(what: str, result: dict[str, Any]) -> dict[str, Any]:
+    if result.get("isError"):
+        text = " ".join(c.get("text", "") for c in result.get("content", []) if c.get("type") == "text")
+        raise RemoteError(f"{what} answered with an error: {text[:500]}", retryable=False)
+    result.pop("_meta", None)
+    result.pop("resultType", None)
+    return result
+
+
+def _run(server: str, timeout: float, go: Callable[[Client], Awaitable[T]]) -> T:
+    async def session() -> T:
+        async with Client(server, mode="2026-07-28", extensions=[_Tasks()], read_timeout_seconds=timeout,
+                          cache=None) as client:
+            return await go(client)
+
+    try:
+        return asyncio.run(session())
+    except BaseException as exc:  # the SDK's task groups wrap what went wrong
+        raise _classify(exc) from exc
+
+
+def _classify(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    if isinstance(exc, RemoteError):
+        return exc
+    if isinstance(exc, MCPError):
+        if exc.code == REQUEST_TIMEOUT:
+            return RemoteError(f"timed out: {exc.message}", retryable=True)
+        # -32602 (unknown task: expired or never ours), -32601, -32600: asking again will not help
+        retryable = exc.code in (-32603, -32000)
+        return RemoteError(f"JSON-RPC error {exc.code}: {exc.message}", retryable=retryable)
+    if isinstance(exc, (httpx2.TransportError, TimeoutError, ConnectionError, OSError)):
+        return RemoteError(f"transport error: {type(exc).__name__}: {exc}", retryable=True)
+    if isinstance(exc, Exception):
+        return RemoteError(f"{type(exc).__name__}: {exc}", retryable=False)
+    return exc  # KeyboardInterrupt, SystemExit: not ours to translate
