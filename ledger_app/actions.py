@@ -92,10 +92,11 @@ def execute_once(lease: leases.Lease, *, tenant_id: int, sequence: int, index: i
 def _guard(lease: leases.Lease, tool: tools.Tool, key: str, args: dict[str, Any], answers: dict[str, Any]) -> None:
     """Ask the policy before a call: denied → ToolFailed; guarded → an approver's answer,
     or wait for one (the task checkpoints and goes to input_required before the call)."""
-    task = Task.objects.values("approval_policy", "budget", "steps_done", "started_at").get(id=lease.task_id)
+    task = Task.objects.values("approval_policy", "budget", "steps_done", "started_at", "cost").get(id=lease.task_id)
     usage = policy.Usage(
         steps=task["steps_done"], tool_calls=LedgerEntry.objects.filter(task_id=lease.task_id).count(),
-        wall_seconds=(timezone.now() - task["started_at"]).total_seconds() if task["started_at"] else 0.0)
+        wall_seconds=(timezone.now() - task["started_at"]).total_seconds() if task["started_at"] else 0.0,
+        cost=task["cost"])
     decision = policy.decide(tool.name, approval_policy=task["approval_policy"], budget=task["budget"], usage=usage)
     if decision.verdict == policy.DENY:
         raise ToolFailed(decision.reason)

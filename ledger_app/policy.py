@@ -18,12 +18,32 @@ class Decision:
 
 @dataclass(frozen=True)
 class Usage:
-    """What the task has used so far (read by the caller; the guard only compares)."""
+    """What the task has used so far (read by the caller; the guard only compares).
+    None: not counted here (the engine's safe point leaves tool calls to the guard)."""
 
     steps: int
-    tool_calls: int
+    tool_calls: int | None
     wall_seconds: float
     cost: float = 0.0
+
+
+# budget key -> (Usage field, what a person reads)
+LIMITS = {"maxSteps": ("steps", "steps"), "maxToolCalls": ("tool_calls", "tool calls"),
+          "maxWallSeconds": ("wall_seconds", "seconds"), "maxCost": ("cost", "cost")}
+BUDGET_SCHEMA = {"type": "object", "properties": {key: {"type": "number", "minimum": 0} for key in LIMITS},
+                 "additionalProperties": False}
+APPROVAL_POLICY_SCHEMA = {"type": "object", "properties": {
+    "before": {"type": "array", "items": {"type": "string", "minLength": 1}, "uniqueItems": True}},
+    "additionalProperties": False}
+
+
+def exhausted(budget: dict[str, Any], usage: Usage) -> str | None:
+    """Which limit of the task's budget is used up, or None."""
+    for limit, (field, what) in LIMITS.items():
+        used = getattr(usage, field)
+        if limit in budget and used is not None and used >= budget[limit]:
+            return f"budget exhausted: {what} {used:g} of {budget[limit]:g} ({limit})"
+    return None
 
 
 def denial(tool: str) -> str | None:
@@ -37,10 +57,8 @@ def decide(tool: str, *, approval_policy: dict[str, Any], budget: dict[str, Any]
     security = settings.RUNTIME["security"]
     if reason := denial(tool):
         return Decision(DENY, reason)
-    for limit, used, what in (("maxSteps", usage.steps, "steps"), ("maxToolCalls", usage.tool_calls, "tool calls"),
-                              ("maxWallSeconds", usage.wall_seconds, "seconds"), ("maxCost", usage.cost, "cost")):
-        if limit in budget and used >= budget[limit]:
-            return Decision(DENY, f"budget exhausted: {what} {used:g} of {budget[limit]:g} ({limit})")
+    if reason := exhausted(budget, usage):
+        return Decision(DENY, reason)
     guarded = set(security["require_approval"]) | set(approval_policy.get("before", []))
     if tool in guarded:
         return Decision(NEEDS_APPROVAL, f"{tool} needs an approver's yes")

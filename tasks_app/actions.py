@@ -13,6 +13,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from checkpoints_app.codec import canonical_json
+from ledger_app import policy
 from tasks_app import events
 from tasks_app.agents import base as agents
 from tasks_app.audit import record_audit
@@ -71,6 +72,8 @@ def do_create_task(
     """
     definition = agents.get_agent(agent)  # UnknownAgent
     agents.validate(input, definition.input_schema, "input")  # SchemaError
+    agents.validate(budget or {}, policy.BUDGET_SCHEMA, "budget")
+    agents.validate(approval_policy or {}, policy.APPROVAL_POLICY_SCHEMA, "approvalPolicy")
     body = {"agent": agent, "input": input, "goal": goal, "checkpointPolicy": checkpoint_policy or {},
             "approvalPolicy": approval_policy or {}, "budget": budget or {}, "priority": priority,
             "ttlSeconds": ttl_seconds}

@@ -27,7 +27,7 @@ from django.utils import timezone
 from checkpoints_app import actions as checkpoints
 from checkpoints_app.codec import CheckpointCorrupt
 from ledger_app import actions as ledger
-from ledger_app import tools
+from ledger_app import policy, tools
 from steering_app import actions as steering
 from runtime_site.blobstore import blob_store
 from tasks_app import events, leases
@@ -160,6 +160,9 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
         step_name = run.agent.next_step(run.state)
         if step_name is None:
             return _complete(run)
+        if reason := _over_budget(run):
+            _stop(run.lease, Status.FAILED, reason=reason, error={"code": "budget_exhausted", "message": reason})
+            return SliceOutcome.DONE
         if steps >= settings.RUNTIME_SLICE_STEPS or time.monotonic() - started >= settings.RUNTIME_SLICE_SECONDS:
             _yield(run)
             return SliceOutcome.CONTINUE
@@ -204,6 +207,16 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
             return SliceOutcome.DONE
         _commit_step(run, ctx, new_state, began, (time.perf_counter() - t0) * 1000)
         steps += 1
+
+
+def _over_budget(run: _Run) -> str | None:
+    """The safe point honours the task's budget (tool calls are counted by the guard)."""
+    if not run.task.budget:
+        return None
+    started = run.task.started_at or timezone.now()
+    return policy.exhausted(run.task.budget, policy.Usage(
+        steps=run.sequence, tool_calls=None, wall_seconds=(timezone.now() - started).total_seconds(),
+        cost=run.task.cost))
 
 
 def _apply_steering(run: _Run) -> bool:
@@ -257,6 +270,9 @@ def _commit_step(run: _Run, ctx: agents.StepContext, new_state: dict[str, Any], 
     items: list[tuple[str, dict[str, Any]]] = []
     fields: dict[str, Any] = {"steps_done": sequence,
                               "lease_expires_at": leases.deadline(settings.RUNTIME_LEASE_SECONDS)}
+    if ctx.cost:
+        fields["cost"] = F("cost") + ctx.cost
+        run.task.cost += ctx.cost
     if ctx.progress_value is not None or ctx.phase is not None or ctx.message is not None:
         task = run.task
         new_phase = ctx.phase is not None and ctx.phase != task.phase

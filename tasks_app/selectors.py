@@ -29,6 +29,7 @@ def task_snapshot(task: Task) -> dict[str, Any]:
         "stateVersion": task.state_version,
         "planVersion": task.plan_version,
         "stepsDone": task.steps_done,
+        "cost": task.cost,
         "lastCheckpoint": last,
         "recoveries": task.recoveries,
         "priority": task.priority,

@@ -67,6 +67,7 @@ class StepContext:
     # Set by the engine: runs a tool exactly once through the ledger (name, args, call index).
     tool_runner: Callable[[str, dict[str, Any], int], Any] | None = None
     calls: int = 0
+    cost: float = 0.0  # reported by the step (model tokens, paid APIs); counts against maxCost
 
     def progress(self, fraction: float, *, phase: str | None = None, message: str | None = None) -> None:
         self.progress_value = min(max(float(fraction), 0.0), 1.0)
@@ -74,6 +75,12 @@ class StepContext:
             self.phase = phase
         if message is not None:
             self.message = message
+
+    def report_cost(self, amount: float) -> None:
+        """Add to the task's cost (in whatever unit its budget's maxCost uses)."""
+        if amount < 0:
+            raise ValueError("a cost cannot be negative")
+        self.cost += float(amount)
 
     def log(self, message: str, **fields: Any) -> None:
         self.logs.append({"message": message, **fields})

@@ -19,6 +19,7 @@ class NoopAgent(Agent):
             "sleepMs": {"type": "number", "minimum": 0, "maximum": 600_000},
             # Before this step, ask a person whether to go on (answer false: stop early).
             "askAt": {"type": "integer", "minimum": 1},
+            "costPerStep": {"type": "number", "minimum": 0},  # reported per step, against budget.maxCost
         },
         "required": ["steps"],
         "additionalProperties": False,
@@ -44,6 +45,8 @@ class NoopAgent(Agent):
         if state["sleepMs"]:
             time.sleep(state["sleepMs"] / 1000)
         done = state["done"] + 1
+        if ctx.input.get("costPerStep"):
+            ctx.report_cost(ctx.input["costPerStep"])
         ctx.progress(done / state["total"], phase="noop")
         return {**state, "done": done}
 

@@ -214,3 +214,24 @@ def test_a_deleted_audit_record_breaks_the_chain(alice):
     AuditRecord.objects.filter(task=task, seq=2).delete()
     link = verify_chain(Task.objects.get(id=task.id))
     assert link is not None and link.seq == 2 and "missing" in link.problem
+
+
+@pytest.mark.parametrize(("budget", "extra", "steps_done", "needle"), [
+    ({"maxSteps": 4}, {}, 4, "steps 4 of 4"),
+    ({"maxCost": 1.0}, {"costPerStep": 0.25}, 4, "cost 1 of 1"),
+])
+def test_the_safe_point_stops_a_task_whose_budget_is_used_up(alice, budget, extra, steps_done, needle):
+    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 10, **extra},
+                             budget=budget)
+    run_to_end(task)
+    task.refresh_from_db()
+    assert task.status == "failed" and task.error["code"] == "budget_exhausted"
+    assert needle in task.error["message"] and task.steps_done == steps_done
+
+
+def test_a_budget_that_is_not_reached_changes_nothing(alice):
+    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 4, "costPerStep": 0.5},
+                             budget={"maxSteps": 4, "maxCost": 3})
+    run_to_end(task)
+    task.refresh_from_db()
+    assert task.status == "completed" and task.cost == 2.0

@@ -71,6 +71,9 @@ def test_malformed_idempotency_key_is_400(alice):
         ({**NOOP, "checkpointPolicy": {"everySteps": 0}}, 400, "everySteps"),
         ({**NOOP, "checkpointPolicy": {"sometimes": 1}}, 400, "sometimes"),
         ({**NOOP, "input": "not an object"}, 400, "input"),
+        ({**NOOP, "budget": {"maxSteps": "ten"}}, 422, "maxSteps"),
+        ({**NOOP, "budget": {"maxDollars": 3}}, 422, "maxDollars"),
+        ({**NOOP, "approvalPolicy": {"before": "email.send"}}, 422, "before"),
     ],
 )
 def test_bad_bodies_are_refused_naming_the_problem(alice, body, status, needle):
