@@ -79,15 +79,19 @@ def operator_key() -> tuple[object, str]:
     return tenant, issue_api_key(tenant, user, role="operator", name="bench")[1]
 
 
-def web(logs: Path, **env: str) -> tuple[subprocess.Popen[bytes], str]:
-    """A uvicorn process on a free port, once it answers: (process, base URL)."""
+def free_port() -> int:
     import socket
-
-    import httpx
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+        return s.getsockname()[1]
+
+
+def web(logs: Path, **env: str) -> tuple[subprocess.Popen[bytes], str]:
+    """A uvicorn process on a free port, once it answers: (process, base URL)."""
+    import httpx
+
+    port = free_port()
     proc = start(["uvicorn", "runtime_site.asgi:application", "--port", str(port), "--log-level", "warning"],
                  logs / "web.log", **env)
     base = f"http://127.0.0.1:{port}"
