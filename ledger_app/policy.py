@@ -37,8 +37,16 @@ APPROVAL_POLICY_SCHEMA = {"type": "object", "properties": {
     "additionalProperties": False}
 
 
+def effective_budget(task_budget: dict[str, Any]) -> dict[str, Any]:
+    """config/runtime.yaml's `budget` defaults (0: no limit), overridden key by key by the task's."""
+    defaults = settings.RUNTIME["budget"]
+    configured = {key: defaults[f"max_{field}"] for key, (field, _) in LIMITS.items() if defaults[f"max_{field}"]}
+    return {**configured, **task_budget}
+
+
 def exhausted(budget: dict[str, Any], usage: Usage) -> str | None:
-    """Which limit of the task's budget is used up, or None."""
+    """Which limit of the task's budget (with the configured defaults) is used up, or None."""
+    budget = effective_budget(budget)
     for limit, (field, what) in LIMITS.items():
         used = getattr(usage, field)
         if limit in budget and used is not None and used >= budget[limit]:

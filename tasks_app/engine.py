@@ -211,8 +211,6 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
 
 def _over_budget(run: _Run) -> str | None:
     """The safe point honours the task's budget (tool calls are counted by the guard)."""
-    if not run.task.budget:
-        return None
     started = run.task.started_at or timezone.now()
     return policy.exhausted(run.task.budget, policy.Usage(
         steps=run.sequence, tool_calls=None, wall_seconds=(timezone.now() - started).total_seconds(),

@@ -235,3 +235,15 @@ def test_a_budget_that_is_not_reached_changes_nothing(alice):
     run_to_end(task)
     task.refresh_from_db()
     assert task.status == "completed" and task.cost == 2.0
+
+
+def test_configured_budget_defaults_apply_unless_the_task_says_otherwise(alice, settings):
+    settings.RUNTIME = {**settings.RUNTIME, "budget": {**settings.RUNTIME["budget"], "max_steps": 3}}
+    capped = new_task(alice, steps=5)
+    own = new_task(alice, steps=5, budget={"maxSteps": 10})
+    run_to_end(capped)
+    run_to_end(own)
+    capped.refresh_from_db()
+    own.refresh_from_db()
+    assert capped.status == "failed" and "maxSteps" in capped.error["message"] and capped.steps_done == 3
+    assert own.status == "completed"
