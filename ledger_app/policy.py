@@ -7,6 +7,8 @@ from typing import Any
 
 from django.conf import settings
 
+from tasks_app.agents.base import SchemaError
+
 ALLOW, DENY, NEEDS_APPROVAL = "allow", "deny", "needs_approval"
 
 
@@ -56,9 +58,28 @@ def exhausted(budget: dict[str, Any], usage: Usage) -> str | None:
 
 def denial(tool: str) -> str | None:
     """Why a tool is never allowed (registered or not), or None."""
-    if tool in settings.RUNTIME["security"]["deny_tools"]:
+    security = settings.RUNTIME["security"]
+    if tool in security["deny_tools"]:
         return f"tool {tool!r} is denied by policy (security.deny_tools)"
+    if security["allow_tools"] and tool not in security["allow_tools"]:
+        return f"tool {tool!r} is not in security.allow_tools"
     return None
+
+
+def canonical_approval_policy(approval_policy: dict[str, Any]) -> dict[str, Any]:
+    """A task's approvalPolicy with tool names checked and aliases resolved: a name the
+    guard would never see (a typo) must fail at creation, not guard nothing."""
+    from ledger_app import tools
+
+    security = settings.RUNTIME["security"]
+    known = {*tools.tool_names(), *security["require_approval"], *security["deny_tools"]}
+    before = []
+    for name in approval_policy.get("before", []):
+        name = tools.ALIASES.get(name, name)
+        if name not in known:
+            raise SchemaError(f"approvalPolicy before: unknown tool {name!r}; known: {', '.join(sorted(known))}")
+        before.append(name)
+    return {**approval_policy, "before": before} if "before" in approval_policy else approval_policy
 
 
 def decide(tool: str, *, approval_policy: dict[str, Any], budget: dict[str, Any], usage: Usage) -> Decision:

@@ -60,11 +60,19 @@ def register(tool: Tool) -> Tool:
     return tool
 
 
+# The brief's names for the guarded tools (its approvalPolicy example), accepted in policies.
+ALIASES = {"send_email": "email.send", "publish_report": "content.publish"}
+
+
 def get_tool(name: str) -> Tool:
     try:
         return _TOOLS[name]
     except KeyError:
         raise UnknownTool(f"no tool named {name!r}") from None
+
+
+def tool_names() -> list[str]:
+    return sorted(_TOOLS)
 
 
 # --- http.request -------------------------------------------------------------------------

@@ -74,6 +74,7 @@ def do_create_task(
     agents.validate(input, definition.input_schema, "input")  # SchemaError
     agents.validate(budget or {}, policy.BUDGET_SCHEMA, "budget")
     agents.validate(approval_policy or {}, policy.APPROVAL_POLICY_SCHEMA, "approvalPolicy")
+    approval_policy = policy.canonical_approval_policy(approval_policy or {})
     body = {"agent": agent, "input": input, "goal": goal, "checkpointPolicy": checkpoint_policy or {},
             "approvalPolicy": approval_policy or {}, "budget": budget or {}, "priority": priority,
             "ttlSeconds": ttl_seconds}

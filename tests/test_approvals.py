@@ -145,8 +145,18 @@ def test_a_tool_call_budget_stops_the_task_with_the_reason(alice, processes):
         ("http.request", {}, {"maxSteps": 10}, (10, 0, 0), policy.DENY),
         ("http.request", {}, {"maxWallSeconds": 60}, (0, 0, 61), policy.DENY),
         ("http.request", {}, {"maxToolCalls": 3}, (0, 2, 0), policy.ALLOW),
+        ("http.request", {}, {"maxCost": 5}, (0, 0, 0, 5.0), policy.DENY),
+        ("http.request", {}, {"maxCost": 5}, (0, 0, 0, 4.5), policy.ALLOW),
     ],
 )
 def test_the_policy_guard_decides_from_its_inputs_alone(tool, approval_policy, budget, usage, verdict):
     decision = policy.decide(tool, approval_policy=approval_policy, budget=budget, usage=policy.Usage(*usage))
     assert decision.verdict == verdict
+
+
+def test_an_allow_list_of_tools_denies_every_other_tool(settings):
+    settings.RUNTIME = {**settings.RUNTIME, "security": {**settings.RUNTIME["security"], "allow_tools": ["http.request"]}}
+    usage = policy.Usage(0, 0, 0)
+    assert policy.decide("http.request", approval_policy={}, budget={}, usage=usage).verdict == policy.ALLOW
+    denied = policy.decide("mcp.call", approval_policy={}, budget={}, usage=usage)
+    assert denied.verdict == policy.DENY and "security.allow_tools" in denied.reason

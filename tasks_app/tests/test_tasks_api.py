@@ -74,6 +74,7 @@ def test_malformed_idempotency_key_is_400(alice):
         ({**NOOP, "budget": {"maxSteps": "ten"}}, 422, "maxSteps"),
         ({**NOOP, "budget": {"maxDollars": 3}}, 422, "maxDollars"),
         ({**NOOP, "approvalPolicy": {"before": "email.send"}}, 422, "before"),
+        ({**NOOP, "approvalPolicy": {"before": ["emial.send"]}}, 422, "emial.send"),
     ],
 )
 def test_bad_bodies_are_refused_naming_the_problem(alice, body, status, needle):
@@ -181,3 +182,10 @@ def test_the_openapi_schema_is_served(client):
     response = client.get("/runtime/schema", HTTP_ACCEPT="application/json")
     assert response.status_code == 200
     assert "/runtime/tasks" in response.json()["paths"]
+
+
+def test_the_briefs_tool_names_in_an_approval_policy_mean_our_tools(alice):
+    response = create(alice, {**NOOP, "approvalPolicy": {"before": ["send_email", "publish_report", "http.request"]}})
+    assert response.status_code == 201, response.content
+    task = Task.objects.get(id=response.json()["taskId"])
+    assert task.approval_policy == {"before": ["email.send", "content.publish", "http.request"]}
