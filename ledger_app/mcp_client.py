@@ -18,6 +18,7 @@ import httpx2
 import mcp.types as types
 from mcp import Client
 from mcp.client import ClaimContext, ClientExtension, ResultClaim
+from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import REQUEST_TIMEOUT
 from pydantic import TypeAdapter
@@ -80,8 +81,8 @@ class _Tasks(ClientExtension):
         raise NotImplementedError("the ledger polls remote tasks itself")
 
 
-def call_tool(server: str, tool: str, arguments: dict[str, Any], *, key: str,
-              timeout: float) -> dict[str, Any] | RemoteTask:
+def call_tool(server: str, tool: str, arguments: dict[str, Any], *, key: str, timeout: float,
+              headers: dict[str, str] | None = None) -> dict[str, Any] | RemoteTask:
     """One tools/call: the tool's result (a CallToolResult as JSON), or the remote task."""
 
     async def go(client: Client) -> dict[str, Any] | RemoteTask:
@@ -91,10 +92,11 @@ def call_tool(server: str, tool: str, arguments: dict[str, Any], *, key: str,
             return RemoteTask(result.task_id, result.status, result.status_message or "", result.poll_interval_ms)
         return _tool_result(tool, result.model_dump(mode="json", by_alias=True, exclude_none=True))
 
-    return _run(server, timeout, go)
+    return _run(server, timeout, headers, go)
 
 
-def get_task(server: str, task_id: str, *, timeout: float) -> dict[str, Any] | RemoteTask:
+def get_task(server: str, task_id: str, *, timeout: float,
+             headers: dict[str, str] | None = None) -> dict[str, Any] | RemoteTask:
     """tasks/get: the final tool result once the remote task completed, else its state."""
 
     async def go(client: Client) -> dict[str, Any] | RemoteTask:
@@ -111,7 +113,7 @@ def get_task(server: str, task_id: str, *, timeout: float) -> dict[str, Any] | R
             raise RemoteError(f"remote task {task_id} was cancelled by the remote", retryable=False)
         return RemoteTask(task_id, str(status), task.get("statusMessage") or "", task.get("pollIntervalMs"))
 
-    return _run(server, timeout, go)
+    return _run(server, timeout, headers, go)
 
 
 def _tool_result(what: str, result: dict[str, Any]) -> dict[str, Any]:
@@ -123,23 +125,36 @@ def _tool_result(what: str, result: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def _run(server: str, timeout: float, go: Callable[[Client], Awaitable[T]]) -> T:
+def _run(server: str, timeout: float, headers: dict[str, str] | None, go: Callable[[Client], Awaitable[T]]) -> T:
+    refused: list[int] = []  # the SDK reports an HTTP 401 as a generic error; we need to tell
+
+    async def seen(response: httpx2.Response) -> None:
+        if response.status_code in (401, 403, 404):
+            refused.append(response.status_code)
+
     async def session() -> T:
-        async with Client(server, mode="2026-07-28", extensions=[_Tasks()], read_timeout_seconds=timeout,
-                          cache=None) as client:
+        http = httpx2.AsyncClient(headers=headers or {}, event_hooks={"response": [seen]},
+                                  timeout=httpx2.Timeout(30.0, connect=min(timeout, 30.0), read=300.0))
+        transport = streamable_http_client(server, http_client=http)
+        async with http, Client(transport, mode="2026-07-28", extensions=[_Tasks()], read_timeout_seconds=timeout,
+                                cache=None) as client:
             return await go(client)
 
     try:
         return asyncio.run(session())
     except BaseException as exc:  # the SDK's task groups wrap what went wrong
-        raise _classify(exc) from exc
+        raise _classify(exc, refused) from exc
 
 
-def _classify(exc: BaseException) -> BaseException:
+def _classify(exc: BaseException, refused: list[int]) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
     if isinstance(exc, RemoteError):
         return exc
+    generic = not isinstance(exc, MCPError) or exc.code == -32603  # what the SDK makes of an HTTP error
+    if refused and generic and isinstance(exc, Exception):
+        what = {401: "refused our credentials", 403: "forbids this call", 404: "has no MCP endpoint there"}
+        return RemoteError(f"the server {what[refused[-1]]} (HTTP {refused[-1]})", retryable=False)
     if isinstance(exc, MCPError):
         if exc.code == REQUEST_TIMEOUT:
             return RemoteError(f"timed out: {exc.message}", retryable=True)

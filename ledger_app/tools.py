@@ -4,6 +4,7 @@ row's key to the remote as its idempotency key."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -219,19 +220,32 @@ def _remote(fn: Callable[[], Any]) -> Any:
     return answer
 
 
+def _credential_headers(args: dict[str, Any]) -> dict[str, str]:
+    """A task names a credential; its secret stays in the worker's environment
+    (RUNTIME_CREDENTIAL_<NAME>), never in task input, the ledger, events or logs."""
+    if not (name := args.get("credential")):
+        return {}
+    env = f"RUNTIME_CREDENTIAL_{name.upper()}"
+    if not (secret := os.getenv(env)):
+        raise ToolError(f"credential {name!r} is not configured on this worker ({env})", retryable=False)
+    return {"Authorization": f"Bearer {secret}"}
+
+
 def _mcp_call(args: dict[str, Any], key: str, timeout: float) -> Any:
     from ledger_app import mcp_client
 
     _allowed(args["server"])
-    return _remote(lambda: mcp_client.call_tool(args["server"], args["tool"], args.get("arguments", {}),
-                                                key=key, timeout=args.get("timeoutSeconds", timeout)))
+    headers = _credential_headers(args)
+    return _remote(lambda: mcp_client.call_tool(args["server"], args["tool"], args.get("arguments", {}), key=key,
+                                                timeout=args.get("timeoutSeconds", timeout), headers=headers))
 
 
 def _mcp_poll(args: dict[str, Any], ref: str, timeout: float) -> Any:
     from ledger_app import mcp_client
 
     _allowed(args["server"])
-    return _remote(lambda: mcp_client.get_task(args["server"], ref, timeout=timeout))
+    headers = _credential_headers(args)
+    return _remote(lambda: mcp_client.get_task(args["server"], ref, timeout=timeout, headers=headers))
 
 
 register(Tool(
@@ -239,6 +253,7 @@ register(Tool(
     input_schema={"type": "object", "properties": {
         "server": {"type": "string", "pattern": "^https?://"}, "tool": {"type": "string", "minLength": 1},
         "arguments": {"type": "object"},
+        "credential": {"type": "string", "pattern": "^[A-Za-z0-9_]+$"},  # a bearer token by name
         # per call: the caller knows how long the remote tool takes to answer
         "timeoutSeconds": {"type": "number", "exclusiveMinimum": 0, "maximum": 600}},
         "required": ["server", "tool"], "additionalProperties": False},

@@ -8,7 +8,7 @@ Tools:
                      answers with a task (one effect per call) that completes `seconds` later
   slow(seconds)      sleeps, then records; the caller's timeout decides whether it ever answers
 
-Run: python tests/mcp_remote.py --port N
+Run: python tests/mcp_remote.py --port N [--token T]
 """
 
 from __future__ import annotations
@@ -111,6 +111,21 @@ async def slow(seconds: float) -> str:
     return "slow done"
 
 
+class RequireBearer:
+    """With --token: every /mcp request must carry it (as a real remote would)."""
+
+    def __init__(self, app, token: str | None) -> None:
+        self.app, self.token = app, token
+
+    async def __call__(self, scope, receive, send) -> None:
+        if self.token and scope["type"] == "http":
+            given = dict(scope["headers"]).get(b"authorization", b"").decode()
+            if given != f"Bearer {self.token}":
+                effects["unauthorized"] += 1
+                return await JSONResponse({"error": "unauthorized"}, status_code=401)(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
 async def stats(request) -> JSONResponse:
     return JSONResponse({"effects": dict(effects), "tasks": len(tasks), "polls": dict(polls)})
 
@@ -118,9 +133,12 @@ async def stats(request) -> JSONResponse:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
-    port = parser.parse_args().port
+    parser.add_argument("--token", help="require this bearer token on /mcp")
+    options = parser.parse_args()
+    port = options.port
     mcp_app = server.streamable_http_app(streamable_http_path="/mcp")
-    app = Starlette(routes=[Route("/stats", stats), Mount("/", app=mcp_app)], lifespan=mcp_app.router.lifespan_context)
+    app = Starlette(routes=[Route("/stats", stats), Mount("/", app=RequireBearer(mcp_app, options.token))],
+                    lifespan=mcp_app.router.lifespan_context)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 
 

@@ -22,9 +22,10 @@ FAST = {"RUNTIME_LEASE_SECONDS": "3", "RUNTIME_HEARTBEAT_SECONDS": "1", "RUNTIME
 
 
 class Remote:
-    def __init__(self, processes: Processes) -> None:
+    def __init__(self, processes: Processes, token: str | None = None) -> None:
         port = free_port()
-        processes.start("mcp-remote", [sys.executable, str(ROOT / "tests" / "mcp_remote.py"), "--port", str(port)])
+        processes.start("mcp-remote", [sys.executable, str(ROOT / "tests" / "mcp_remote.py"), "--port", str(port),
+                                       *(["--token", token] if token else [])])
         self.url = f"http://127.0.0.1:{port}"
         self.mcp = f"{self.url}/mcp"
         wait_until(lambda: answers(f"{self.url}/stats"), timeout=20, what="the remote MCP server")
@@ -129,3 +130,17 @@ def test_an_unknown_remote_tool_fails_the_step_without_retrying(alice, processes
     task = settled(calls(alice, remote, ("no_such_tool", {"arguments": {}})))
     assert task.status == "failed" and "Unknown tool" in task.error["message"]
     assert LedgerEntry.objects.get(task=task).attempts == 1
+
+
+def test_a_remote_that_needs_a_bearer_token_gets_it_from_the_worker_not_from_the_task(alice, processes):
+    remote = Remote(processes, token="s3cret-remote-token")
+    processes.worker(**FAST, RUNTIME_CREDENTIAL_REMOTE_A="s3cret-remote-token")
+    task = settled(calls(alice, remote, ("record", {"arguments": {"text": "a"}, "credential": "remote_a"})))
+    assert task.status == "completed", task.error
+    refused = settled(calls(alice, remote, ("record", {"arguments": {"text": "b"}, "credential": "missing"})))
+    assert refused.status == "failed" and "RUNTIME_CREDENTIAL_MISSING" in refused.error["message"]
+    anonymous = settled(calls(alice, remote, ("record", {"arguments": {"text": "c"}})))
+    assert anonymous.status == "failed" and "refused our credentials (HTTP 401)" in anonymous.error["message"]
+    assert LedgerEntry.objects.get(task=anonymous).attempts == 1  # not retried
+    assert remote.stats()["effects"]["record"] == 1
+    assert not LedgerEntry.objects.filter(result__icontains="s3cret").exists()
