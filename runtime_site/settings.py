@@ -208,9 +208,10 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TASK_DEFAULT_QUEUE = "steps"
-CELERY_TASK_ROUTES = {"tasks.scan_leases": {"queue": "maintenance"}}
+CELERY_TASK_ROUTES = {"tasks.scan_leases": {"queue": "maintenance"}, "tasks.trim": {"queue": "maintenance"}}
 CELERY_BEAT_SCHEDULE = {
     "scan-leases": {"task": "tasks.scan_leases", "schedule": float(RUNTIME_SCAN_SECONDS)},
+    "trim": {"task": "tasks.trim", "schedule": 60.0},
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / f"celerybeat-schedule-{RUNTIME_DEPLOYMENT}")
 

@@ -8,7 +8,7 @@ from uuid import UUID
 from celery import shared_task
 from django.conf import settings
 
-from tasks_app import engine, leases, recovery
+from tasks_app import engine, leases, recovery, retention
 from tasks_app.models import Task
 from tasks_app.queue import enqueue_slice
 
@@ -38,3 +38,11 @@ def scan_leases() -> None:
         enqueue_slice(task_id, priority)
     for task_id in recovery.expired_ttl_ids():
         recovery.do_expire_task(task_id, actor="system:reaper")
+
+
+@shared_task(name="tasks.trim", ignore_result=True)
+def trim() -> None:
+    """Beat job: retention of events and checkpoints (tasks_app/retention.py)."""
+    events, checkpoints = retention.trim_events(), retention.trim_checkpoints()
+    if events or checkpoints:
+        logger.info("retention: trimmed %s events and %s checkpoints", events, checkpoints)
