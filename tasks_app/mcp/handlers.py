@@ -38,6 +38,7 @@ POLL_INTERVAL_MS = 500
 SYNC_WAIT_SECONDS = 8.0  # a synchronous tools/call answers within the clients' 10 s budget
 LEGACY_CANCEL_WAIT_SECONDS = 5.0
 PAGE_SIZE = 50
+INTERACTIVE_PRIORITY = 0  # a synchronous tools/call: someone is waiting on the open request
 
 
 @dataclass
@@ -131,12 +132,14 @@ def _tool_error(task: Task) -> dict[str, Any]:
             "data": {"runtimeError": error, "runtimeStatus": task.status}}
 
 
-def _create(call: Call, agent: agents.Agent, arguments: dict[str, Any], ttl_seconds: int) -> Task | dict[str, Any]:
-    """A Task row, committed and enqueued, or a tool-error result explaining why not."""
+def _create(call: Call, agent: agents.Agent, arguments: dict[str, Any], ttl_seconds: int, *,
+            waiting: bool = False) -> Task | dict[str, Any]:
+    """A Task row, committed and enqueued, or a tool-error result explaining why not.
+    waiting: the caller holds its request open for the result, so the run goes first."""
     who = call.principal
     try:
         task, _ = do_create_task(who.tenant, actor=who.actor, agent=agent.name, input=arguments,
-                                 ttl_seconds=ttl_seconds)
+                                 ttl_seconds=ttl_seconds, priority=INTERACTIVE_PRIORITY if waiting else 5)
     except agents.SchemaError as exc:
         return tools.error_result(f"invalid arguments: {exc}")
     except IdempotencyConflict as exc:  # not reachable without a key; kept for completeness
@@ -266,7 +269,7 @@ def modern_tools_call(call: Call) -> dict[str, Any] | Wait:
         return pending
     if not call.principal.has_role(Role.OPERATOR):
         return {"resultType": "complete", **tools.error_result("starting a task needs the operator role")}
-    task = _create(call, agent, arguments, settings.RUNTIME_MCP_TASK_TTL_SECONDS)
+    task = _create(call, agent, arguments, settings.RUNTIME_MCP_TASK_TTL_SECONDS, waiting=not as_task)
     if isinstance(task, dict):
         return {"resultType": "complete", **task}
     if as_task:  # committed and enqueued: a tasks/get for this id resolves from here on
@@ -470,7 +473,7 @@ def legacy_tools_call(call: Call) -> dict[str, Any] | Wait:
     ttl_seconds = settings.RUNTIME_MCP_TASK_TTL_SECONDS
     if augmented and isinstance(call.params["task"].get("ttl"), int) and call.params["task"]["ttl"] > 0:
         ttl_seconds = max(1, min(call.params["task"]["ttl"] // 1000, 90 * 86400))  # the server may override
-    task = _create(call, agent, arguments, ttl_seconds)
+    task = _create(call, agent, arguments, ttl_seconds, waiting=not augmented)
     if isinstance(task, dict):
         return task
     if augmented:

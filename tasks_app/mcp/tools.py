@@ -73,8 +73,13 @@ def agent_tool(agent: agents.Agent, *, legacy: bool) -> dict[str, Any]:
 
 
 def list_tools(*, legacy: bool) -> list[dict[str, Any]]:
-    """Deterministic order: agents by name, then the steering tools."""
-    tools = [agent_tool(agents.get_agent(name), legacy=legacy) for name in agents.agent_names()]
+    """Deterministic order: synchronous tools first (generic clients try the first tool
+    without the tasks extension), then task-optional, then task-required, each by name;
+    the steering tools last."""
+    rank = {FORBIDDEN: 0, OPTIONAL: 1, REQUIRED: 2}
+    found = sorted((agents.get_agent(name) for name in agents.agent_names()),
+                   key=lambda agent: (rank.get(task_support(agent), 2), agent.name))
+    tools = [agent_tool(agent, legacy=legacy) for agent in found]
     for steering in STEERING_TOOLS.values():
         tool = steering.definition()
         if legacy:

@@ -97,7 +97,7 @@ def _sse(payload: dict[str, Any]) -> str:
 
 async def _waited(message: Message, wait: handlers.Wait) -> AsyncIterator[dict[str, Any] | None]:
     """Yields progress notifications (dicts) and None as keep-alive ticks, then the response."""
-    started, last_tick, last_progress, interval = time.monotonic(), time.monotonic(), None, 0.05
+    started, last_tick, last_progress, interval = time.monotonic(), time.monotonic(), None, 0.02
     while True:
         timed_out = wait.seconds is not None and time.monotonic() - started >= wait.seconds
         try:
@@ -120,7 +120,7 @@ async def _waited(message: Message, wait: handlers.Wait) -> AsyncIterator[dict[s
             last_tick = time.monotonic()
             yield None
         await asyncio.sleep(interval)
-        interval = min(interval * 1.5, 0.5)
+        interval = min(interval * 1.2, 0.25)  # a synchronous call is usually done in ~100 ms
 
 
 def _respond_wait(request: HttpRequest, message: Message, wait: handlers.Wait) -> HttpResponse:
