@@ -93,7 +93,8 @@ def _find_task(call: Call) -> Task:
 def _ttl_ms(task: Task) -> int | None:
     if task.expires_at is None:
         return None
-    return max(1, int((task.expires_at - task.created_at).total_seconds() * 1000))
+    # TTLs are whole seconds; expires_at is computed a moment before created_at is stamped
+    return max(1, round((task.expires_at - task.created_at).total_seconds())) * 1000
 
 
 def _status_message(snapshot: dict[str, Any]) -> str:
