@@ -150,6 +150,14 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = RUNTIME_MAX_BODY_BYTES
 if RUNTIME_HEARTBEAT_SECONDS * 2 > RUNTIME_LEASE_SECONDS:
     raise ImproperlyConfigured("heartbeat_seconds must be at most half of lease_seconds")
 
+# --- MCP server (/mcp, tasks_app/mcp; docs/mcp.md) ---------------------------------------
+# The conformance suite's fixture tools (tasks_app/agents/conformance.py); on in tests.
+RUNTIME_MCP_FIXTURES = env_bool("RUNTIME_MCP_FIXTURES", False)
+# Lifetime of a task created over MCP when the client asks for none (ttlMs on the wire).
+RUNTIME_MCP_TASK_TTL_SECONDS = int(os.getenv("RUNTIME_MCP_TASK_TTL_SECONDS", str(24 * 3600)))
+# Origins allowed besides the local ones (localhost, 127.0.0.1, [::1]): DNS-rebinding guard.
+RUNTIME_MCP_ALLOWED_ORIGINS = [o for o in os.getenv("RUNTIME_MCP_ALLOWED_ORIGINS", "").split(",") if o]
+
 # --- Blob store --------------------------------------------------------------------------
 RUNTIME_BLOB_DIR = DATA_DIR / "blobs"
 RUNTIME_S3 = {

@@ -3,6 +3,8 @@ from django.http import HttpRequest, JsonResponse
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 
+from tasks_app.mcp.views import mcp_endpoint
+
 
 def healthz(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"ok": True})
@@ -14,6 +16,7 @@ urlpatterns = [
          name="schema"),
     path("admin/", admin.site.urls),
     path("healthz", healthz),
+    path("mcp", mcp_endpoint, name="mcp"),
 ]
 
 handler404 = "runtime_site.errors.json_404"

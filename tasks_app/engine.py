@@ -241,8 +241,9 @@ def _wait_for_input(run: _Run, need: agents.InputNeeded) -> None:
     request and wait in input_required. The step runs again once it is answered."""
     with transaction.atomic(durable=True):
         task = leases.fenced(run.lease)
-        steering.open_input_request(task, key=need.key, prompt=need.prompt, schema=need.schema,
-                                    step=run.sequence + 1, kind=need.kind)
+        for asked in (need, *need.also):
+            steering.open_input_request(task, key=asked.key, prompt=asked.prompt, schema=asked.schema,
+                                        step=run.sequence + 1, kind=asked.kind)
         transition(task, Status.INPUT_REQUIRED, actor=f"worker:{run.lease.worker_id}", reason=need.prompt[:500])
         task.status_message = need.prompt[:500]
         _flush_progress(run, task)

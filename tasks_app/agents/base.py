@@ -28,9 +28,11 @@ class InputNeeded(Exception):  # noqa: N818 (a signal to the engine, not an erro
     """Raised by ctx.ask() (or a guarded tool call): the step cannot go on until a person
     answers. kind "approval" answers need the approver role."""
 
-    def __init__(self, key: str, prompt: str, schema: dict[str, Any], kind: str = "question") -> None:
+    def __init__(self, key: str, prompt: str, schema: dict[str, Any], kind: str = "question",
+                 also: tuple[InputNeeded, ...] = ()) -> None:
         super().__init__(f"input needed: {key}")
         self.key, self.prompt, self.schema, self.kind = key, prompt, schema, kind
+        self.also = also  # further questions the step asks at the same time (ctx.ask_all)
 
 
 class RemoteWait(Exception):  # noqa: N818 (a signal to the engine, not an error)
@@ -106,6 +108,16 @@ class StepContext:
         if key in self.answers:
             return self.answers[key]
         raise InputNeeded(key, prompt, schema)
+
+    def ask_all(self, questions: dict[str, tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+        """Several questions at once ({key: (prompt, schema)}): all are open together and
+        may be answered in any order; the step runs again once every one is answered."""
+        missing = [InputNeeded(key, prompt, schema) for key, (prompt, schema) in questions.items()
+                   if key not in self.answers]
+        if missing:
+            first, *rest = missing
+            raise InputNeeded(first.key, first.prompt, first.schema, also=tuple(rest))
+        return {key: self.answers[key] for key in questions}
 
     def read_blob(self, key: str) -> bytes:
         return self.blobs.get(key)

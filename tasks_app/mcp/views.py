@@ -1,0 +1,190 @@
+"""POST /mcp: the HTTP edge. Origin, authentication, framing and the era of the request
+here; the work in handlers.py (run in a thread: the ORM is synchronous), and waiting for a
+task without holding a thread or a database connection.
+
+Answers are application/json, or a stream scoped to the request (text/event-stream)
+when the answer waits on a task: keep-alive comments, notifications/progress for the
+request's progressToken, then the response. A client that goes away only ends its own
+request; it never cancels a task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import urlsplit
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import connection
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+from rest_framework import exceptions
+
+from tasks_app.auth import ApiKeyAuthentication, Principal
+from tasks_app.mcp import handlers
+from tasks_app.mcp.protocol import (
+    INTERNAL_ERROR, INVALID_REQUEST, META_SERVER, SERVER_INFO, Message, RpcError, parse, result_body,
+    validate_modern,
+)
+from tasks_app.models import Task
+
+logger = logging.getLogger(__name__)
+
+LOCAL_HOSTS = {"localhost", "127.0.0.1", "[::1]", "::1"}
+KEEP_ALIVE_SECONDS = 10.0
+SERVER_ERROR = -32000  # implementation-defined: authentication and origin refusals
+
+
+def _error(exc: RpcError, request_id: Any = None, *, status: int | None = None,
+           headers: dict[str, str] | None = None) -> JsonResponse:
+    return JsonResponse(exc.body(request_id), status=status or exc.http_status, headers=headers)
+
+
+def _origin_allowed(request: HttpRequest) -> bool:
+    """DNS-rebinding guard: a browser Origin must be local, the server itself, or configured."""
+    origin = request.headers.get("Origin")
+    if not origin:
+        return True
+    if origin in settings.RUNTIME_MCP_ALLOWED_ORIGINS:
+        return True
+    parts = urlsplit(origin)
+    host = parts.hostname or ""
+    if host in LOCAL_HOSTS or f"[{host}]" in LOCAL_HOSTS:
+        return True
+    return parts.netloc == request.get_host()
+
+
+def _authenticate(request: HttpRequest) -> Principal | None:
+    try:
+        found = ApiKeyAuthentication().authenticate(request)  # reads only request.META
+    finally:
+        connection.close()
+    return found[1] if found else None
+
+
+def _run(call: handlers.Call) -> dict[str, Any] | handlers.Wait:
+    try:
+        return handlers.dispatch(call)
+    finally:
+        connection.close()
+
+
+def _poll(wait: handlers.Wait, timed_out: bool) -> tuple[dict[str, Any] | None, float]:
+    """One look at the task: (the answer if done or timed out, else None; its progress)."""
+    try:
+        task = Task.objects.get(id=wait.task_id)
+        if wait.done(task) or timed_out:
+            return wait.render(task, timed_out), task.progress
+        return None, task.progress
+    finally:
+        connection.close()
+
+
+def _with_server_info(message: Message, result: dict[str, Any]) -> dict[str, Any]:
+    if not message.modern:
+        return result
+    return {**result, "_meta": {**(result.get("_meta") or {}), META_SERVER: SERVER_INFO}}
+
+
+def _sse(payload: dict[str, Any]) -> str:
+    return f"event: message\ndata: {json.dumps(payload, separators=(',', ':'))}\n\n"
+
+
+async def _waited(message: Message, wait: handlers.Wait) -> AsyncIterator[dict[str, Any] | None]:
+    """Yields progress notifications (dicts) and None as keep-alive ticks, then the response."""
+    started, last_tick, last_progress, interval = time.monotonic(), time.monotonic(), None, 0.02
+    while True:
+        timed_out = wait.seconds is not None and time.monotonic() - started >= wait.seconds
+        try:
+            answer, progress = await sync_to_async(_poll)(wait, timed_out)
+        except RpcError as exc:
+            yield exc.body(message.id)
+            return
+        except Exception:
+            logger.exception("mcp: waiting for task %s failed", wait.task_id)
+            yield RpcError(INTERNAL_ERROR, "Internal error").body(message.id)
+            return
+        if answer is not None:
+            yield result_body(message.id, _with_server_info(message, answer))
+            return
+        if wait.progress_token is not None and progress != last_progress and progress > 0:
+            last_progress = progress
+            yield {"jsonrpc": "2.0", "method": "notifications/progress",
+                   "params": {"progressToken": wait.progress_token, "progress": progress, "total": 1.0}}
+        if time.monotonic() - last_tick >= KEEP_ALIVE_SECONDS:
+            last_tick = time.monotonic()
+            yield None
+        await asyncio.sleep(interval)
+        interval = min(interval * 1.2, 0.25)  # a synchronous call is usually done in ~100 ms
+
+
+def _respond_wait(request: HttpRequest, message: Message, wait: handlers.Wait) -> HttpResponse:
+    async def stream() -> AsyncIterator[str]:
+        yield ": waiting for the task\n\n"
+        async for item in _waited(message, wait):
+            yield ": keep-alive\n\n" if item is None else _sse(item)
+
+    response = StreamingHttpResponse(stream(), content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response
+
+
+async def _respond_wait_json(message: Message, wait: handlers.Wait) -> HttpResponse:
+    async for item in _waited(message, wait):
+        if item is not None and "method" not in item:
+            status = 200 if "result" in item or not message.modern else 500
+            return JsonResponse(item, status=status)
+    raise AssertionError("unreachable: _waited always ends with a response")
+
+
+@csrf_exempt
+async def mcp_endpoint(request: HttpRequest) -> HttpResponse:
+    if request.method != "POST":
+        return _error(RpcError(INVALID_REQUEST, "Method Not Allowed: this endpoint accepts POST only"),
+                      status=405, headers={"Allow": "POST"})
+    if not _origin_allowed(request):
+        return _error(RpcError(SERVER_ERROR, "Forbidden: Origin not allowed"), status=403)
+    if len(request.body) > settings.RUNTIME_MAX_BODY_BYTES:
+        return _error(RpcError(INVALID_REQUEST, "Request body too large"), status=413)
+    try:
+        principal = await sync_to_async(_authenticate)(request)
+    except exceptions.AuthenticationFailed as exc:
+        principal, reason = None, str(exc.detail)
+    else:
+        reason = "Authorization: Bearer <api key> is required"
+    if principal is None:
+        return _error(RpcError(SERVER_ERROR, f"Unauthorized: {reason}"), status=401,
+                      headers={"WWW-Authenticate": 'Bearer realm="runtime"'})
+    headers = {key.lower(): value for key, value in request.headers.items()}
+    try:
+        message = parse(request.body, headers)
+    except RpcError as exc:
+        return _error(exc, status=400)
+    if message.is_response:
+        return HttpResponse(status=202)  # nothing here asks the client questions over a stream
+    try:
+        if message.modern:
+            validate_modern(message, headers)
+    except RpcError as exc:
+        return _error(exc, message.id)
+    if message.is_notification:
+        return HttpResponse(status=202)
+    try:
+        outcome = await sync_to_async(_run)(handlers.Call(principal, message))
+    except RpcError as exc:
+        # On the 2025 wire a handler's error is an ordinary JSON-RPC answer (HTTP 200).
+        return _error(exc, message.id, status=None if message.modern else 200)
+    except Exception:
+        logger.exception("mcp: %s failed", message.method)
+        return _error(RpcError(INTERNAL_ERROR, "Internal error"), message.id)
+    if isinstance(outcome, handlers.Wait):
+        if "text/event-stream" in request.headers.get("Accept", ""):
+            return _respond_wait(request, message, outcome)
+        return await _respond_wait_json(message, outcome)
+    return JsonResponse(result_body(message.id, _with_server_info(message, outcome)))

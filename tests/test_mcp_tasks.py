@@ -1,0 +1,211 @@
+"""The /mcp server, modern wire (2026-07-28 + io.modelcontextprotocol/tasks), driven by the
+official SDK client (mcp 2.x) against uvicorn and a real Celery worker."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import jsonschema
+from asgiref.sync import sync_to_async
+from django.db import connection
+import pytest
+from mcp.shared.exceptions import MCPError
+
+from conftest import Processes, free_port
+from tasks_app.agents import get_agent
+from tasks_app.models import Task
+from tests import mcp_client as mc
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def live(processes: Processes) -> str:
+    port = free_port()
+    processes.web(port)
+    processes.worker(concurrency=2)
+    return f"http://127.0.0.1:{port}/mcp"
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, timeout=120))
+
+
+def confirm(key: str, request: dict) -> dict:
+    assert request["method"] == "elicitation/create"
+    assert request["params"]["requestedSchema"]["type"] == "object"
+    return {"action": "accept", "content": {"confirm": True}}
+
+
+def test_sdk_task_round_trip_create_poll_input_update_complete(live, alice):
+    async def scenario():
+        async with mc.client(live, alice.token) as c:
+            assert c.session is not None
+            tools = {t.name: t for t in (await c.list_tools()).tools}
+            assert {"noop", "greet", "slow_compute", "confirm_delete", "pause_task"} <= set(tools)
+            created = await c.session.call_tool("confirm_delete", {"filename": "a.txt"}, allow_claimed=True)
+            assert isinstance(created, mc.CreateTaskResult) and created.ttl_ms and created.ttl_ms > 0
+            seen: list[dict] = []
+            final = await mc.poll(c.session, created.task_id, answer=confirm, seen=seen)
+            # the answer came by tasks/update, to a key the server chose, asked once
+            asked = [t for t in seen if t["status"] == "input_required"]
+            assert asked and list(asked[0]["inputRequests"]) == ["confirm"]
+            assert final["status"] == "completed", final
+            assert final["result"]["resultType"] == "complete"
+            assert final["result"]["content"][0]["text"] == "deleted a.txt"
+            jsonschema.validate(final["result"]["structuredContent"], tools["confirm_delete"].output_schema)
+            # transparent: the helper claims the task, polls and unwraps; the SDK itself checks
+            # structuredContent against the tool's outputSchema
+            result = await c.call_tool("slow_compute", {"seconds": 0.5, "label": "x"})
+            assert not result.is_error and result.structured_content["steps"] == 2
+            return created.task_id
+
+    task_id = run(scenario())
+    task = Task.objects.get(id=task_id)  # the same row the REST API shows
+    assert task.status == "completed" and task.tenant == alice.tenant and task.agent == "confirm_delete"
+    assert uuid.UUID(task_id).version == 4
+
+
+def test_sdk_multi_input_partial_update_keeps_the_task_waiting(live, alice):
+    async def scenario():
+        async with mc.client(live, alice.token) as c:
+            created = await c.session.call_tool("multi_input", {}, allow_claimed=True)
+            tid = created.task_id
+            task = await wait_status(c.session, tid, "input_required")
+            assert set(task["inputRequests"]) == {"first", "second"}
+            await mc.update_task(c.session, tid, {"first": {"action": "accept", "content": {"confirm": True}},
+                                                 "nope": {"action": "accept", "content": {}}})
+            task = await wait_for(c.session, tid, lambda t: set(t.get("inputRequests", {})) == {"second"})
+            assert task["status"] == "input_required"
+            await mc.update_task(c.session, tid, {"second": {"action": "accept", "content": {"confirm": False}}})
+            final = await mc.poll(c.session, tid)
+            assert final["status"] == "completed"
+            assert final["result"]["content"][0]["text"] == "answers: first=True, second=False"
+
+    run(scenario())
+
+
+def test_sdk_cancel_a_running_task_and_failures(live, alice):
+    async def scenario():
+        async with mc.client(live, alice.token) as c:
+            created = await c.session.call_tool("slow_compute", {"seconds": 60}, allow_claimed=True)
+            await wait_for(c.session, created.task_id, lambda t: "%" in t.get("statusMessage", ""))
+            ack = await mc.cancel_task(c.session, created.task_id)
+            assert ack.result_type == "complete"
+            final = await mc.poll(c.session, created.task_id, timeout=15)
+            assert final["status"] == "cancelled"
+            again = await mc.cancel_task(c.session, created.task_id)  # terminal: same ack, no error
+            assert again.result_type == "complete"
+            # a tool error completes with isError; a protocol error fails with a JSON-RPC error
+            tool_error = await c.session.call_tool("failing_job", {}, allow_claimed=True)
+            done = await mc.poll(c.session, tool_error.task_id)
+            assert done["status"] == "completed" and done["result"]["isError"] is True
+            broken = await c.session.call_tool("protocol_error_job", {}, allow_claimed=True)
+            failed = await mc.poll(c.session, broken.task_id)
+            assert failed["status"] == "failed" and "result" not in failed
+            assert failed["error"]["code"] == -32603 and "exploded" in failed["error"]["message"]
+            return created.task_id
+
+    task_id = run(scenario())
+    assert Task.objects.get(id=task_id).status == "cancelled"
+
+
+def test_unknown_and_foreign_task_ids_are_not_found(live, alice, mallory):
+    async def scenario():
+        async with mc.client(live, alice.token) as c:
+            created = await c.session.call_tool("slow_compute", {"seconds": 0.25}, allow_claimed=True)
+            for bad in (str(uuid.uuid4()), "not-a-uuid"):
+                with pytest.raises(MCPError) as caught:
+                    await mc.get_task(c.session, bad)
+                assert caught.value.error.code == -32602
+        async with mc.client(live, mallory.token) as other:
+            for call in (mc.get_task, mc.cancel_task):
+                with pytest.raises(MCPError) as caught:
+                    await call(other.session, created.task_id)
+                assert caught.value.error.code == -32602
+            with pytest.raises(MCPError) as caught:
+                await mc.update_task(other.session, created.task_id, {})
+            assert caught.value.error.code == -32602
+
+    run(scenario())
+
+
+def test_without_the_extension_sync_tools_answer_and_task_tools_need_it(live, alice):
+    async def scenario():
+        async with mc.client(live, alice.token, tasks=False) as c:
+            greeting = await c.call_tool("greet", {"name": "sep-2243"})
+            assert greeting.content[0].text == "Hello, sep-2243!" and not greeting.is_error
+            quick = await c.call_tool("slow_compute", {"seconds": 0})
+            assert not quick.is_error and quick.structured_content["steps"] == 0
+            with pytest.raises(MCPError) as caught:
+                await c.call_tool("failing_job", {})
+            assert caught.value.error.code == -32021
+            assert caught.value.error.data["requiredCapabilities"] == {"extensions": {mc.TASKS: {}}}
+            with pytest.raises(MCPError) as caught:
+                await mc.get_task(c.session, str(uuid.uuid4()))
+            assert caught.value.error.code == -32021
+
+    run(scenario())
+    # greet ran as a real agent on the engine: a completed Task row
+    assert Task.objects.filter(agent="greet", status="completed").count() == 1
+
+
+def test_steering_tools_go_through_do_enqueue_command(live, alice):
+    async def scenario():
+        async with mc.client(live, alice.token) as c:
+            created = await c.session.call_tool("slow_compute", {"seconds": 60}, allow_claimed=True)
+            tid = created.task_id
+            await wait_for(c.session, tid, lambda t: "%" in t.get("statusMessage", ""))
+            version = await state_version(tid)
+            paused = await c.call_tool("pause_task", {"taskId": tid, "expectedVersion": version, "reason": "lunch"})
+            assert not paused.is_error, paused
+            assert paused.structured_content["type"] == "pause"
+            stale = await c.call_tool("set_priority", {"taskId": tid, "expectedVersion": version, "priority": 1})
+            assert stale.is_error and "version conflict" in stale.content[0].text
+            await wait_for(c.session, tid, lambda t: "paused" in t.get("statusMessage", ""), timeout=15)
+            version = await state_version(tid)
+            cancelled = await c.call_tool("cancel_task", {"taskId": tid, "expectedVersion": version,
+                                                          "reason": "not needed"})
+            assert not cancelled.is_error, cancelled
+            final = await mc.poll(c.session, tid, timeout=15)
+            assert final["status"] == "cancelled"
+            return tid
+
+    tid = run(scenario())
+    task = Task.objects.get(id=tid)
+    assert task.cancel_reason == "not needed"
+    assert list(task.steering_commands.order_by("version").values_list("type", "status")) == [
+        ("pause", "applied"), ("cancel", "applied")]
+
+
+@sync_to_async
+def state_version(task_id: str) -> int:
+    try:
+        return Task.objects.values_list("state_version", flat=True).get(id=task_id)
+    finally:
+        connection.close()  # this ran on a helper thread: never leave its connection open
+
+
+async def wait_for(session, task_id: str, predicate, timeout: float = 20) -> dict:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        task = await mc.get_task(session, task_id)
+        if predicate(task):
+            return task
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out; last seen {task}")
+        await asyncio.sleep(0.1)
+
+
+async def wait_status(session, task_id: str, status: str) -> dict:
+    return await wait_for(session, task_id, lambda t: t["status"] == status)
+
+
+def test_fixture_agents_are_registered_with_valid_schemas():
+    for name in ("greet", "slow_compute", "failing_job", "protocol_error_job", "confirm_delete", "multi_input",
+                 "test_tool_with_task", "test_missing_capability", "test_streaming_elicitation",
+                 "test_logging_tool"):
+        agent = get_agent(name)
+        jsonschema.Draft202012Validator.check_schema(agent.output_schema)

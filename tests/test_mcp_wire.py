@@ -1,0 +1,148 @@
+"""/mcp framing and validation: bad JSON-RPC gets the spec's error codes (never a 500),
+headers and _meta are checked, Origin and Host guard against DNS rebinding, and every
+method is authenticated and tenant-scoped. No worker needed: nothing here runs a task."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from tasks_app.mcp.protocol import MODERN, TASKS_EXT
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+META = {"io.modelcontextprotocol/protocolVersion": MODERN,
+        "io.modelcontextprotocol/clientCapabilities": {"extensions": {TASKS_EXT: {}}}}
+
+
+def post(token: str | None, body: Any, *, raw: bytes | None = None, **headers: str):
+    client = Client()
+    extra = {"Accept": "application/json, text/event-stream", **headers}
+    if token:
+        extra["Authorization"] = f"Bearer {token}"
+    data = raw if raw is not None else json.dumps(body)
+    return client.post("/mcp", data=data, content_type="application/json", headers=extra)
+
+
+def modern(token: str | None, method: str, params: dict | None = None, *, name: str | None = None, **headers: str):
+    hdrs = {"MCP-Protocol-Version": MODERN, "Mcp-Method": method, **headers}
+    if name is not None:
+        hdrs["Mcp-Name"] = name
+    return post(token, {"jsonrpc": "2.0", "id": 7, "method": method, "params": {"_meta": META, **(params or {})}},
+                **hdrs)
+
+
+def error_of(response) -> int:
+    return response.json()["error"]["code"]
+
+
+def test_malformed_bodies_get_json_rpc_errors_never_500(alice):
+    cases = [
+        (post(alice.token, None, raw=b"{not json"), 400, -32700),
+        (post(alice.token, [{"jsonrpc": "2.0", "id": 1, "method": "tools/list"}]), 400, -32600),
+        (post(alice.token, {"jsonrpc": "1.0", "id": 1, "method": "tools/list"}), 400, -32600),
+        (post(alice.token, {"jsonrpc": "2.0", "id": 1, "method": 5}), 400, -32600),
+        (post(alice.token, {"jsonrpc": "2.0", "id": [1], "method": "tools/list"}), 400, -32600),
+        (post(alice.token, {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": [1]}), 400, -32602),
+        (post(alice.token, None, raw=b'"a string"'), 400, -32600),
+    ]
+    for response, status, code in cases:
+        assert response.status_code == status, response.content
+        assert error_of(response) == code
+
+
+def test_oversized_body_is_refused_before_parsing(alice, settings):
+    settings.RUNTIME_MAX_BODY_BYTES = 1000
+    response = post(alice.token, {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"x": "y" * 5000}})
+    assert response.status_code == 413
+
+
+def test_modern_wire_validation(alice):
+    assert modern(alice.token, "nope/nope").status_code == 404
+    assert error_of(modern(alice.token, "nope/nope")) == -32601
+    for removed in ("initialize", "ping", "tasks/result", "tasks/list", "logging/setLevel"):
+        response = modern(alice.token, removed)
+        assert (response.status_code, error_of(response)) == (404, -32601), removed
+    # missing _meta, or a required key of it
+    response = post(alice.token, {"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+                    **{"MCP-Protocol-Version": MODERN, "Mcp-Method": "tools/list"})
+    assert (response.status_code, error_of(response)) == (400, -32602)
+    response = post(alice.token, {"jsonrpc": "2.0", "id": 1, "method": "tools/list",
+                                  "params": {"_meta": {"io.modelcontextprotocol/protocolVersion": MODERN}}},
+                    **{"MCP-Protocol-Version": MODERN, "Mcp-Method": "tools/list"})
+    assert (response.status_code, error_of(response)) == (400, -32602)
+    # headers that disagree with the body
+    assert error_of(modern(alice.token, "tools/list", **{"Mcp-Method": "tools/call"})) == -32020
+    assert error_of(modern(alice.token, "tasks/get", {"taskId": "a"}, name="b")) == -32020
+    assert error_of(modern(alice.token, "tasks/get", {"taskId": "a"})) == -32020
+    # an unsupported version in header and body
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": {
+        **META, "io.modelcontextprotocol/protocolVersion": "2099-01-01"}}}
+    response = post(alice.token, body, **{"MCP-Protocol-Version": "2099-01-01", "Mcp-Method": "tools/list"})
+    assert (response.status_code, error_of(response)) == (400, -32022)
+    assert response.json()["error"]["data"] == {"supported": [MODERN], "requested": "2099-01-01"}
+    # base64 header form
+    response = modern(alice.token, "tools/list", **{"Mcp-Method": "=?base64?dG9vbHMvbGlzdA==?="})
+    assert response.status_code == 200
+
+
+def test_discover_and_lists_are_cacheable_with_result_type(alice):
+    found = modern(alice.token, "server/discover").json()["result"]
+    assert found["resultType"] == "complete" and found["supportedVersions"] == [MODERN]
+    assert found["capabilities"]["extensions"] == {TASKS_EXT: {}} and "tasks" not in found["capabilities"]
+    assert found["_meta"]["io.modelcontextprotocol/serverInfo"]["name"]
+    tools = modern(alice.token, "tools/list").json()["result"]
+    assert tools["resultType"] == "complete" and tools["ttlMs"] >= 0 and tools["cacheScope"] in ("public", "private")
+    names = [t["name"] for t in tools["tools"]]
+    assert names[-5:] == ["pause_task", "resume_task", "cancel_task", "adjust_goal", "set_priority"]
+    assert names[0] == "greet" and {"noop", "slow_compute"} <= set(names)  # synchronous tools first
+    assert all("execution" not in t and t["inputSchema"]["type"] == "object" for t in tools["tools"])
+
+
+def test_notifications_are_accepted_with_202(alice):
+    response = post(alice.token, {"jsonrpc": "2.0", "method": "notifications/initialized", "params": {"_meta": META}},
+                    **{"MCP-Protocol-Version": MODERN, "Mcp-Method": "notifications/initialized"})
+    assert response.status_code == 202 and response.content == b""
+
+
+def test_authentication_is_required_on_every_method(alice):
+    for token in (None, "rt_nope_nope", alice.token + "x"):
+        response = modern(token, "server/discover")
+        assert response.status_code == 401
+        assert response["WWW-Authenticate"].startswith("Bearer")
+        assert "error" in response.json()
+
+
+def test_a_viewer_may_read_but_not_start_or_cancel(victor):
+    listed = modern(victor.token, "tools/list")
+    assert listed.status_code == 200
+    started = modern(victor.token, "tools/call", {"name": "slow_compute", "arguments": {"seconds": 1}},
+                     name="slow_compute").json()["result"]
+    assert started["isError"] is True and "operator" in started["content"][0]["text"]
+
+
+def test_origin_and_host_guard_against_dns_rebinding(alice):
+    assert modern(alice.token, "server/discover", Origin="http://evil.example.com").status_code == 403
+    assert modern(alice.token, "server/discover", Origin="http://localhost:5173").status_code == 200
+    assert modern(alice.token, "server/discover", Origin="http://127.0.0.1").status_code == 200
+    response = Client().post("/mcp", data="{}", content_type="application/json", HTTP_HOST="evil.example.com")
+    assert 400 <= response.status_code < 500
+
+
+def test_get_and_delete_are_not_allowed(alice):
+    for method in ("get", "delete"):
+        response = getattr(Client(), method)("/mcp", headers={"Authorization": f"Bearer {alice.token}"})
+        assert response.status_code == 405 and response["Allow"] == "POST"
+
+
+def test_unknown_tool_and_bad_arguments(alice):
+    response = modern(alice.token, "tools/call", {"name": "nope", "arguments": {}}, name="nope")
+    assert (response.status_code, error_of(response)) == (400, -32602)
+    response = modern(alice.token, "tools/call", {"name": "greet", "arguments": 3}, name="greet")
+    assert (response.status_code, error_of(response)) == (400, -32602)
+    bad = modern(alice.token, "tools/call", {"name": "slow_compute", "arguments": {"seconds": -1}},
+                 name="slow_compute").json()["result"]
+    assert bad["isError"] is True and bad["resultType"] == "complete"
