@@ -1,6 +1,7 @@
 from django.contrib import admin
 from django.http import HttpRequest, JsonResponse
 from django.urls import include, path
+from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView
 
 
@@ -14,6 +15,8 @@ urlpatterns = [
          name="schema"),
     path("admin/", admin.site.urls),
     path("healthz", healthz),
+    path("dashboard/", include("dashboard.urls")),
+    path("", RedirectView.as_view(url="/dashboard/", permanent=False)),
 ]
 
 handler404 = "runtime_site.errors.json_404"
