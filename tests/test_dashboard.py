@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from django.db import connections
 
 from conftest import Processes, free_port, make_persona
 from runtime_site.blobstore import blob_store
@@ -40,6 +41,9 @@ def browser(monkeypatch):
         browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
         yield browser
         browser.close()
+        # Connections the test opened while Playwright's loop was current live in that
+        # context: close them here, or the test database cannot be dropped afterwards.
+        connections.close_all()
 
 
 @pytest.fixture
