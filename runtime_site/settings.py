@@ -67,6 +67,7 @@ INSTALLED_APPS = [
     "checkpoints_app",
     "steering_app",
     "ledger_app",
+    "dashboard",
 ]
 
 MIDDLEWARE = [
@@ -102,6 +103,9 @@ TEMPLATES = [
 USE_TZ = True
 TIME_ZONE = "UTC"
 STATIC_URL = "static/"
+# The dashboard (dashboard/): people sign in with a Django session.
+LOGIN_URL = "/dashboard/login/"
+LOGIN_REDIRECT_URL = "/dashboard/"
 STATIC_ROOT = DATA_DIR / "static"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # Bodies without a Content-Length are still bounded by Django; BodySizeLimitMiddleware

@@ -1,6 +1,7 @@
 from django.contrib import admin
 from django.http import HttpRequest, JsonResponse
 from django.urls import include, path
+from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView
 
 from tasks_app.mcp.views import mcp_endpoint
@@ -17,6 +18,8 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("healthz", healthz),
     path("mcp", mcp_endpoint, name="mcp"),
+    path("dashboard/", include("dashboard.urls")),
+    path("", RedirectView.as_view(url="/dashboard/", permanent=False)),
 ]
 
 handler404 = "runtime_site.errors.json_404"

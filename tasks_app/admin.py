@@ -1,5 +1,16 @@
-from django.contrib import admin, messages
+from datetime import timedelta
 
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.html import format_html
+
+from checkpoints_app.models import Checkpoint
+from ledger_app.models import LedgerEntry
+from steering_app.models import InputRequest, SteeringCommand
 from tasks_app import recovery
 from tasks_app.actions import IllegalTransition, do_cancel_task
 from tasks_app.models import ApiKey, AuditRecord, Membership, Step, Task, Tenant
@@ -21,16 +32,110 @@ class ApiKeyAdmin(admin.ModelAdmin):
     readonly_fields = ["prefix", "key_hash"]
 
 
+class AgeFilter(admin.SimpleListFilter):
+    """How long ago the task was created: finds the old, stuck ones quickly."""
+
+    title = "age"
+    parameter_name = "age"
+    BUCKETS = {"1h": timedelta(hours=1), "1d": timedelta(days=1), "7d": timedelta(days=7)}
+
+    def lookups(self, request, model_admin):
+        return [("1h", "under an hour"), ("1d", "under a day"), ("7d", "under a week"), ("old", "a week or more")]
+
+    def queryset(self, request, queryset):
+        now = timezone.now()
+        if self.value() in self.BUCKETS:
+            return queryset.filter(created_at__gte=now - self.BUCKETS[self.value()])
+        if self.value() == "old":
+            return queryset.filter(created_at__lt=now - self.BUCKETS["7d"])
+        return queryset
+
+
+class ReadOnlyInline(admin.TabularInline):
+    """History shown beside the task; each row links to its own (read-only) admin page."""
+
+    extra = 0
+    can_delete = False
+    show_change_link = True
+
+    def get_readonly_fields(self, request, obj=None):
+        return self.fields
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+class CheckpointInline(ReadOnlyInline):
+    model = Checkpoint
+    fields = ["sequence", "step_name", "reason", "schema_version", "plan_version", "discarded", "checksum",
+              "created_at"]
+    ordering = ["sequence", "id"]
+
+
+class SteeringInline(ReadOnlyInline):
+    model = SteeringCommand
+    fields = ["version", "command_id", "type", "payload", "status", "outcome", "requested_by", "reason",
+              "created_at", "applied_at"]
+    ordering = ["version"]
+
+
+class InputRequestInline(ReadOnlyInline):
+    model = InputRequest
+    fields = ["key", "kind", "status", "prompt", "answer", "answered_by", "created_at"]
+    ordering = ["id"]
+
+
+class LedgerInline(ReadOnlyInline):
+    model = LedgerEntry
+    verbose_name_plural = "ledger entries"
+    fields = ["key", "tool", "status", "attempts", "remote_ref", "error", "updated_at"]
+    ordering = ["step_sequence", "call_index"]
+
+
+class AuditInline(ReadOnlyInline):
+    model = AuditRecord
+    fields = ["seq", "actor", "action", "from_status", "to_status", "before_version", "after_version", "reason",
+              "created_at"]
+    ordering = ["seq"]
+
+
+class CancelForm(forms.Form):
+    reason = forms.CharField(max_length=500, widget=forms.TextInput(attrs={"size": 80}),
+                             help_text="Recorded in each task's audit chain with you as the actor.")
+
+
 @admin.register(Task)
 class TaskAdmin(admin.ModelAdmin):
-    list_display = ["id", "tenant", "agent", "status", "progress", "state_version", "lease_owner",
-                    "lease_expires_at", "updated_at"]
-    list_filter = ["status", "agent", "tenant"]
-    search_fields = ["id", "idempotency_key"]
-    # Status, versions, leases and the audit head change only through actions.
-    readonly_fields = ["status", "state_version", "plan_version", "lease_owner", "lease_expires_at",
-                       "lease_epoch", "event_seq", "audit_seq", "audit_head", "steps_done", "recoveries"]
+    list_display = ["id", "tenant", "agent", "status", "progress", "phase", "state_version", "lease_owner",
+                    "lease_expires_at", "recoveries", "created_at", "updated_at"]
+    list_filter = ["status", AgeFilter, "agent", "tenant"]
+    list_select_related = ["tenant"]
+    search_fields = ["id", "idempotency_key", "tenant__slug", "agent", "goal", "lease_owner", "created_by"]
+    date_hierarchy = "created_at"
+    # Steps can run to thousands: a link to their filtered list rather than an inline.
+    inlines = [CheckpointInline, SteeringInline, InputRequestInline, LedgerInline, AuditInline]
     actions = ["redrive", "cancel", "release_lease", "close"]
+
+    def get_readonly_fields(self, request, obj=None):
+        # Every field: status, versions, leases, the audit head and even goal and priority
+        # change only through domain functions (actions here, steering in the API), which
+        # keep the version, audit chain and events consistent.
+        return [*(f.name for f in Task._meta.fields), "steps_link", "dashboard_link"]
+
+    def has_add_permission(self, request):
+        return False  # tasks start through do_create_task (API, dashboard, CLI)
+
+    @admin.display(description="steps")
+    def steps_link(self, obj: Task) -> str:
+        url = reverse("admin:tasks_app_step_changelist") + f"?task__id__exact={obj.id}"
+        return format_html('<a href="{}">{} steps</a>', url, obj.steps.count())
+
+    @admin.display(description="dashboard")
+    def dashboard_link(self, obj: Task) -> str:
+        return format_html('<a href="/dashboard/tasks/{}/">open the live task page</a>', obj.id)
 
     def _each(self, request, queryset, verb: str, action) -> None:
         """Operators change tasks only through the same domain functions as the API, audited."""
@@ -47,10 +152,20 @@ class TaskAdmin(admin.ModelAdmin):
         self._each(request, queryset, "redriven", lambda t, actor: recovery.do_redrive_task(
             t.id, actor=actor, reason="redriven by an operator in admin"))
 
-    @admin.action(description="Cancel (lands at the next safe point)")
+    @admin.action(description="Cancel with a reason (lands at the next safe point)")
     def cancel(self, request, queryset):
-        self._each(request, queryset, "cancel requested", lambda t, actor: do_cancel_task(
-            t.id, tenant=t.tenant, actor=actor, reason="cancelled by an operator in admin"))
+        form = CancelForm(request.POST if "apply" in request.POST else None)
+        if form.is_bound and form.is_valid():
+            reason = form.cleaned_data["reason"]
+            self._each(request, queryset, "cancel requested", lambda t, actor: do_cancel_task(
+                t.id, tenant=t.tenant, actor=actor, reason=reason))
+            return None
+        # First the reason: an intermediate page, then the same POST again with "apply".
+        return TemplateResponse(request, "admin/tasks_app/task/cancel_reason.html", {
+            **self.admin_site.each_context(request), "title": "Cancel tasks", "opts": self.model._meta,
+            "tasks": queryset, "form": form, "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "select_across": request.POST.get("select_across", "0"),
+        })
 
     @admin.action(description="Release a stale lease (fences the holder)")
     def release_lease(self, request, queryset):
@@ -65,13 +180,20 @@ class TaskAdmin(admin.ModelAdmin):
 
 @admin.register(Step)
 class StepAdmin(admin.ModelAdmin):
-    list_display = ["task", "sequence", "attempt", "name", "status", "worker", "duration_ms"]
+    list_display = ["task", "sequence", "attempt", "name", "status", "worker", "duration_ms", "finished_at"]
+    list_filter = ["status"]
+    search_fields = ["task__id", "name", "worker"]
     raw_id_fields = ["task"]
+
+    def has_change_permission(self, request, obj=None):  # history written by the engine
+        return False
 
 
 @admin.register(AuditRecord)
 class AuditRecordAdmin(admin.ModelAdmin):
     list_display = ["task", "seq", "actor", "action", "from_status", "to_status", "created_at"]
+    list_filter = ["action"]
+    search_fields = ["task__id", "actor"]
     raw_id_fields = ["task"]
 
     def has_change_permission(self, request, obj=None):  # append-only

@@ -143,7 +143,8 @@ def _start_working(lease: leases.Lease, status: str, checkpoint: int | None) -> 
             reason = f"resumed from checkpoint {checkpoint}" if checkpoint else "resumed from the start"
         transition(task, Status.WORKING, actor=f"worker:{lease.worker_id}", reason=reason)
         task.save(update_fields=[*TRANSITION_FIELDS, "started_at"])
-        if status == Status.RECOVERING:
+        if status in (Status.RECOVERING, Status.QUEUED):
+            # The version moved: stream clients (the dashboard's forms) need the new one.
             events.emit(task, "task.snapshot", task_snapshot(task))
     return task
 

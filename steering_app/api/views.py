@@ -13,7 +13,7 @@ from rest_framework.views import APIView
 from steering_app.actions import do_enqueue_command
 from steering_app.models import CommandType, InputRequest, SteeringCommand
 from tasks_app.api.views import IDEMPOTENCY_KEY, tenant_task
-from tasks_app.auth import principal, require_role
+from tasks_app.auth import Principal, principal, require_role
 from tasks_app.models import Role, Task
 
 
@@ -28,9 +28,15 @@ def command_body(command: SteeringCommand) -> dict[str, Any]:
 
 
 def check_may_answer(request: Request, task: Task, key: str) -> None:
+    check_principal_may_answer(principal(request), task, key)
+
+
+def check_principal_may_answer(who: Principal, task: Task, key: str) -> None:
     """Approvals need the approver role (and, if configured, someone other than the
-    task's creator); other questions need an operator."""
-    who = principal(request)
+    task's creator); other questions need an operator. Shared by every edge that answers
+    (REST, the dashboard) so none has a looser rule than another."""
+    if not who.has_role(Role.OPERATOR):
+        raise PermissionDenied(f"this needs the {Role.OPERATOR} role or above")
     kind = InputRequest.objects.filter(task=task, key=key).values_list("kind", flat=True).first()
     if kind == "approval":
         if not who.has_role(Role.APPROVER):
@@ -84,10 +90,17 @@ class TaskInputApi(APIView):
         task = tenant_task(request, task_id)
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        check_may_answer(request, task, key)
-        who = principal(request)
-        command, _ = do_enqueue_command(
-            task.id, tenant=who.tenant, command_id="input:" + hashlib.sha1(key.encode()).hexdigest(), type=CommandType.PROVIDE_INPUT,
-            payload={"key": key, "answer": data.validated_data["answer"]}, expected_version=task.state_version,
-            requested_by=who.actor, reason=data.validated_data["reason"])
+        command = answer_input(principal(request), task, key, data.validated_data["answer"],
+                               reason=data.validated_data["reason"])
         return Response(command_body(command), status=status.HTTP_202_ACCEPTED)
+
+
+def answer_input(who: Principal, task: Task, key: str, answer: Any, *, reason: str = "") -> SteeringCommand:
+    """Answer an open input request as `who`: checked, then a provide_input command keyed
+    by the request, so the same answer again is a replay and a second answer is refused."""
+    check_principal_may_answer(who, task, key)
+    command, _ = do_enqueue_command(
+        task.id, tenant=who.tenant, command_id="input:" + hashlib.sha1(key.encode()).hexdigest(),
+        type=CommandType.PROVIDE_INPUT, payload={"key": key, "answer": answer}, expected_version=task.state_version,
+        requested_by=who.actor, reason=reason)
+    return command

@@ -29,9 +29,9 @@ def operator_client(client, db):
     return client
 
 
-def act(client, model: str, action: str, pk) -> None:
+def act(client, model: str, action: str, pk, **extra: str) -> None:
     app = {"task": "tasks_app", "ledgerentry": "ledger_app"}[model]
-    response = client.post(f"/admin/{app}/{model}/", {"action": action, "_selected_action": [str(pk)]})
+    response = client.post(f"/admin/{app}/{model}/", {"action": action, "_selected_action": [str(pk)], **extra})
     assert response.status_code == 302
 
 
@@ -56,7 +56,7 @@ def test_admin_actions_go_through_the_domain_functions_and_are_audited(alice, op
     assert AuditRecord.objects.filter(task=held, actor="admin:opal", action="lease_released").exists()
 
     queued = new_task(alice)
-    act(operator_client, "task", "cancel", queued.id)
+    act(operator_client, "task", "cancel", queued.id, apply="1", reason="no longer needed")
     assert Task.objects.get(id=queued.id).status == "cancelled"
 
     closed = new_task(alice)

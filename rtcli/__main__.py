@@ -1,0 +1,5 @@
+import sys
+
+from rtcli.cli import main
+
+sys.exit(main())

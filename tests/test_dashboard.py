@@ -1,0 +1,217 @@
+"""The dashboard in a real headless Chromium (Debian's, driven by Playwright) against a live
+uvicorn and a real Celery worker: sign in, start a review, watch it live, pause, resume,
+approve the publish step, see it complete; a stale version shows as a 409; another tenant's
+task stays invisible. Every wait has a deadline; nothing sleeps."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import httpx
+import pytest
+from django.db import connections
+
+from conftest import Processes, free_port, make_persona
+from runtime_site.blobstore import blob_store
+from tasks_app.corpus import generate_corpus
+from tasks_app.models import Task
+from tasks_app.tests.test_engine import new_task
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+FAST = {"RUNTIME_LEASE_SECONDS": "3", "RUNTIME_HEARTBEAT_SECONDS": "1", "RUNTIME_SCAN_SECONDS": "1",
+        "RUNTIME_SLICE_STEPS": "4"}
+SECONDS = 1000  # Playwright timeouts are in milliseconds
+
+
+@pytest.fixture
+def browser(monkeypatch):
+    # Playwright's sync API runs an event loop in this thread; the test's own ORM calls are
+    # still plain synchronous code, so Django's async-context guard does not apply here.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    from playwright.sync_api import expect, sync_playwright
+
+    assert Path(CHROMIUM).exists(), "Debian's chromium is needed (bin/test installs it)"
+    expect.set_options(timeout=30 * SECONDS)  # a shared 2-core CI box is slower than a laptop
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        yield browser
+        browser.close()
+        # Connections the test opened while Playwright's loop was current live in that
+        # context: close them here, or the test database cannot be dropped afterwards.
+        connections.close_all()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1200, "height": 1000})
+    context.set_default_timeout(30 * SECONDS)
+    page = context.new_page()
+    yield page
+    context.close()
+
+
+def person(tenant: str, username: str, role: str):
+    persona = make_persona(tenant, username, role)
+    persona.user.set_password("pw")
+    persona.user.save()
+    return persona
+
+
+def sign_in(page, base: str, username: str) -> None:
+    from playwright.sync_api import expect
+
+    page.goto(f"{base}/dashboard/login/")
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Password").fill("pw")
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.get_by_test_id("who")).to_have_text(username)
+
+
+def progress(page) -> int:
+    return int(page.get_by_test_id("progress").text_content())
+
+
+def wait_for_progress_above(page, value: int, timeout: float) -> int:
+    page.wait_for_function(
+        f"() => Number(document.querySelector('[data-testid=progress]').textContent) > {value}",
+        timeout=timeout * SECONDS)
+    return progress(page)
+
+
+def not_reloaded(page) -> bool:
+    return page.evaluate("() => window.__sameDocument === true")
+
+
+def mark_document(page) -> None:
+    page.evaluate("() => { window.__sameDocument = true; }")
+
+
+def test_a_person_runs_a_review_from_start_to_published_report(page, processes: Processes, tmp_path):
+    from playwright.sync_api import expect
+
+    april = person("acme", "april", "approver")  # may start, steer and approve
+    generate_corpus(blob_store(), "corpora/dash", 160, 7, "2026-11-01")
+    port = free_port()
+    processes.web(port)
+    processes.worker(**FAST)
+    processes.beat(**FAST)
+    base = f"http://127.0.0.1:{port}"
+
+    sign_in(page, base, "april")
+    page.get_by_role("link", name="Start a review").click()
+    page.get_by_label("Corpus").fill("corpora/dash")
+    page.get_by_label("Limit").fill("160")
+    page.get_by_label("Batch size").fill("8")
+    page.get_by_label("Pacing (ms per batch)").fill("700")
+    page.get_by_label("Publish").check()
+    page.get_by_test_id("start").click()
+    page.wait_for_url(re.compile(r"/dashboard/tasks/[0-9a-f-]{36}/$"))
+    task_id = page.url.rstrip("/").rsplit("/", 1)[1]
+    task = Task.objects.get(id=task_id)
+    assert task.created_by == f"user:{april.user.pk}" and task.agent == "document_review"
+
+    # Live: the bar moves while the document stays the same (no reload).
+    mark_document(page)
+    expect(page.get_by_test_id("stream")).to_have_text("● live")
+    first = wait_for_progress_above(page, 0, timeout=60)
+    later = wait_for_progress_above(page, first, timeout=60)
+    assert later > first and not_reloaded(page)
+    expect(page.get_by_test_id("phase")).to_have_text("risk_classification")
+    assert page.get_by_test_id("log").locator("li").count() > 0
+    page.screenshot(path=str(Path(os.environ.get("DASHBOARD_SCREENSHOT", tmp_path / "dashboard-task.png"))),
+                    full_page=True)
+
+    # Pause: accepted at once (pausing), lands at the worker's next safe point (paused).
+    page.get_by_test_id("pause").click()
+    expect(page.get_by_test_id("flash")).to_contain_text("pause accepted")
+    mark_document(page)
+    expect(page.get_by_test_id("status")).to_have_text("paused", timeout=30 * SECONDS)
+    assert not_reloaded(page)
+    assert Task.objects.get(id=task_id).status == "paused"
+    paused_at = progress(page)
+    expect(page.get_by_test_id("steering")).to_contain_text("pause")
+
+    page.get_by_test_id("resume").click()
+    expect(page.get_by_test_id("flash")).to_contain_text("resume accepted")
+    mark_document(page)
+    # It carries on: the bar moves again (or, had the pause landed at the approval point, it asks).
+    page.wait_for_function(
+        f"() => Number(document.querySelector('[data-testid=progress]').textContent) > {paused_at}"
+        " || document.querySelector('[data-testid=status]').textContent === 'input_required'",
+        timeout=60 * SECONDS)
+    assert not_reloaded(page)
+
+    # The publish step waits for an approver; the page offers the approval when it opens.
+    expect(page.get_by_test_id("approve")).to_be_visible(timeout=120 * SECONDS)
+    expect(page.get_by_test_id("status")).to_have_text("input_required")
+    assert not_reloaded(page)
+    assert page.get_by_test_id("checkpoints").locator("li").count() >= 1
+    page.get_by_test_id("approve").click()
+    expect(page.get_by_test_id("flash")).to_contain_text("approve sent")
+    mark_document(page)
+    expect(page.get_by_test_id("status")).to_have_text("completed", timeout=60 * SECONDS)
+    expect(page.get_by_test_id("published")).to_contain_text("report.md")
+    expect(page.get_by_test_id("progress")).to_have_text("100")
+    assert not_reloaded(page)
+
+    task.refresh_from_db()
+    assert task.status == "completed" and task.result["published"]["ref"].endswith("report.md")
+    assert task.result["documentsReviewed"] == 160
+
+
+def test_a_stale_page_gets_a_409_with_the_current_state_and_tenants_stay_apart(page, browser, processes: Processes):
+    from playwright.sync_api import expect
+
+    alice = person("acme", "alice", "operator")
+    person("globex", "mallory", "admin")
+    port = free_port()
+    processes.web(port)  # no worker: the task stays queued, and nothing but people change it
+    base = f"http://127.0.0.1:{port}"
+    task = new_task(alice)
+
+    sign_in(page, base, "alice")
+    # The list updates by itself: a task started elsewhere appears without a reload.
+    page.goto(f"{base}/dashboard/")
+    mark_document(page)
+    expect(page.locator(f"tr[data-task='{task.id}']")).to_be_visible()
+    later = new_task(alice)
+    expect(page.locator(f"tr[data-task='{later.id}']")).to_be_visible(timeout=15 * SECONDS)
+    assert not_reloaded(page)
+
+    # A page whose live updates never arrived (blocked here) holds an old version ...
+    page.route("**/runtime/tasks/*/events", lambda route: route.abort())
+    page.goto(f"{base}/dashboard/tasks/{task.id}/")
+    expect(page.get_by_test_id("version")).to_have_text(str(task.state_version))
+    # ... while someone else changes the task through the API.
+    changed = httpx.post(f"{base}/runtime/tasks/{task.id}/steering", headers={"Authorization": f"Bearer {alice.token}"},
+                         json={"commandId": "elsewhere", "type": "set_priority", "payload": {"priority": 2},
+                               "expectedVersion": task.state_version}, timeout=10)
+    assert changed.status_code == 202, changed.text
+    page.get_by_test_id("pause").click()
+    expect(page.get_by_test_id("conflict")).to_contain_text("Someone changed this task; here is its current state.")
+    current = Task.objects.get(id=task.id)
+    assert current.status == "queued"
+    expect(page.get_by_test_id("version")).to_have_text(str(current.state_version))
+    expect(page.get_by_test_id("priority")).to_have_text("2")
+    # Looking at the current state, the person can try again, and now it lands.
+    page.get_by_test_id("pause").click()
+    expect(page.get_by_test_id("status")).to_have_text("paused")
+    assert Task.objects.get(id=task.id).status == "paused"
+
+    # Another tenant's admin sees none of it.
+    other = browser.new_context()
+    mallory_page = other.new_page()
+    sign_in(mallory_page, base, "mallory")
+    expect(mallory_page.locator("#task-list")).to_be_visible()
+    assert str(task.id) not in mallory_page.content()
+    mallory_page.goto(f"{base}/dashboard/tasks/{task.id}/")
+    expect(mallory_page.get_by_test_id("not-found")).to_be_visible()
+    events = mallory_page.request.get(f"{base}/runtime/tasks/{task.id}/events")
+    assert events.status == 404
+    other.close()
