@@ -85,10 +85,23 @@ def _allowed(url: str) -> None:
         raise ToolError(f"host {host!r} is not in security.http_allowlist", retryable=False)
 
 
+_clients: dict[int, httpx.Client] = {}
+
+
+def _http() -> httpx.Client:
+    """One pooled client per process (made after the worker forks): httpx.request() would
+    build a client, and its TLS context, for every call — most of a local call's time."""
+    pid = os.getpid()
+    if pid not in _clients:
+        _clients.clear()
+        _clients[pid] = httpx.Client()
+    return _clients[pid]
+
+
 def _http_call(args: dict[str, Any], key: str, timeout: float) -> Any:
     _allowed(args["url"])
     try:
-        response = httpx.request(args.get("method", "POST"), args["url"], json=args.get("json"),
+        response = _http().request(args.get("method", "POST"), args["url"], json=args.get("json"),
                                  headers={"Idempotency-Key": key}, timeout=timeout)
     except httpx.TimeoutException as exc:
         raise ToolError(f"timed out after {timeout}s: {exc}", retryable=True) from exc
@@ -111,7 +124,7 @@ def _http_reconcile(args: dict[str, Any], key: str) -> tuple[str, Any] | None:
         return None
     url = args["reconcileUrl"].replace("{key}", key)
     _allowed(url)
-    response = httpx.get(url, headers={"Idempotency-Key": key}, timeout=10)
+    response = _http().get(url, headers={"Idempotency-Key": key}, timeout=10)
     if response.status_code == 404:
         return NOT_DONE, None
     if response.status_code == 200:
