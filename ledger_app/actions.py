@@ -93,13 +93,19 @@ def _guard(lease: leases.Lease, tool: tools.Tool, key: str, args: dict[str, Any]
     """Ask the policy before a call: denied → ToolFailed; guarded → an approver's answer,
     or wait for one (the task checkpoints and goes to input_required before the call)."""
     task = Task.objects.values("approval_policy", "budget", "steps_done", "started_at", "cost").get(id=lease.task_id)
-    counted = "maxToolCalls" in policy.effective_budget(task["budget"])  # the count is the guard's only scan
+    counted = "maxToolCalls" in policy.effective_budget(task["budget"], answers)  # the guard's only scan
     usage = policy.Usage(
         steps=task["steps_done"],
         tool_calls=LedgerEntry.objects.filter(task_id=lease.task_id).count() if counted else None,
         wall_seconds=(timezone.now() - task["started_at"]).total_seconds() if task["started_at"] else 0.0,
         cost=task["cost"])
-    decision = policy.decide(tool.name, approval_policy=task["approval_policy"], budget=task["budget"], usage=usage)
+    decision = policy.decide(tool.name, approval_policy=task["approval_policy"], budget=task["budget"], usage=usage,
+                             answers=answers)
+    if decision.verdict == policy.EXHAUSTED:
+        ask = policy.extension_request(f"call-{key}", decision.reason)
+        if ask is not None and ask["key"] not in answers:
+            raise agents.InputNeeded(ask["key"], ask["prompt"], ask["schema"], kind="approval")
+        raise ToolFailed(decision.reason)
     if decision.verdict == policy.DENY:
         raise ToolFailed(decision.reason)
     if decision.verdict == policy.NEEDS_APPROVAL:

@@ -9,7 +9,7 @@ from django.conf import settings
 
 from tasks_app.agents.base import SchemaError
 
-ALLOW, DENY, NEEDS_APPROVAL = "allow", "deny", "needs_approval"
+ALLOW, DENY, NEEDS_APPROVAL, EXHAUSTED = "allow", "deny", "needs_approval", "exhausted"
 
 
 @dataclass(frozen=True)
@@ -39,16 +39,26 @@ APPROVAL_POLICY_SCHEMA = {"type": "object", "properties": {
     "additionalProperties": False}
 
 
-def effective_budget(task_budget: dict[str, Any]) -> dict[str, Any]:
-    """config/runtime.yaml's `budget` defaults (0: no limit), overridden key by key by the task's."""
+# What an approver answers when a budget runs out (budget.on_exhausted: ask): higher limits, or stop.
+EXTENSION_SCHEMA = {"oneOf": [{"const": "stop"}, {**BUDGET_SCHEMA, "minProperties": 1}]}
+EXTENSION_PREFIX = "budget-"
+
+
+def effective_budget(task_budget: dict[str, Any], answers: dict[str, Any] | None = None) -> dict[str, Any]:
+    """config/runtime.yaml's `budget` defaults (0: no limit), overridden key by key by the
+    task's own, then raised by the extensions approvers granted."""
     defaults = settings.RUNTIME["budget"]
     configured = {key: defaults[f"max_{field}"] for key, (field, _) in LIMITS.items() if defaults[f"max_{field}"]}
-    return {**configured, **task_budget}
+    budget = {**configured, **task_budget}
+    for key, extension in (answers or {}).items():
+        if key.startswith(EXTENSION_PREFIX) and isinstance(extension, dict):
+            budget.update({limit: max(value, budget.get(limit, value)) for limit, value in extension.items()})
+    return budget
 
 
-def exhausted(budget: dict[str, Any], usage: Usage) -> str | None:
-    """Which limit of the task's budget (with the configured defaults) is used up, or None."""
-    budget = effective_budget(budget)
+def exhausted(budget: dict[str, Any], usage: Usage, answers: dict[str, Any] | None = None) -> str | None:
+    """Which limit of the task's budget (with the defaults and extensions) is used up, or None."""
+    budget = effective_budget(budget, answers)
     for limit, (field, what) in LIMITS.items():
         used = getattr(usage, field)
         if limit in budget and used is not None and used >= budget[limit]:
@@ -82,13 +92,23 @@ def canonical_approval_policy(approval_policy: dict[str, Any]) -> dict[str, Any]
     return {**approval_policy, "before": before} if "before" in approval_policy else approval_policy
 
 
-def decide(tool: str, *, approval_policy: dict[str, Any], budget: dict[str, Any], usage: Usage) -> Decision:
+def decide(tool: str, *, approval_policy: dict[str, Any], budget: dict[str, Any], usage: Usage,
+           answers: dict[str, Any] | None = None) -> Decision:
     security = settings.RUNTIME["security"]
     if reason := denial(tool):
         return Decision(DENY, reason)
-    if reason := exhausted(budget, usage):
-        return Decision(DENY, reason)
+    if reason := exhausted(budget, usage, answers):
+        return Decision(EXHAUSTED, reason)
     guarded = set(security["require_approval"]) | set(approval_policy.get("before", []))
     if tool in guarded:
         return Decision(NEEDS_APPROVAL, f"{tool} needs an approver's yes")
     return Decision(ALLOW)
+
+
+def extension_request(key: str, reason: str) -> dict[str, Any] | None:
+    """With budget.on_exhausted: ask, the input request that lets an approver extend a used-up
+    budget ({key, prompt, schema}); None when the task should just fail."""
+    if settings.RUNTIME["budget"]["on_exhausted"] != "ask":
+        return None
+    return {"key": EXTENSION_PREFIX + key, "schema": EXTENSION_SCHEMA,
+            "prompt": f'{reason}. Extend the budget (higher limits, e.g. {{"maxSteps": 500}}) or answer "stop".'}

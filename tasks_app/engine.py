@@ -162,6 +162,10 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
         if step_name is None:
             return _complete(run)
         if reason := _over_budget(run):
+            ask = policy.extension_request(f"step-{run.sequence + 1}", reason)
+            if ask is not None and ask["key"] not in run.answers:  # an approver may extend it
+                _wait_for_input(run, agents.InputNeeded(ask["key"], ask["prompt"], ask["schema"], kind="approval"))
+                return SliceOutcome.DONE
             _stop(run.lease, Status.FAILED, reason=reason, error={"code": "budget_exhausted", "message": reason})
             return SliceOutcome.DONE
         if steps >= settings.RUNTIME_SLICE_STEPS or time.monotonic() - started >= settings.RUNTIME_SLICE_SECONDS:
@@ -211,11 +215,12 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
 
 
 def _over_budget(run: _Run) -> str | None:
-    """The safe point honours the task's budget (tool calls are counted by the guard)."""
+    """The safe point honours the task's budget (tool calls are counted by the guard), as
+    extended by approvers; an extension answered "stop" leaves it exhausted."""
     started = run.task.started_at or timezone.now()
     return policy.exhausted(run.task.budget, policy.Usage(
         steps=run.sequence, tool_calls=None, wall_seconds=(timezone.now() - started).total_seconds(),
-        cost=run.task.cost))
+        cost=run.task.cost), run.answers)
 
 
 def _apply_steering(run: _Run) -> bool:

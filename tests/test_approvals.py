@@ -142,10 +142,10 @@ def test_a_tool_call_budget_stops_the_task_with_the_reason(alice, processes):
         ("email.send", {}, {}, (0, 0, 0), policy.NEEDS_APPROVAL),
         ("payment.create", {}, {}, (0, 0, 0), policy.NEEDS_APPROVAL),
         ("http.request", {"before": ["http.request"]}, {}, (0, 0, 0), policy.NEEDS_APPROVAL),
-        ("http.request", {}, {"maxSteps": 10}, (10, 0, 0), policy.DENY),
-        ("http.request", {}, {"maxWallSeconds": 60}, (0, 0, 61), policy.DENY),
+        ("http.request", {}, {"maxSteps": 10}, (10, 0, 0), policy.EXHAUSTED),
+        ("http.request", {}, {"maxWallSeconds": 60}, (0, 0, 61), policy.EXHAUSTED),
         ("http.request", {}, {"maxToolCalls": 3}, (0, 2, 0), policy.ALLOW),
-        ("http.request", {}, {"maxCost": 5}, (0, 0, 0, 5.0), policy.DENY),
+        ("http.request", {}, {"maxCost": 5}, (0, 0, 0, 5.0), policy.EXHAUSTED),
         ("http.request", {}, {"maxCost": 5}, (0, 0, 0, 4.5), policy.ALLOW),
     ],
 )
@@ -160,3 +160,18 @@ def test_an_allow_list_of_tools_denies_every_other_tool(settings):
     assert policy.decide("http.request", approval_policy={}, budget={}, usage=usage).verdict == policy.ALLOW
     denied = policy.decide("mcp.call", approval_policy={}, budget={}, usage=usage)
     assert denied.verdict == policy.DENY and "security.allow_tools" in denied.reason
+
+
+@pytest.mark.django_db(transaction=True)
+def test_with_on_exhausted_ask_an_approver_extends_a_tool_call_budget_mid_step(alice, approver, processes):
+    sink = Sink(processes)
+    processes.worker(**FAST, BUDGET_ON_EXHAUSTED="ask")
+    task = webhook(alice, sink, count=3)
+    Task.objects.filter(id=task.id).update(budget={"maxToolCalls": 2})
+    wait_until(lambda: Task.objects.get(id=task.id).status == "input_required", timeout=30, what="the budget question")
+    [request] = InputRequest.objects.filter(task=task, status="open")
+    assert request.key.startswith("budget-call-") and request.kind == "approval"
+    assert sink.stats()["posts"] == 2
+    assert approve(approver, task, request.key, {"maxToolCalls": 3}).status_code == 202
+    wait_until(lambda: Task.objects.get(id=task.id).status == "completed", timeout=30, what="completion")
+    assert sink.stats()["posts"] == 3 and set(sink.stats()["perKey"].values()) == {1}

@@ -171,3 +171,26 @@ def test_adjust_goal_changes_the_remaining_work_of_the_review(alice, settings):
     assert task.result["documentsReviewed"] == 100 - expired_later
     assert task.result["skipped"] == expired_later
     assert Checkpoint.objects.filter(task=task).order_by("-id").first().plan_version == 2
+
+
+def test_an_approver_may_extend_a_used_up_budget_or_stop_the_task(alice, settings):
+    from conftest import make_persona
+
+    april = make_persona("acme", "april", "approver")
+    settings.RUNTIME = {**settings.RUNTIME, "budget": {**settings.RUNTIME["budget"], "on_exhausted": "ask"}}
+    task = new_task(alice, steps=8, budget={"maxSteps": 2})
+    run_to_end(task)
+    task.refresh_from_db()
+    assert task.status == "input_required" and task.steps_done == 2
+    request = InputRequest.objects.get(task=task)
+    assert request.key == "budget-step-3" and request.kind == "approval" and "maxSteps" in request.prompt
+    assert steer(alice, task, "provide_input", {"key": request.key, "answer": {"maxSteps": 5}}).status_code == 403
+    assert steer(april, task, "provide_input", {"key": request.key, "answer": {"maxSteps": "lots"}}).status_code == 422
+    assert steer(april, task, "provide_input", {"key": request.key, "answer": {"maxSteps": 5}}).status_code == 202
+    run_to_end(task)
+    task.refresh_from_db()
+    assert task.status == "input_required" and task.steps_done == 5  # extended once, used up again
+    assert steer(april, task, "provide_input", {"key": "budget-step-6", "answer": "stop"}).status_code == 202
+    run_to_end(task)
+    task.refresh_from_db()
+    assert task.status == "failed" and task.error["code"] == "budget_exhausted" and task.steps_done == 5
