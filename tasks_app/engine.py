@@ -45,6 +45,7 @@ class SliceOutcome(enum.Enum):
     CONTINUE = "continue"  # yielded with work left: enqueue the successor
     POLL = "poll"  # yielded while a remote task runs: enqueue the successor a little later
     DONE = "done"  # reached a state that needs no further message
+    AT_CAPACITY = "at_capacity"  # its tenant runs its maximum: the next slice that ends hands over
 
 
 def worker_identity() -> str:
@@ -76,7 +77,10 @@ class _Run:
 
 def run_slice(task_id: UUID, *, worker_id: str) -> SliceOutcome:
     ttl = settings.RUNTIME_LEASE_SECONDS
-    lease = leases.claim(task_id, worker_id=worker_id, ttl=ttl)
+    try:
+        lease = leases.claim(task_id, worker_id=worker_id, ttl=ttl)
+    except leases.AtCapacity:
+        return SliceOutcome.AT_CAPACITY
     if lease is None:
         return SliceOutcome.DROPPED
     with leases.Heartbeat(lease, ttl=ttl, interval=settings.RUNTIME_HEARTBEAT_SECONDS) as heartbeat:

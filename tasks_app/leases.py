@@ -14,14 +14,19 @@ from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
+from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 from django.db.models import DateTimeField, ExpressionWrapper, F, Q
 from django.db.models.functions import Now
 
-from tasks_app.models import Task
+from tasks_app.models import Task, Tenant
 from tasks_app.states import CLAIMABLE
 
 logger = logging.getLogger(__name__)
+
+
+class AtCapacity(Exception):  # noqa: N818 (a signal, not an error)
+    """The task's tenant already runs runtime.max_concurrent_tasks slices: not now."""
 
 
 class LeaseLost(Exception):
@@ -44,11 +49,14 @@ def deadline(seconds: float) -> ExpressionWrapper:
 
 
 def claim(task_id: UUID, *, worker_id: str, ttl: float) -> Lease | None:
-    """Take the lease if it is free or expired. None: held by another, not runnable, or done."""
+    """Take the lease if it is free or expired. None: held by another, not runnable, or done.
+    AtCapacity: its tenant is at runtime.max_concurrent_tasks (0: no limit)."""
+    limit = settings.RUNTIME["runtime"]["max_concurrent_tasks"]
     with transaction.atomic():
+        if limit:
+            _check_capacity(task_id, limit)
         claimed = (
-            Task.objects.filter(id=task_id, status__in=CLAIMABLE)
-            .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=Now()))
+            _claimable().filter(id=task_id)
             .update(lease_owner=worker_id, lease_expires_at=deadline(ttl), lease_epoch=F("lease_epoch") + 1)
         )
         if claimed != 1:
@@ -56,6 +64,39 @@ def claim(task_id: UUID, *, worker_id: str, ttl: float) -> Lease | None:
         # Our UPDATE holds the row lock until commit, so this reads our own epoch.
         epoch = Task.objects.values_list("lease_epoch", flat=True).get(id=task_id)
     return Lease(task_id, worker_id, epoch)
+
+
+def _check_capacity(task_id: UUID, limit: int) -> None:
+    """Claims of one tenant take turns on its row (FOR NO KEY UPDATE: creating tasks, which
+    only key-share it, goes on), so the count of running slices cannot be raced past."""
+    tenant_id = Task.objects.filter(id=task_id).values_list("tenant_id", flat=True).first()
+    if tenant_id is None:
+        return
+    list(Tenant.objects.select_for_update(no_key=True).filter(id=tenant_id).values_list("id"))
+    running = Task.objects.filter(tenant_id=tenant_id, lease_owner__isnull=False, lease_expires_at__gt=Now()).exclude(
+        id=task_id).count()
+    if running >= limit and _claimable().filter(id=task_id).exists():
+        raise AtCapacity(f"tenant {tenant_id} runs {running} of at most {limit} tasks")
+
+
+def _claimable():  # noqa: ANN202 (a Task queryset)
+    return Task.objects.filter(status__in=CLAIMABLE).filter(
+        Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=Now()))
+
+
+def next_waiting(task_id: UUID) -> tuple[UUID, int] | None:
+    """After a slice ends: if its tenant was at runtime.max_concurrent_tasks (so a message
+    may have been turned away), the most urgent runnable, unleased task to hand the freed
+    turn to. With room to spare nobody was turned away, and nothing is rung twice."""
+    limit = settings.RUNTIME["runtime"]["max_concurrent_tasks"]
+    if not limit:
+        return None
+    tenant_id = Task.objects.filter(id=task_id).values_list("tenant_id", flat=True).first()
+    running = Task.objects.filter(tenant_id=tenant_id, lease_owner__isnull=False, lease_expires_at__gt=Now()).count()
+    if running < limit - 1:
+        return None
+    return (Task.objects.filter(tenant_id=tenant_id, status__in=CLAIMABLE, lease_owner__isnull=True)
+            .exclude(id=task_id).order_by("priority", "created_at").values_list("id", "priority").first())
 
 
 def renew(lease: Lease, *, ttl: float) -> bool:

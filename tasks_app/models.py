@@ -124,6 +124,8 @@ class Task(models.Model):
             # GET /runtime/tasks: a tenant's tasks newest first, optionally by status.
             models.Index(fields=["tenant", "-created_at", "-id"], name="task_tenant_created"),
             models.Index(fields=["tenant", "status", "-created_at"], name="task_tenant_status"),
+            # runtime.max_concurrent_tasks: a tenant's running (leased) tasks, counted at each claim.
+            models.Index(fields=["tenant"], name="task_leased_by_tenant", condition=Q(lease_owner__isnull=False)),
             # scan_leases: runnable tasks by lease expiry.
             models.Index(fields=["lease_expires_at"], name="task_lease_expiry",
                          condition=Q(status__in=["queued", "working", "recovering", "pausing"])),

@@ -25,6 +25,11 @@ def run_task_slice(task_id: str) -> None:
         priority = Task.objects.values_list("priority", flat=True).get(id=task_id)
         delay = settings.RUNTIME["tools"]["remote_poll_seconds"] if outcome is engine.SliceOutcome.POLL else 0
         enqueue_slice(task_id, priority, countdown=delay)
+    if outcome in (engine.SliceOutcome.CONTINUE, engine.SliceOutcome.POLL, engine.SliceOutcome.DONE):
+        # A turn of a capacity-limited tenant is free: ring for a task that was turned away
+        # (the lease scanner re-finds the others after stall_seconds).
+        if waiting := leases.next_waiting(UUID(task_id)):
+            enqueue_slice(*waiting)
 
 
 @shared_task(name="tasks.scan_leases", ignore_result=True)

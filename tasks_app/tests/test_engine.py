@@ -247,3 +247,33 @@ def test_configured_budget_defaults_apply_unless_the_task_says_otherwise(alice, 
     own.refresh_from_db()
     assert capped.status == "failed" and "maxSteps" in capped.error["message"] and capped.steps_done == 3
     assert own.status == "completed"
+
+
+def test_a_tenant_at_its_concurrency_limit_waits_its_turn(alice, settings):
+    settings.RUNTIME = {**settings.RUNTIME, "runtime": {**settings.RUNTIME["runtime"], "max_concurrent_tasks": 1}}
+    first, second = new_task(alice, steps=3), new_task(alice, steps=3)
+    held = leases.claim(first.id, worker_id="w1", ttl=30)
+    assert held is not None
+    assert engine.run_slice(second.id, worker_id="w2") is engine.SliceOutcome.AT_CAPACITY
+    assert Task.objects.get(id=second.id).lease_owner is None
+    Task.objects.filter(id=first.id).update(lease_owner=None, lease_expires_at=None)  # its slice ended
+    assert leases.next_waiting(first.id) == (second.id, second.priority)  # the freed turn goes to second
+    run_to_end(second)
+    assert Task.objects.get(id=second.id).status == "completed"
+    settings.RUNTIME["runtime"]["max_concurrent_tasks"] = 3
+    assert leases.next_waiting(second.id) is None  # room to spare: nobody was turned away, nothing rung
+
+
+def test_concurrency_limited_tasks_never_overlap_on_real_workers(alice, settings, processes):
+    from conftest import wait_until
+
+    processes.worker(concurrency=2, RUNTIME_MAX_CONCURRENT_TASKS="1", RUNTIME_SLICE_STEPS="2",
+                     RUNTIME_SCAN_SECONDS="1", RUNTIME_STALL_SECONDS="30")
+    processes.beat(RUNTIME_SCAN_SECONDS="1", RUNTIME_STALL_SECONDS="30")
+    tasks = [do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 6, "sleepMs": 30})[0]
+             for _ in range(3)]
+    wait_until(lambda: Task.objects.filter(id__in=[t.id for t in tasks], status="completed").count() == 3,
+               timeout=25, what="all three tasks (handed their turns along, not left to the stall scanner)")
+    spans = sorted(Step.objects.filter(task__in=tasks).values_list("started_at", "finished_at", "task_id"))
+    for (_, end, a), (start, _, b) in zip(spans, spans[1:], strict=False):
+        assert a == b or start >= end, "two tasks of the tenant ran at once"
