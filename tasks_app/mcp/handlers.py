@@ -25,7 +25,7 @@ from steering_app.models import CommandType, InputRequest, InputStatus
 from tasks_app.actions import IdempotencyConflict, IllegalTransition, do_cancel_task, do_create_task
 from tasks_app.agents import base as agents
 from tasks_app.auth import Principal
-from tasks_app.mcp import tools
+from tasks_app.mcp import elicit, tools
 from tasks_app.mcp.protocol import (
     INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, LEGACY_VERSIONS, METHOD_NOT_FOUND, MISSING_CAPABILITY, MODERN,
     RELATED_TASK, SERVER_INFO, TASKS_EXT, Message, RpcError, missing_extension,
@@ -60,6 +60,8 @@ class Wait:
     render: Callable[[Task, bool], dict[str, Any]]
     seconds: float | None  # None: no deadline (keep-alives keep the stream open)
     progress_token: Any = None
+    # While waiting: JSON-RPC requests to send the client on the stream (legacy elicitation).
+    ask: Callable[[Task], list[dict[str, Any]]] | None = None
 
 
 # --- shared -------------------------------------------------------------------------------
@@ -118,9 +120,13 @@ def elicitation_schema(schema: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     return {"type": "object", "properties": {"answer": schema}, "required": ["answer"]}, True
 
 
-def _input_requests(task: Task) -> dict[str, Any]:
+def _input_requests(task: Task, who: Principal | None = None) -> dict[str, Any]:
+    """The open questions as embedded elicitation/create requests; with `who`, only those
+    `who` may answer."""
     requests = {}
     for r in InputRequest.objects.filter(task=task, status=InputStatus.OPEN).order_by("id"):
+        if who is not None and not may_answer(who, task, r):
+            continue
         schema, _ = elicitation_schema(r.answer_schema or {})
         requests[r.key] = {"method": "elicitation/create",
                            "params": {"mode": "form", "message": r.prompt, "requestedSchema": schema}}
@@ -355,6 +361,16 @@ def answer_from(response: Any, request: InputRequest) -> tuple[bool, Any]:
     return True, content
 
 
+def may_answer(who: Principal, task: Task, request: InputRequest) -> bool:
+    """REST's rule (steering_app.api.views.check_principal_may_answer) as a predicate."""
+    if not who.has_role(Role.OPERATOR):
+        return False
+    if request.kind == "approval" and not who.has_role(Role.APPROVER):
+        return False
+    return not (request.kind == "approval" and settings.RUNTIME["security"].get("approver_not_creator")
+                and who.actor == task.created_by)
+
+
 def provide_answers(call: Call, task: Task, responses: dict[str, Any]) -> None:
     """Each usable answer becomes a provide_input steering command (as REST's inputs
     endpoint does: the same command id, so the same answer twice is a replay)."""
@@ -363,10 +379,7 @@ def provide_answers(call: Call, task: Task, responses: dict[str, Any]) -> None:
         request = InputRequest.objects.filter(task=task, key=key, status=InputStatus.OPEN).first()
         if request is None:
             continue  # unknown, already answered or superseded: ignored
-        if request.kind == "approval" and not who.has_role(Role.APPROVER):
-            continue
-        if request.kind == "approval" and settings.RUNTIME["security"].get("approver_not_creator") \
-                and who.actor == task.created_by:
+        if not may_answer(who, task, request):
             continue
         usable, answer = answer_from(response, request)
         if not usable:
@@ -499,7 +512,42 @@ def legacy_tasks_result(call: Call) -> Wait:
             return {**tools.call_tool_result(task.agent, task.result), "_meta": related}
         return {**tools.error_result(f"the task was cancelled: {task.cancel_reason or 'cancelled'}"),
                 "_meta": related}
-    return Wait(task.id, _terminal, render, None)
+    return Wait(task.id, _terminal, render, None, ask=_asker(call))
+
+
+def _asker(call: Call) -> Callable[[Task], list[dict[str, Any]]] | None:
+    """While tasks/result waits: ask the caller each open question it may answer, once per
+    stream, if its session declared form elicitation (elicit.py)."""
+    who = call.principal
+    if not elicit.asks_forms(who, call.message.session_id):
+        return None
+    asked: set[str] = set()
+
+    def ask(task: Task) -> list[dict[str, Any]]:
+        if task.status != Status.INPUT_REQUIRED:
+            return []
+        return elicit.elicitation_requests(who, task.id, _input_requests(task, who), asked)
+    return ask
+
+
+def legacy_session(call: Call) -> str:
+    """The Mcp-Session-Id for an initialize answer (elicit.py: signed, nothing stored)."""
+    return elicit.mint_session(call.principal, call.params.get("capabilities"))
+
+
+def legacy_input_response(call: Call) -> bool:
+    """A client's JSON-RPC response to an elicitation/create we sent: recorded as tasks/update
+    records an answer (a decline, a cancel or an error leaves the question open). False when
+    the id is not one this server gave this principal."""
+    found = elicit.read_request_id(call.principal, call.message.id)
+    if found is None:
+        return False
+    task_id, key = found
+    task = Task.objects.filter(tenant=call.principal.tenant, id=task_id).first()
+    result = call.message.raw.get("result")
+    if task is not None and isinstance(result, dict):
+        provide_answers(call, task, {key: result})
+    return True
 
 
 def _cursor(raw: Any) -> int:

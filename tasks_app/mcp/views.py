@@ -38,6 +38,7 @@ logger = logging.getLogger(__name__)
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "[::1]", "::1"}
 KEEP_ALIVE_SECONDS = 10.0
 SERVER_ERROR = -32000  # implementation-defined: authentication and origin refusals
+SESSION_HEADER = "Mcp-Session-Id"
 
 
 def _error(exc: RpcError, request_id: Any = None, *, status: int | None = None,
@@ -74,13 +75,21 @@ def _run(call: handlers.Call) -> dict[str, Any] | handlers.Wait:
         connection.close()
 
 
-def _poll(wait: handlers.Wait, timed_out: bool) -> tuple[dict[str, Any] | None, float]:
-    """One look at the task: (the answer if done or timed out, else None; its progress)."""
+def _poll(wait: handlers.Wait, timed_out: bool) -> tuple[dict[str, Any] | None, float, list[dict[str, Any]]]:
+    """One look at the task: (the answer if done or timed out, else None; its progress;
+    requests to send the client meanwhile)."""
     try:
         task = Task.objects.get(id=wait.task_id)
         if wait.done(task) or timed_out:
-            return wait.render(task, timed_out), task.progress
-        return None, task.progress
+            return wait.render(task, timed_out), task.progress, []
+        return None, task.progress, wait.ask(task) if wait.ask else []
+    finally:
+        connection.close()
+
+
+def _answer(principal: Principal, message: Message) -> bool:
+    try:
+        return handlers.legacy_input_response(handlers.Call(principal, message))
     finally:
         connection.close()
 
@@ -96,12 +105,13 @@ def _sse(payload: dict[str, Any]) -> str:
 
 
 async def _waited(message: Message, wait: handlers.Wait) -> AsyncIterator[dict[str, Any] | None]:
-    """Yields progress notifications (dicts) and None as keep-alive ticks, then the response."""
+    """Yields progress notifications and server requests (dicts) and None as keep-alive
+    ticks, then the response."""
     started, last_tick, last_progress, interval = time.monotonic(), time.monotonic(), None, 0.02
     while True:
         timed_out = wait.seconds is not None and time.monotonic() - started >= wait.seconds
         try:
-            answer, progress = await sync_to_async(_poll)(wait, timed_out)
+            answer, progress, requests = await sync_to_async(_poll)(wait, timed_out)
         except RpcError as exc:
             yield exc.body(message.id)
             return
@@ -112,6 +122,8 @@ async def _waited(message: Message, wait: handlers.Wait) -> AsyncIterator[dict[s
         if answer is not None:
             yield result_body(message.id, _with_server_info(message, answer))
             return
+        for server_request in requests:
+            yield server_request
         if wait.progress_token is not None and progress != last_progress and progress > 0:
             last_progress = progress
             yield {"jsonrpc": "2.0", "method": "notifications/progress",
@@ -166,8 +178,16 @@ async def mcp_endpoint(request: HttpRequest) -> HttpResponse:
         message = parse(request.body, headers)
     except RpcError as exc:
         return _error(exc, status=400)
-    if message.is_response:
-        return HttpResponse(status=202)  # nothing here asks the client questions over a stream
+    if message.is_response:  # the answer to an elicitation/create sent on a tasks/result stream
+        try:
+            known = await sync_to_async(_answer)(principal, message)
+        except Exception:
+            logger.exception("mcp: recording the answer to %s failed", message.id)
+            return _error(RpcError(INTERNAL_ERROR, "Internal error"), status=500)
+        if not known:
+            return _error(RpcError(INVALID_REQUEST, "Invalid Request: not a response to a request this "
+                                                    "server sent you"), status=400)
+        return HttpResponse(status=202)
     try:
         if message.modern:
             validate_modern(message, headers)
@@ -187,4 +207,8 @@ async def mcp_endpoint(request: HttpRequest) -> HttpResponse:
         if "text/event-stream" in request.headers.get("Accept", ""):
             return _respond_wait(request, message, outcome)
         return await _respond_wait_json(message, outcome)
-    return JsonResponse(result_body(message.id, _with_server_info(message, outcome)))
+    response = JsonResponse(result_body(message.id, _with_server_info(message, outcome)))
+    if not message.modern and message.method == "initialize":
+        # Signed, never stored: carries the client's capabilities to later requests.
+        response[SESSION_HEADER] = await sync_to_async(handlers.legacy_session)(handlers.Call(principal, message))
+    return response
