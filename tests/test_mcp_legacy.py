@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import threading
 from typing import Any
 
 import httpx
@@ -14,6 +13,7 @@ import pytest
 from conftest import ROOT, Processes, free_port, wait_until
 from steering_app.models import InputRequest, InputStatus, SteeringCommand
 from tasks_app.models import Task
+from tests.mcp_stream import PostStream
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -90,32 +90,6 @@ def test_a_legacy_host_is_asked_on_the_tasks_result_stream(mcp1_python, alice, p
     assert [c.reason for c in commands] == [""]  # only REST's answer; the decline recorded nothing
 
 
-class McpStream:
-    """A POST whose answer is an SSE stream, read on its own thread: collects the JSON-RPC
-    messages (requests from the server, then the response)."""
-
-    def __init__(self, url: str, token: str, body: dict[str, Any], session_id: str) -> None:
-        self.messages: list[dict[str, Any]] = []
-        self.args = (url, token, body, session_id)
-        threading.Thread(target=self._run, daemon=True).start()
-
-    def _run(self) -> None:
-        url, token, body, session_id = self.args
-        headers = {"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream",
-                   "Mcp-Session-Id": session_id, "MCP-Protocol-Version": "2025-11-25"}
-        with httpx.Client(timeout=httpx.Timeout(10, read=60)) as client, \
-                client.stream("POST", url, json=body, headers=headers) as response:
-            for line in response.iter_lines():
-                if line.startswith("data:"):
-                    self.messages.append(json.loads(line.removeprefix("data:")))
-
-    def request(self) -> dict[str, Any] | None:
-        return next((m for m in self.messages if m.get("method") == "elicitation/create"), None)
-
-    def response(self) -> dict[str, Any] | None:
-        return next((m for m in self.messages if "method" not in m), None)
-
-
 def test_an_answer_posted_to_another_web_process_is_recorded_and_only_from_the_asked_principal(
         alice, mallory, processes: Processes):
     """The stream is held by one uvicorn, the answer POSTed to another: nothing lives in a
@@ -138,9 +112,11 @@ def test_an_answer_posted_to_another_web_process_is_recorded_and_only_from_the_a
     created = post(holding, alice, {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
         "name": "confirm_delete", "arguments": {"filename": "c.txt"}, "task": {"ttl": 60000}}}, session_id)
     task_id = created.json()["result"]["task"]["taskId"]
-    stream = McpStream(mcp[holding], alice.token, {"jsonrpc": "2.0", "id": 3, "method": "tasks/result",
-                                                   "params": {"taskId": task_id}}, session_id)
-    asked = wait_until(stream.request, timeout=30, what="elicitation/create on the tasks/result stream")
+    stream = PostStream(mcp[holding], {"jsonrpc": "2.0", "id": 3, "method": "tasks/result", "params": {
+        "taskId": task_id}}, {"Authorization": f"Bearer {alice.token}", "Mcp-Session-Id": session_id,
+                              "Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-11-25"})
+    asked = wait_until(lambda: stream.first("elicitation/create"), timeout=30,
+                       what="elicitation/create on the tasks/result stream")
     assert asked["params"]["_meta"] == {"io.modelcontextprotocol/related-task": {"taskId": task_id}}
     accept = {"action": "accept", "content": {"confirm": True}}
 
@@ -154,7 +130,7 @@ def test_an_answer_posted_to_another_web_process_is_recorded_and_only_from_the_a
     assert answered.status_code == 202, answered.content
     final = wait_until(stream.response, timeout=30, what="the tasks/result response")
     assert final["id"] == 3 and final["result"]["structuredContent"] == {"text": "deleted c.txt"}
-    assert [m["method"] for m in stream.messages if "method" in m] == ["elicitation/create"]
+    assert stream.methods() == ["elicitation/create"]
 
 
 def test_a_client_that_did_not_declare_elicitation_is_never_asked(alice, mallory):

@@ -38,6 +38,7 @@ POLL_INTERVAL_MS = 500
 SYNC_WAIT_SECONDS = 8.0  # a synchronous tools/call answers within the clients' 10 s budget
 LEGACY_CANCEL_WAIT_SECONDS = 5.0
 PAGE_SIZE = 50
+MAX_LISTEN_TASKS = 100
 INTERACTIVE_PRIORITY = 0  # a synchronous tools/call: someone is waiting on the open request
 
 
@@ -62,6 +63,21 @@ class Wait:
     progress_token: Any = None
     # While waiting: JSON-RPC requests to send the client on the stream (legacy elicitation).
     ask: Callable[[Task], list[dict[str, Any]]] | None = None
+
+
+@dataclass
+class Listen:
+    """A subscriptions/listen stream: the acknowledged filter, then notifications/tasks
+    for these tasks of the tenant (views.py streams it)."""
+
+    tenant_id: int
+    task_ids: list[UUID]
+    acknowledged: dict[str, Any]
+
+    def tasks(self) -> list[dict[str, Any]]:
+        """Each task's DetailedTask now, as tasks/get would answer (a purged task drops out)."""
+        rows = Task.objects.filter(tenant_id=self.tenant_id, id__in=self.task_ids).order_by("created_at", "id")
+        return [modern_task(task) for task in rows]
 
 
 # --- shared -------------------------------------------------------------------------------
@@ -421,6 +437,33 @@ def modern_tasks_cancel(call: Call) -> dict[str, Any]:
     return {"resultType": "complete"}
 
 
+def subscriptions_listen(call: Call) -> Listen:
+    """Only notifications.taskIds is honoured (the tool, prompt and resource lists never
+    change at run time); the ack echoes the ids that are the caller's tenant's tasks."""
+    notifications = call.params.get("notifications")
+    if not isinstance(notifications, dict):
+        raise RpcError(INVALID_PARAMS, "Invalid params: notifications must be an object")
+    acknowledged: dict[str, Any] = {}
+    found: dict[UUID, str] = {}
+    requested = notifications.get("taskIds")
+    if requested is not None:
+        if not call.message.has_tasks_extension:
+            raise missing_extension("subscriptions/listen with notifications.taskIds")
+        if not isinstance(requested, list) or not all(isinstance(raw, str) for raw in requested) \
+                or len(requested) > MAX_LISTEN_TASKS:
+            raise RpcError(INVALID_PARAMS, f"Invalid params: taskIds must be at most {MAX_LISTEN_TASKS} strings")
+        wanted = {}
+        for raw in requested:
+            try:
+                wanted.setdefault(UUID(raw), raw)
+            except ValueError:
+                continue  # not one of ours: left out of the ack, like another tenant's id
+        known = set(Task.objects.filter(tenant=call.principal.tenant, id__in=wanted).values_list("id", flat=True))
+        found = {task_id: raw for task_id, raw in wanted.items() if task_id in known}
+        acknowledged["taskIds"] = list(found.values())
+    return Listen(call.principal.tenant.pk, list(found), acknowledged)
+
+
 MODERN_METHODS: dict[str, Callable[[Call], Any]] = {
     "server/discover": discover,
     "tools/list": modern_tools_list,
@@ -432,6 +475,7 @@ MODERN_METHODS: dict[str, Callable[[Call], Any]] = {
     "resources/list": _empty_list("resources"),
     "resources/templates/list": _empty_list("resourceTemplates"),
     "resources/read": resources_read,
+    "subscriptions/listen": subscriptions_listen,
 }
 
 
@@ -605,7 +649,7 @@ LEGACY_METHODS: dict[str, Callable[[Call], Any]] = {
 }
 
 
-def dispatch(call: Call) -> dict[str, Any] | Wait:
+def dispatch(call: Call) -> dict[str, Any] | Wait | Listen:
     table = MODERN_METHODS if call.message.modern else LEGACY_METHODS
     handler = table.get(call.message.method or "")
     if handler is None:

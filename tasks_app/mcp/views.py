@@ -37,6 +37,9 @@ logger = logging.getLogger(__name__)
 
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "[::1]", "::1"}
 KEEP_ALIVE_SECONDS = 10.0
+LISTEN_POLL_SECONDS = 0.25
+META_SUBSCRIPTION = "io.modelcontextprotocol/subscriptionId"
+TERMINAL_MCP = frozenset({"completed", "failed", "cancelled"})
 SERVER_ERROR = -32000  # implementation-defined: authentication and origin refusals
 SESSION_HEADER = "Mcp-Session-Id"
 
@@ -135,10 +138,50 @@ async def _waited(message: Message, wait: handlers.Wait) -> AsyncIterator[dict[s
         interval = min(interval * 1.2, 0.25)  # a synchronous call is usually done in ~100 ms
 
 
-def _respond_wait(request: HttpRequest, message: Message, wait: handlers.Wait) -> HttpResponse:
+def _listen_poll(listen: handlers.Listen) -> list[dict[str, Any]]:
+    try:
+        return listen.tasks()
+    finally:
+        connection.close()
+
+
+async def _listened(message: Message, listen: handlers.Listen) -> AsyncIterator[dict[str, Any] | None]:
+    """subscriptions/listen: the ack first, then notifications/tasks (a full DetailedTask)
+    for each subscribed task now and whenever its status or open questions change. The
+    database is the only source, so a change made by any worker shows. Ends with the
+    listen result once every subscribed task is terminal (nothing more can change)."""
+    meta = {META_SUBSCRIPTION: message.id}
+    yield {"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged",
+           "params": {"notifications": listen.acknowledged, "_meta": meta}}
+    seen: dict[str, tuple[str, tuple[str, ...]]] = {}
+    last_tick = time.monotonic()
+    while True:
+        if "taskIds" in listen.acknowledged:  # else nothing we honour was asked: keep-alives only
+            try:
+                tasks = await sync_to_async(_listen_poll)(listen)
+            except Exception:
+                logger.exception("mcp: listening to tasks failed")
+                yield RpcError(INTERNAL_ERROR, "Internal error").body(message.id)
+                return
+            for task in tasks:
+                mark = (task["status"], tuple(sorted(task.get("inputRequests", {}))))
+                if seen.get(task["taskId"]) != mark:
+                    seen[task["taskId"]] = mark
+                    yield {"jsonrpc": "2.0", "method": "notifications/tasks", "params": {**task, "_meta": meta}}
+            if all(task["status"] in TERMINAL_MCP for task in tasks):
+                yield result_body(message.id, _with_server_info(message, {"resultType": "complete", "_meta": meta}))
+                return
+        if time.monotonic() - last_tick >= KEEP_ALIVE_SECONDS:
+            last_tick = time.monotonic()
+            yield None
+        await asyncio.sleep(LISTEN_POLL_SECONDS if "taskIds" in listen.acknowledged else 1.0)
+
+
+def _respond_wait(request: HttpRequest, message: Message, wait: handlers.Wait | handlers.Listen) -> HttpResponse:
     async def stream() -> AsyncIterator[str]:
         yield ": waiting for the task\n\n"
-        async for item in _waited(message, wait):
+        items = _listened(message, wait) if isinstance(wait, handlers.Listen) else _waited(message, wait)
+        async for item in items:
             yield ": keep-alive\n\n" if item is None else _sse(item)
 
     response = StreamingHttpResponse(stream(), content_type="text/event-stream")
@@ -203,6 +246,8 @@ async def mcp_endpoint(request: HttpRequest) -> HttpResponse:
     except Exception:
         logger.exception("mcp: %s failed", message.method)
         return _error(RpcError(INTERNAL_ERROR, "Internal error"), message.id)
+    if isinstance(outcome, handlers.Listen):  # always a stream: it is nothing else
+        return _respond_wait(request, message, outcome)
     if isinstance(outcome, handlers.Wait):
         if "text/event-stream" in request.headers.get("Accept", ""):
             return _respond_wait(request, message, outcome)
