@@ -6,16 +6,18 @@ from __future__ import annotations
 import asyncio
 import uuid
 
+import httpx
 import jsonschema
 from asgiref.sync import sync_to_async
 from django.db import connection
 import pytest
 from mcp.shared.exceptions import MCPError
 
-from conftest import Processes, free_port
+from conftest import Processes, free_port, wait_until
 from tasks_app.agents import get_agent
 from tasks_app.models import Task
 from tests import mcp_client as mc
+from tests.mcp_stream import PostStream
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -209,3 +211,66 @@ def test_fixture_agents_are_registered_with_valid_schemas():
                  "test_logging_tool"):
         agent = get_agent(name)
         jsonschema.Draft202012Validator.check_schema(agent.output_schema)
+
+
+def modern_headers(token: str, method: str, name: str | None = None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": "2026-07-28", "Mcp-Method": method, **({"Mcp-Name": name} if name else {})}
+
+
+def modern_body(request_id: int, method: str, params: dict, *, tasks: bool = True) -> dict:
+    caps = {"extensions": {mc.TASKS: {}}} if tasks else {}
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": caps}
+    return {"jsonrpc": "2.0", "id": request_id, "method": method, "params": {**params, "_meta": meta}}
+
+
+def test_listen_pushes_each_status_change_of_the_callers_tasks(live, alice, mallory):
+    """subscriptions/listen with notifications.taskIds (raw httpx: the SDK's listen() has no
+    taskIds): the ack names the accepted tasks, then notifications/tasks carries the full
+    DetailedTask on each change, until every subscribed task is terminal."""
+    def call(method: str, params: dict, name: str | None = None) -> dict:
+        answer = httpx.post(live, json=modern_body(1, method, params), headers=modern_headers(alice.token, method, name),
+                            timeout=30)
+        assert answer.status_code == 200, answer.content
+        return answer.json()["result"]
+
+    task_id = call("tools/call", {"name": "confirm_delete", "arguments": {"filename": "l.txt"}}, "confirm_delete")["taskId"]
+    theirs = Task.objects.create(tenant=mallory.tenant, created_by="user:0", agent="noop", input={"steps": 1})
+    stream = PostStream(live, modern_body(41, "subscriptions/listen", {"notifications": {
+        "taskIds": [task_id, str(theirs.id), "not-a-task"], "toolsListChanged": True}}),
+        modern_headers(alice.token, "subscriptions/listen"))
+    wait_until(lambda: stream.messages, timeout=20, what="the listen acknowledgement")
+    ack = stream.messages[0]
+    assert ack["method"] == "notifications/subscriptions/acknowledged"
+    assert ack["params"] == {"notifications": {"taskIds": [task_id]},  # never another tenant's task
+                             "_meta": {"io.modelcontextprotocol/subscriptionId": 41}}
+
+    def pushed() -> list[dict]:
+        return [m["params"] for m in stream.messages if m.get("method") == "notifications/tasks"]
+
+    asking = wait_until(lambda: next((t for t in pushed() if t["status"] == "input_required"), None), timeout=30,
+                        what="a notifications/tasks with input_required")
+    key = next(iter(asking["inputRequests"]))
+    assert asking["inputRequests"][key]["method"] == "elicitation/create"
+    assert asking["_meta"] == {"io.modelcontextprotocol/subscriptionId": 41}
+    call("tasks/update", {"taskId": task_id, "inputResponses": {key: {"action": "accept", "content": {"confirm": True}}}},
+         task_id)
+    wait_until(lambda: stream.closed, timeout=30, what="the listen stream to end once the task is terminal")
+    statuses = [t["status"] for t in pushed()]
+    assert statuses[-1] == "completed" and "input_required" in statuses
+    assert all(t["taskId"] == task_id for t in pushed())
+    assert all(a != b for a, b in zip(statuses, statuses[1:]))  # one notification per change
+    done = pushed()[-1]
+    assert done["result"]["structuredContent"] == {"text": "deleted l.txt"}
+    final = stream.messages[-1]
+    assert final["id"] == 41 and final["result"]["resultType"] == "complete"
+    assert final["result"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == 41
+    assert set(stream.methods()) == {"notifications/subscriptions/acknowledged", "notifications/tasks"}
+
+
+def test_listen_for_tasks_needs_the_extension(live, alice):
+    answer = httpx.post(live, json=modern_body(5, "subscriptions/listen", {"notifications": {"taskIds": []}}, tasks=False),
+                        headers=modern_headers(alice.token, "subscriptions/listen"), timeout=30)
+    assert answer.status_code == 400
+    assert answer.json()["error"]["code"] == -32021
+    assert answer.json()["error"]["data"] == {"requiredCapabilities": {"extensions": {mc.TASKS: {}}}}

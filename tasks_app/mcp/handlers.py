@@ -25,7 +25,7 @@ from steering_app.models import CommandType, InputRequest, InputStatus
 from tasks_app.actions import IdempotencyConflict, IllegalTransition, do_cancel_task, do_create_task
 from tasks_app.agents import base as agents
 from tasks_app.auth import Principal
-from tasks_app.mcp import tools
+from tasks_app.mcp import elicit, tools
 from tasks_app.mcp.protocol import (
     INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, LEGACY_VERSIONS, METHOD_NOT_FOUND, MISSING_CAPABILITY, MODERN,
     RELATED_TASK, SERVER_INFO, TASKS_EXT, Message, RpcError, missing_extension,
@@ -38,6 +38,7 @@ POLL_INTERVAL_MS = 500
 SYNC_WAIT_SECONDS = 8.0  # a synchronous tools/call answers within the clients' 10 s budget
 LEGACY_CANCEL_WAIT_SECONDS = 5.0
 PAGE_SIZE = 50
+MAX_LISTEN_TASKS = 100
 INTERACTIVE_PRIORITY = 0  # a synchronous tools/call: someone is waiting on the open request
 
 
@@ -60,6 +61,23 @@ class Wait:
     render: Callable[[Task, bool], dict[str, Any]]
     seconds: float | None  # None: no deadline (keep-alives keep the stream open)
     progress_token: Any = None
+    # While waiting: JSON-RPC requests to send the client on the stream (legacy elicitation).
+    ask: Callable[[Task], list[dict[str, Any]]] | None = None
+
+
+@dataclass
+class Listen:
+    """A subscriptions/listen stream: the acknowledged filter, then notifications/tasks
+    for these tasks of the tenant (views.py streams it)."""
+
+    tenant_id: int
+    task_ids: list[UUID]
+    acknowledged: dict[str, Any]
+
+    def tasks(self) -> list[dict[str, Any]]:
+        """Each task's DetailedTask now, as tasks/get would answer (a purged task drops out)."""
+        rows = Task.objects.filter(tenant_id=self.tenant_id, id__in=self.task_ids).order_by("created_at", "id")
+        return [modern_task(task) for task in rows]
 
 
 # --- shared -------------------------------------------------------------------------------
@@ -118,9 +136,13 @@ def elicitation_schema(schema: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     return {"type": "object", "properties": {"answer": schema}, "required": ["answer"]}, True
 
 
-def _input_requests(task: Task) -> dict[str, Any]:
+def _input_requests(task: Task, who: Principal | None = None) -> dict[str, Any]:
+    """The open questions as embedded elicitation/create requests; with `who`, only those
+    `who` may answer."""
     requests = {}
     for r in InputRequest.objects.filter(task=task, status=InputStatus.OPEN).order_by("id"):
+        if who is not None and not may_answer(who, task, r):
+            continue
         schema, _ = elicitation_schema(r.answer_schema or {})
         requests[r.key] = {"method": "elicitation/create",
                            "params": {"mode": "form", "message": r.prompt, "requestedSchema": schema}}
@@ -355,6 +377,16 @@ def answer_from(response: Any, request: InputRequest) -> tuple[bool, Any]:
     return True, content
 
 
+def may_answer(who: Principal, task: Task, request: InputRequest) -> bool:
+    """REST's rule (steering_app.api.views.check_principal_may_answer) as a predicate."""
+    if not who.has_role(Role.OPERATOR):
+        return False
+    if request.kind == "approval" and not who.has_role(Role.APPROVER):
+        return False
+    return not (request.kind == "approval" and settings.RUNTIME["security"].get("approver_not_creator")
+                and who.actor == task.created_by)
+
+
 def provide_answers(call: Call, task: Task, responses: dict[str, Any]) -> None:
     """Each usable answer becomes a provide_input steering command (as REST's inputs
     endpoint does: the same command id, so the same answer twice is a replay)."""
@@ -363,10 +395,7 @@ def provide_answers(call: Call, task: Task, responses: dict[str, Any]) -> None:
         request = InputRequest.objects.filter(task=task, key=key, status=InputStatus.OPEN).first()
         if request is None:
             continue  # unknown, already answered or superseded: ignored
-        if request.kind == "approval" and not who.has_role(Role.APPROVER):
-            continue
-        if request.kind == "approval" and settings.RUNTIME["security"].get("approver_not_creator") \
-                and who.actor == task.created_by:
+        if not may_answer(who, task, request):
             continue
         usable, answer = answer_from(response, request)
         if not usable:
@@ -408,6 +437,33 @@ def modern_tasks_cancel(call: Call) -> dict[str, Any]:
     return {"resultType": "complete"}
 
 
+def subscriptions_listen(call: Call) -> Listen:
+    """Only notifications.taskIds is honoured (the tool, prompt and resource lists never
+    change at run time); the ack echoes the ids that are the caller's tenant's tasks."""
+    notifications = call.params.get("notifications")
+    if not isinstance(notifications, dict):
+        raise RpcError(INVALID_PARAMS, "Invalid params: notifications must be an object")
+    acknowledged: dict[str, Any] = {}
+    found: dict[UUID, str] = {}
+    requested = notifications.get("taskIds")
+    if requested is not None:
+        if not call.message.has_tasks_extension:
+            raise missing_extension("subscriptions/listen with notifications.taskIds")
+        if not isinstance(requested, list) or not all(isinstance(raw, str) for raw in requested) \
+                or len(requested) > MAX_LISTEN_TASKS:
+            raise RpcError(INVALID_PARAMS, f"Invalid params: taskIds must be at most {MAX_LISTEN_TASKS} strings")
+        wanted = {}
+        for raw in requested:
+            try:
+                wanted.setdefault(UUID(raw), raw)
+            except ValueError:
+                continue  # not one of ours: left out of the ack, like another tenant's id
+        known = set(Task.objects.filter(tenant=call.principal.tenant, id__in=wanted).values_list("id", flat=True))
+        found = {task_id: raw for task_id, raw in wanted.items() if task_id in known}
+        acknowledged["taskIds"] = list(found.values())
+    return Listen(call.principal.tenant.pk, list(found), acknowledged)
+
+
 MODERN_METHODS: dict[str, Callable[[Call], Any]] = {
     "server/discover": discover,
     "tools/list": modern_tools_list,
@@ -419,6 +475,7 @@ MODERN_METHODS: dict[str, Callable[[Call], Any]] = {
     "resources/list": _empty_list("resources"),
     "resources/templates/list": _empty_list("resourceTemplates"),
     "resources/read": resources_read,
+    "subscriptions/listen": subscriptions_listen,
 }
 
 
@@ -499,7 +556,42 @@ def legacy_tasks_result(call: Call) -> Wait:
             return {**tools.call_tool_result(task.agent, task.result), "_meta": related}
         return {**tools.error_result(f"the task was cancelled: {task.cancel_reason or 'cancelled'}"),
                 "_meta": related}
-    return Wait(task.id, _terminal, render, None)
+    return Wait(task.id, _terminal, render, None, ask=_asker(call))
+
+
+def _asker(call: Call) -> Callable[[Task], list[dict[str, Any]]] | None:
+    """While tasks/result waits: ask the caller each open question it may answer, once per
+    stream, if its session declared form elicitation (elicit.py)."""
+    who = call.principal
+    if not elicit.asks_forms(who, call.message.session_id):
+        return None
+    asked: set[str] = set()
+
+    def ask(task: Task) -> list[dict[str, Any]]:
+        if task.status != Status.INPUT_REQUIRED:
+            return []
+        return elicit.elicitation_requests(who, task.id, _input_requests(task, who), asked)
+    return ask
+
+
+def legacy_session(call: Call) -> str:
+    """The Mcp-Session-Id for an initialize answer (elicit.py: signed, nothing stored)."""
+    return elicit.mint_session(call.principal, call.params.get("capabilities"))
+
+
+def legacy_input_response(call: Call) -> bool:
+    """A client's JSON-RPC response to an elicitation/create we sent: recorded as tasks/update
+    records an answer (a decline, a cancel or an error leaves the question open). False when
+    the id is not one this server gave this principal."""
+    found = elicit.read_request_id(call.principal, call.message.id)
+    if found is None:
+        return False
+    task_id, key = found
+    task = Task.objects.filter(tenant=call.principal.tenant, id=task_id).first()
+    result = call.message.raw.get("result")
+    if task is not None and isinstance(result, dict):
+        provide_answers(call, task, {key: result})
+    return True
 
 
 def _cursor(raw: Any) -> int:
@@ -557,7 +649,7 @@ LEGACY_METHODS: dict[str, Callable[[Call], Any]] = {
 }
 
 
-def dispatch(call: Call) -> dict[str, Any] | Wait:
+def dispatch(call: Call) -> dict[str, Any] | Wait | Listen:
     table = MODERN_METHODS if call.message.modern else LEGACY_METHODS
     handler = table.get(call.message.method or "")
     if handler is None:

@@ -67,6 +67,7 @@ class Message:
     modern: bool
     is_response: bool = False
     raw: dict[str, Any] = field(default_factory=dict)
+    session_id: str | None = None  # Mcp-Session-Id (2025-11-25 only; the modern wire ignores it)
 
     @property
     def is_notification(self) -> bool:
@@ -106,7 +107,8 @@ def parse(body: bytes, headers: dict[str, str]) -> Message:
         params = {}
     if "method" not in raw:
         if "id" in raw and ("result" in raw or "error" in raw):  # a client's answer to a server request
-            return Message(request_id, None, {}, modern=False, is_response=True, raw=raw)
+            return Message(request_id, None, {}, modern=False, is_response=True, raw=raw,
+                           session_id=headers.get("mcp-session-id") or None)
         raise RpcError(INVALID_REQUEST, "Invalid Request: no method")
     if not isinstance(raw["method"], str) or not raw["method"]:
         raise RpcError(INVALID_REQUEST, "Invalid Request: method must be a non-empty string")
@@ -118,7 +120,8 @@ def parse(body: bytes, headers: dict[str, str]) -> Message:
     # The modern wire announces itself per request: its header or its _meta. Everything
     # else (no header, or a pre-2026 header) is the 2025-11-25 handshake era.
     modern = meta_version is not None or (header_version != "" and header_version not in LEGACY_VERSIONS)
-    return Message(request_id, raw["method"], params, modern=modern, raw=raw)
+    session_id = None if modern else (headers.get("mcp-session-id") or None)
+    return Message(request_id, raw["method"], params, modern=modern, raw=raw, session_id=session_id)
 
 
 def decode_header(value: str) -> str:

@@ -37,7 +37,11 @@ logger = logging.getLogger(__name__)
 
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "[::1]", "::1"}
 KEEP_ALIVE_SECONDS = 10.0
+LISTEN_POLL_SECONDS = 0.25
+META_SUBSCRIPTION = "io.modelcontextprotocol/subscriptionId"
+TERMINAL_MCP = frozenset({"completed", "failed", "cancelled"})
 SERVER_ERROR = -32000  # implementation-defined: authentication and origin refusals
+SESSION_HEADER = "Mcp-Session-Id"
 
 
 def _error(exc: RpcError, request_id: Any = None, *, status: int | None = None,
@@ -74,13 +78,21 @@ def _run(call: handlers.Call) -> dict[str, Any] | handlers.Wait:
         connection.close()
 
 
-def _poll(wait: handlers.Wait, timed_out: bool) -> tuple[dict[str, Any] | None, float]:
-    """One look at the task: (the answer if done or timed out, else None; its progress)."""
+def _poll(wait: handlers.Wait, timed_out: bool) -> tuple[dict[str, Any] | None, float, list[dict[str, Any]]]:
+    """One look at the task: (the answer if done or timed out, else None; its progress;
+    requests to send the client meanwhile)."""
     try:
         task = Task.objects.get(id=wait.task_id)
         if wait.done(task) or timed_out:
-            return wait.render(task, timed_out), task.progress
-        return None, task.progress
+            return wait.render(task, timed_out), task.progress, []
+        return None, task.progress, wait.ask(task) if wait.ask else []
+    finally:
+        connection.close()
+
+
+def _answer(principal: Principal, message: Message) -> bool:
+    try:
+        return handlers.legacy_input_response(handlers.Call(principal, message))
     finally:
         connection.close()
 
@@ -96,12 +108,13 @@ def _sse(payload: dict[str, Any]) -> str:
 
 
 async def _waited(message: Message, wait: handlers.Wait) -> AsyncIterator[dict[str, Any] | None]:
-    """Yields progress notifications (dicts) and None as keep-alive ticks, then the response."""
+    """Yields progress notifications and server requests (dicts) and None as keep-alive
+    ticks, then the response."""
     started, last_tick, last_progress, interval = time.monotonic(), time.monotonic(), None, 0.02
     while True:
         timed_out = wait.seconds is not None and time.monotonic() - started >= wait.seconds
         try:
-            answer, progress = await sync_to_async(_poll)(wait, timed_out)
+            answer, progress, requests = await sync_to_async(_poll)(wait, timed_out)
         except RpcError as exc:
             yield exc.body(message.id)
             return
@@ -112,6 +125,8 @@ async def _waited(message: Message, wait: handlers.Wait) -> AsyncIterator[dict[s
         if answer is not None:
             yield result_body(message.id, _with_server_info(message, answer))
             return
+        for server_request in requests:
+            yield server_request
         if wait.progress_token is not None and progress != last_progress and progress > 0:
             last_progress = progress
             yield {"jsonrpc": "2.0", "method": "notifications/progress",
@@ -123,10 +138,50 @@ async def _waited(message: Message, wait: handlers.Wait) -> AsyncIterator[dict[s
         interval = min(interval * 1.2, 0.25)  # a synchronous call is usually done in ~100 ms
 
 
-def _respond_wait(request: HttpRequest, message: Message, wait: handlers.Wait) -> HttpResponse:
+def _listen_poll(listen: handlers.Listen) -> list[dict[str, Any]]:
+    try:
+        return listen.tasks()
+    finally:
+        connection.close()
+
+
+async def _listened(message: Message, listen: handlers.Listen) -> AsyncIterator[dict[str, Any] | None]:
+    """subscriptions/listen: the ack first, then notifications/tasks (a full DetailedTask)
+    for each subscribed task now and whenever its status or open questions change. The
+    database is the only source, so a change made by any worker shows. Ends with the
+    listen result once every subscribed task is terminal (nothing more can change)."""
+    meta = {META_SUBSCRIPTION: message.id}
+    yield {"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged",
+           "params": {"notifications": listen.acknowledged, "_meta": meta}}
+    seen: dict[str, tuple[str, tuple[str, ...]]] = {}
+    last_tick = time.monotonic()
+    while True:
+        if "taskIds" in listen.acknowledged:  # else nothing we honour was asked: keep-alives only
+            try:
+                tasks = await sync_to_async(_listen_poll)(listen)
+            except Exception:
+                logger.exception("mcp: listening to tasks failed")
+                yield RpcError(INTERNAL_ERROR, "Internal error").body(message.id)
+                return
+            for task in tasks:
+                mark = (task["status"], tuple(sorted(task.get("inputRequests", {}))))
+                if seen.get(task["taskId"]) != mark:
+                    seen[task["taskId"]] = mark
+                    yield {"jsonrpc": "2.0", "method": "notifications/tasks", "params": {**task, "_meta": meta}}
+            if all(task["status"] in TERMINAL_MCP for task in tasks):
+                yield result_body(message.id, _with_server_info(message, {"resultType": "complete", "_meta": meta}))
+                return
+        if time.monotonic() - last_tick >= KEEP_ALIVE_SECONDS:
+            last_tick = time.monotonic()
+            yield None
+        await asyncio.sleep(LISTEN_POLL_SECONDS if "taskIds" in listen.acknowledged else 1.0)
+
+
+def _respond_wait(request: HttpRequest, message: Message, wait: handlers.Wait | handlers.Listen) -> HttpResponse:
     async def stream() -> AsyncIterator[str]:
         yield ": waiting for the task\n\n"
-        async for item in _waited(message, wait):
+        items = _listened(message, wait) if isinstance(wait, handlers.Listen) else _waited(message, wait)
+        async for item in items:
             yield ": keep-alive\n\n" if item is None else _sse(item)
 
     response = StreamingHttpResponse(stream(), content_type="text/event-stream")
@@ -166,8 +221,16 @@ async def mcp_endpoint(request: HttpRequest) -> HttpResponse:
         message = parse(request.body, headers)
     except RpcError as exc:
         return _error(exc, status=400)
-    if message.is_response:
-        return HttpResponse(status=202)  # nothing here asks the client questions over a stream
+    if message.is_response:  # the answer to an elicitation/create sent on a tasks/result stream
+        try:
+            known = await sync_to_async(_answer)(principal, message)
+        except Exception:
+            logger.exception("mcp: recording the answer to %s failed", message.id)
+            return _error(RpcError(INTERNAL_ERROR, "Internal error"), status=500)
+        if not known:
+            return _error(RpcError(INVALID_REQUEST, "Invalid Request: not a response to a request this "
+                                                    "server sent you"), status=400)
+        return HttpResponse(status=202)
     try:
         if message.modern:
             validate_modern(message, headers)
@@ -183,8 +246,14 @@ async def mcp_endpoint(request: HttpRequest) -> HttpResponse:
     except Exception:
         logger.exception("mcp: %s failed", message.method)
         return _error(RpcError(INTERNAL_ERROR, "Internal error"), message.id)
+    if isinstance(outcome, handlers.Listen):  # always a stream: it is nothing else
+        return _respond_wait(request, message, outcome)
     if isinstance(outcome, handlers.Wait):
         if "text/event-stream" in request.headers.get("Accept", ""):
             return _respond_wait(request, message, outcome)
         return await _respond_wait_json(message, outcome)
-    return JsonResponse(result_body(message.id, _with_server_info(message, outcome)))
+    response = JsonResponse(result_body(message.id, _with_server_info(message, outcome)))
+    if not message.modern and message.method == "initialize":
+        # Signed, never stored: carries the client's capabilities to later requests.
+        response[SESSION_HEADER] = await sync_to_async(handlers.legacy_session)(handlers.Call(principal, message))
+    return response
