@@ -55,6 +55,11 @@ def transition(task: Task, to: str, *, actor: str, reason: str = "", data: dict[
 TRANSITION_FIELDS = ["status", "state_version", "finished_at", "status_message", "updated_at"]
 
 
+CHECKPOINT_POLICY_SCHEMA = {"type": "object", "properties": {
+    "everySteps": {"type": "integer", "minimum": 1}, "maxSeconds": {"type": "number", "minimum": 1}},
+    "additionalProperties": False}
+
+
 def _fingerprint(body: dict[str, Any]) -> str:
     return hashlib.sha256(canonical_json(body).encode()).hexdigest()
 
@@ -72,6 +77,7 @@ def do_create_task(
     """
     definition = agents.get_agent(agent)  # UnknownAgent
     agents.validate(input, definition.input_schema, "input")  # SchemaError
+    agents.validate(checkpoint_policy or {}, CHECKPOINT_POLICY_SCHEMA, "checkpointPolicy")
     agents.validate(budget or {}, policy.BUDGET_SCHEMA, "budget")
     agents.validate(approval_policy or {}, policy.APPROVAL_POLICY_SCHEMA, "approvalPolicy")
     approval_policy = policy.canonical_approval_policy(approval_policy or {})
