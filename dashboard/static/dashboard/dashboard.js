@@ -46,14 +46,24 @@ window.Dashboard = (() => {
           el("td", {text: t.phase}), el("td", {class: "muted", text: t.updatedAt.slice(0, 19)}));
       }));
     }
+    // Polled, not streamed: the list is one cheap query, and the tenant-wide changes it shows
+    // have no stream of their own. "updated Ns ago" says how fresh it is, and grows when polls fail.
+    const updated = document.querySelector("[data-testid=list-updated]");
+    let fetchedAt = Date.now();
+    function age() {
+      const seconds = Math.floor((Date.now() - fetchedAt) / 1000);
+      updated.textContent = seconds < 3 ? "updated just now" : `updated ${seconds}s ago`;
+      updated.classList.toggle("stale", seconds >= 10);
+    }
     async function refresh() {
       try {
         const response = await get(table.dataset.source);
-        if (response) render((await response.json()).tasks);
+        if (response) { render((await response.json()).tasks); fetchedAt = Date.now(); age(); }
       } catch (e) { /* offline for a moment: the next poll tries again */ }
       setTimeout(refresh, 2000);
     }
     setTimeout(refresh, 2000);
+    setInterval(age, 1000);
   }
 
   function liveTask(root, firstSeq) {
