@@ -24,7 +24,7 @@ from django.contrib.auth.decorators import login_required
 from django.contrib.auth.views import redirect_to_login
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.shortcuts import render, resolve_url
-from django.urls import reverse
+from django.urls import Resolver404, resolve, reverse
 from django.utils.html import format_html
 from django.views.csrf import csrf_failure as django_csrf_failure
 from django.views.decorators.http import require_GET, require_POST
@@ -273,8 +273,6 @@ def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
 
 def resolve_dashboard_task(path: str) -> str | None:
     """The page a dashboard form belongs to: its task page, or the task list."""
-    from django.urls import Resolver404, resolve
-
     try:
         found = resolve(path)
     except Resolver404:

@@ -21,6 +21,7 @@ from django.db import connections, transaction
 from conftest import Processes, free_port, make_persona
 from runtime_site.blobstore import blob_store
 from steering_app.actions import do_enqueue_command
+from steering_app.models import SteeringCommand
 from tasks_app import events
 from tasks_app.actions import do_create_task
 from tasks_app.corpus import generate_corpus
@@ -208,6 +209,13 @@ def test_a_stale_page_gets_a_409_with_the_current_state_and_tenants_stay_apart(p
     assert current.status == "queued"
     expect(page.get_by_test_id("version")).to_have_text(str(current.state_version))
     expect(page.get_by_test_id("priority")).to_have_text("2")
+    # The 409 arrived by a redirect: the person is on the task page, and reloading it sends nothing.
+    assert page.url == f"{base}/dashboard/tasks/{task.id}/"
+    commands = SteeringCommand.objects.filter(task=task).count()
+    page.reload()
+    expect(page.get_by_test_id("version")).to_have_text(str(current.state_version))
+    expect(page.get_by_test_id("conflict")).to_have_count(0)
+    assert SteeringCommand.objects.filter(task=task).count() == commands
     # Looking at the current state, the person can try again, and now it lands.
     page.get_by_test_id("pause").click()
     expect(page.get_by_test_id("status")).to_have_text("paused")
