@@ -189,6 +189,10 @@ def test_starting_a_review_goes_through_do_create_task_and_a_double_submit_is_on
     assert 'value="/absolute"' in page and 'class="errorlist nonfield"' in page
     assert 'value="dash-k2"' not in page  # a fresh idempotency key for the next try
     assert "/absolute" not in client.get("/dashboard/tasks/new").content.decode()  # shown once
+    # The same form sent again with other values (back button, edit, submit) starts nothing.
+    reused = client.post("/dashboard/tasks/new", {**form, "limit": "41"}, follow=True)
+    assert reused.redirect_chain == [("/dashboard/tasks/new", 303)]
+    assert "This form already started a task with other values" in reused.content.decode()
     invalid = client.post("/dashboard/tasks/new", {**form, "batch_size": "0"}, follow=True)
     assert invalid.redirect_chain == [("/dashboard/tasks/new", 303)] and 'class="errorlist' in invalid.content.decode()
     assert Task.objects.filter(tenant=alice.tenant).count() == 1
