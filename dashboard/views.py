@@ -4,6 +4,10 @@ An edge like the REST API (STYLE §2.0 "thin edges"): each view decodes a form, 
 one domain function the API calls (do_create_task, do_enqueue_command, answer_input) as
 the person's Principal, and renders. Live updates come from the task's one SSE stream
 (GET /runtime/tasks/{id}/events), which accepts this session as well as API keys.
+
+Every form POST answers with a 303 to a page (post/redirect/get), whatever happened: the
+outcome, a 409 included, travels as a django.contrib.messages flash, so reloading the page
+the person lands on never sends a command again.
 """
 
 from __future__ import annotations
@@ -17,14 +21,19 @@ from uuid import UUID
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import FileResponse, Http404, HttpRequest, HttpResponse, JsonResponse
-from django.shortcuts import redirect, render
+from django.contrib.auth.views import redirect_to_login
+from django.http import FileResponse, Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
+from django.shortcuts import render, resolve_url
+from django.urls import Resolver404, resolve, reverse
+from django.utils.html import format_html
+from django.views.csrf import csrf_failure as django_csrf_failure
 from django.views.decorators.http import require_GET, require_POST
 from rest_framework.exceptions import PermissionDenied
 
 from checkpoints_app.models import Checkpoint
 from dashboard import access
 from dashboard.forms import AnswerForm, StartReviewForm, SteerForm
+from runtime_site.errors import error_body
 from steering_app.actions import CommandRefused, InvalidCommand, VersionConflict, do_enqueue_command
 from steering_app.api.views import answer_input
 from steering_app.models import InputRequest, InputStatus, SteeringCommand
@@ -38,18 +47,41 @@ LOG_TAIL = 30
 STATIC = Path(__file__).resolve().parent / "static" / "dashboard"
 
 
-def with_task(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
-    """Resolve the task inside the person's tenants; anything else is a plain 404 page."""
+def see_other(to: str, *args: Any, **kwargs: Any) -> HttpResponseRedirect:
+    """The answer to every form POST (post/redirect/get): 303 makes the browser GET the page."""
+    response = HttpResponseRedirect(resolve_url(to, *args, **kwargs))
+    response.status_code = 303
+    return response
 
-    @wraps(view)
-    def wrapper(request: HttpRequest, task_id: UUID, *args: Any, **kwargs: Any) -> HttpResponse:
-        try:
-            task = access.task_for(request.user, task_id)
-        except Http404:
-            return render(request, "dashboard/not_found.html", status=404)
-        return view(request, task, *args, **kwargs)
 
-    return login_required(wrapper)
+def signed_out(*, back_to: str, for_script: bool) -> HttpResponse:
+    """A request without a session (it ended, or the person signed out elsewhere)."""
+    if for_script:
+        # fetch() would follow a redirect to the login page's HTML and call it a success;
+        # a 401 tells dashboard.js to send the person to sign in.
+        return JsonResponse(error_body("not_authenticated", "your session has ended; sign in again"), status=401)
+    # Back to the page after signing in, never to a form's POST URL (a GET there is a 405).
+    return redirect_to_login(back_to)
+
+
+def with_task(view: Callable[..., HttpResponse] | None = None, *, for_script: bool = False) -> Any:
+    """Resolve the task inside the person's tenants; anything else is a plain 404 page.
+    for_script: the view answers dashboard.js (JSON or a fragment), not a person."""
+
+    def decorate(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+        @wraps(view)
+        def wrapper(request: HttpRequest, task_id: UUID, *args: Any, **kwargs: Any) -> HttpResponse:
+            if not request.user.is_authenticated:
+                return signed_out(back_to=reverse("dashboard:task", args=[task_id]), for_script=for_script)
+            try:
+                task = access.task_for(request.user, task_id)
+            except Http404:
+                return render(request, "dashboard/not_found.html", status=404)
+            return view(request, task, *args, **kwargs)
+
+        return wrapper
+
+    return decorate(view) if view is not None else decorate
 
 
 def list_row(task: Task) -> dict[str, Any]:
@@ -75,10 +107,11 @@ def task_list(request: HttpRequest) -> HttpResponse:
         "memberships": access.memberships(request.user), "can_start": bool(_start_tenants(request))})
 
 
-@login_required
 @require_GET
-def task_list_json(request: HttpRequest) -> JsonResponse:
+def task_list_json(request: HttpRequest) -> HttpResponse:
     """What the list page polls: the same rows it renders."""
+    if not request.user.is_authenticated:
+        return signed_out(back_to=reverse("dashboard:tasks"), for_script=True)
     return JsonResponse({"tasks": [list_row(t) for t in _tasks(request)]})
 
 
@@ -87,25 +120,48 @@ def _start_tenants(request: HttpRequest) -> list[tuple[str, str]]:
             if ROLE_RANK[Role(m.role)] >= ROLE_RANK[Role.OPERATOR]]
 
 
+START_RETRY = "dashboard.start.retry"  # session key: a refused start form, shown again after the redirect
+
+
 @login_required
 def start_task(request: HttpRequest) -> HttpResponse:
     tenants = _start_tenants(request)
     if not tenants:
         return render(request, "dashboard/message.html", {
             "title": "Not allowed", "message": "Starting a task needs the operator role or above."}, status=403)
-    form = StartReviewForm(request.POST or None, tenants=tenants, initial={"tenant": tenants[0][0]})
-    if request.method == "POST" and form.is_valid():
+    if request.method == "POST":
+        return _start_posted(request, tenants)
+    form = StartReviewForm(tenants=tenants, initial={"tenant": tenants[0][0]})
+    if retry := request.session.pop(START_RETRY, None):
+        # The refused values again, with their errors; a fresh idempotency key, since no task
+        # was made with the old one (or it belongs to another task: IdempotencyConflict).
+        form = StartReviewForm({**retry["data"], "idempotency_key": f"dash-{uuid.uuid4().hex}"}, tenants=tenants)
+        form.is_valid()
+        if retry["error"]:
+            form.add_error(None, retry["error"])
+    return render(request, "dashboard/start.html", {"form": form})
+
+
+def _start_posted(request: HttpRequest, tenants: list[tuple[str, str]]) -> HttpResponse:
+    form = StartReviewForm(request.POST, tenants=tenants)
+    error = ""
+    if form.is_valid():
         membership = next(m for m in access.memberships(request.user) if m.tenant.slug == form.cleaned_data["tenant"])
         try:
             task, _ = do_create_task(
                 membership.tenant, actor=f"user:{request.user.pk}", agent="document_review",
                 input=form.agent_input(), goal=form.cleaned_data["goal"], priority=form.cleaned_data["priority"],
                 idempotency_key=form.cleaned_data["idempotency_key"])
-        except (SchemaError, IdempotencyConflict) as exc:
-            form.add_error(None, str(exc))
+        except SchemaError as exc:
+            error = str(exc)
+        except IdempotencyConflict:
+            error = "This form already started a task with other values; check them and start again."
         else:
-            return redirect("dashboard:task", task_id=task.id)
-    return render(request, "dashboard/start.html", {"form": form}, status=400 if form.errors else 200)
+            return see_other("dashboard:task", task_id=task.id)
+    # Nothing was started: show the form again, from a GET, so a reload sends nothing.
+    data = {k: v for k, v in request.POST.items() if k not in ("csrfmiddlewaretoken", "idempotency_key")}
+    request.session[START_RETRY] = {"data": data, "error": error}
+    return see_other("dashboard:start")
 
 
 def task_context(request: HttpRequest, task: Task) -> dict[str, Any]:
@@ -129,28 +185,29 @@ def task_context(request: HttpRequest, task: Task) -> dict[str, Any]:
     }
 
 
-def _task_page(request: HttpRequest, task: Task, *, status: int = 200, **extra: Any) -> HttpResponse:
-    return render(request, "dashboard/task.html", {**task_context(request, task), **extra}, status=status)
-
-
 @with_task
 @require_GET
 def task_page(request: HttpRequest, task: Task) -> HttpResponse:
-    return _task_page(request, task)
+    return render(request, "dashboard/task.html", task_context(request, task))
 
 
-@with_task
+@with_task(for_script=True)
 @require_GET
 def task_panels(request: HttpRequest, task: Task) -> HttpResponse:
     """The parts of the task page that change with control state, re-read on such events."""
     return render(request, "dashboard/_panels.html", task_context(request, task))
 
 
-@with_task
+@with_task(for_script=True)
 @require_GET
 def task_snapshot_json(request: HttpRequest, task: Task) -> JsonResponse:
     """For a client that saw a gap in seq: the state now (docs/streaming.md)."""
     return JsonResponse({"seq": task.event_seq, **task_snapshot(task)})
+
+
+def _refused(request: HttpRequest, task: Task, message: str) -> HttpResponse:
+    messages.error(request, message)
+    return see_other("dashboard:task", task_id=task.id)
 
 
 @with_task
@@ -158,26 +215,29 @@ def task_snapshot_json(request: HttpRequest, task: Task) -> JsonResponse:
 def steer(request: HttpRequest, task: Task) -> HttpResponse:
     form = SteerForm(request.POST)
     if not form.is_valid():
-        return _task_page(request, task, status=400, error=f"That command was not understood: {form.errors.as_text()}")
+        return _refused(request, task, f"That command was not understood: {form.errors.as_text()}")
     who = access.principal_for(request.user, task)
     if not who.has_role(Role.OPERATOR):
-        return _task_page(request, task, status=403, error="Steering needs the operator role or above.")
+        return _refused(request, task, "Steering needs the operator role or above.")
     data = form.cleaned_data
     try:
         command, _ = do_enqueue_command(
             task.id, tenant=who.tenant, command_id=data["command_id"], type=data["type"], payload=form.payload(),
             expected_version=data["expected_version"], requested_by=who.actor, reason=data["reason"])
     except VersionConflict:
-        # The person acted on a state that is no longer current: show them the task as it is.
+        # The person acted on a state that is no longer current (the API's 409): say so, and
+        # the page they land on shows the task as it is now, with forms carrying its version.
         task.refresh_from_db()
-        return _task_page(request, task, status=409, conflict={
-            "type": data["type"], "expected": data["expected_version"], "current": task.state_version})
+        messages.warning(request, format_html(
+            "<strong>Someone changed this task; here is its current state.</strong> Your {} was based on "
+            "version {}; the task is now at version {} ({}). Nothing was changed. Look at the state below "
+            "and try again if it still makes sense.",
+            data["type"], data["expected_version"], task.state_version, task.status), extra_tags="conflict")
+        return see_other("dashboard:task", task_id=task.id)
     except (CommandRefused, InvalidCommand) as exc:
-        task.refresh_from_db()
-        return _task_page(request, task, status=409 if isinstance(exc, CommandRefused) else 422,
-                          error=f"{data['type']} was not accepted: {exc}")
+        return _refused(request, task, f"{data['type']} was not accepted: {exc}")
     messages.success(request, f"{command.type} accepted (version {command.version}, {command.status}).")
-    return redirect("dashboard:task", task_id=task.id)
+    return see_other("dashboard:task", task_id=task.id)
 
 
 @with_task
@@ -185,17 +245,43 @@ def steer(request: HttpRequest, task: Task) -> HttpResponse:
 def answer(request: HttpRequest, task: Task, key: str) -> HttpResponse:
     form = AnswerForm(request.POST)
     if not form.is_valid():
-        return _task_page(request, task, status=400, error="Answer approve or reject.")
+        return _refused(request, task, "Answer approve or reject.")
     try:
         answer_input(access.principal_for(request.user, task), task, key, form.cleaned_data["answer"],
                      reason=form.cleaned_data["reason"])
     except PermissionDenied as exc:
-        return _task_page(request, task, status=403, error=str(exc.detail))
+        return _refused(request, task, str(exc.detail))
     except (CommandRefused, InvalidCommand) as exc:
-        task.refresh_from_db()
-        return _task_page(request, task, status=409, error=str(exc))
+        return _refused(request, task, f"{form.cleaned_data['answer']} was not accepted: {exc}")
     messages.success(request, f"{key}: {form.cleaned_data['answer']} sent.")
-    return redirect("dashboard:task", task_id=task.id)
+    return see_other("dashboard:task", task_id=task.id)
+
+
+def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
+    """CSRF_FAILURE_VIEW. A dashboard form refused for its CSRF token was posted from a page
+    older than the person's session (it ended, or they signed in again elsewhere, which
+    rotates the token). Nothing was sent; take them to sign in, or back to the page."""
+    match = resolve_dashboard_task(request.path)
+    if match is None:
+        return django_csrf_failure(request, reason=reason)
+    if not request.user.is_authenticated:
+        return redirect_to_login(match)
+    messages.error(request, "This page was older than your session, so nothing was sent. "
+                            "Here is the current state; try again if it still makes sense.")
+    return see_other(match)
+
+
+def resolve_dashboard_task(path: str) -> str | None:
+    """The page a dashboard form belongs to: its task page, or the task list."""
+    try:
+        found = resolve(path)
+    except Resolver404:
+        return None
+    if found.namespace != "dashboard":
+        return None
+    if "task_id" in found.kwargs:
+        return reverse("dashboard:task", args=[found.kwargs["task_id"]])
+    return reverse("dashboard:start") if found.url_name == "start" else reverse("dashboard:tasks")
 
 
 @require_GET

@@ -106,6 +106,8 @@ STATIC_URL = "static/"
 # The dashboard (dashboard/): people sign in with a Django session.
 LOGIN_URL = "/dashboard/login/"
 LOGIN_REDIRECT_URL = "/dashboard/"
+# A dashboard form from a page older than the session goes to sign-in, not to a bare 403.
+CSRF_FAILURE_VIEW = "dashboard.views.csrf_failure"
 STATIC_ROOT = DATA_DIR / "static"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # Bodies without a Content-Length are still bounded by Django; BodySizeLimitMiddleware

@@ -1,7 +1,9 @@
 """The dashboard in a real headless Chromium (Debian's, driven by Playwright) against a live
 uvicorn and a real Celery worker: sign in, start a review, watch it live, pause, resume,
-approve the publish step, see it complete; a stale version shows as a 409; another tenant's
-task stays invisible. Every wait has a deadline; nothing sleeps."""
+approve the publish step, see it complete; reject a publish; set the priority and re-aim a
+running review; a stale version shows as a 409; a gap in seq makes the page re-read the
+snapshot; an ended session leads to sign-in and back; another tenant's task stays
+invisible. Every wait has a deadline; nothing sleeps."""
 
 from __future__ import annotations
 
@@ -11,12 +13,20 @@ from pathlib import Path
 
 import httpx
 import pytest
-from django.db import connections
+from unittest import mock
+
+from django.contrib.sessions.models import Session
+from django.db import connections, transaction
 
 from conftest import Processes, free_port, make_persona
 from runtime_site.blobstore import blob_store
+from steering_app.actions import do_enqueue_command
+from steering_app.models import SteeringCommand
+from tasks_app import events
+from tasks_app.actions import do_create_task
 from tasks_app.corpus import generate_corpus
 from tasks_app.models import Task
+from tasks_app.selectors import task_snapshot
 from tasks_app.tests.test_engine import new_task
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -199,6 +209,13 @@ def test_a_stale_page_gets_a_409_with_the_current_state_and_tenants_stay_apart(p
     assert current.status == "queued"
     expect(page.get_by_test_id("version")).to_have_text(str(current.state_version))
     expect(page.get_by_test_id("priority")).to_have_text("2")
+    # The 409 arrived by a redirect: the person is on the task page, and reloading it sends nothing.
+    assert page.url == f"{base}/dashboard/tasks/{task.id}/"
+    commands = SteeringCommand.objects.filter(task=task).count()
+    page.reload()
+    expect(page.get_by_test_id("version")).to_have_text(str(current.state_version))
+    expect(page.get_by_test_id("conflict")).to_have_count(0)
+    assert SteeringCommand.objects.filter(task=task).count() == commands
     # Looking at the current state, the person can try again, and now it lands.
     page.get_by_test_id("pause").click()
     expect(page.get_by_test_id("status")).to_have_text("paused")
@@ -215,3 +232,235 @@ def test_a_stale_page_gets_a_409_with_the_current_state_and_tenants_stay_apart(p
     events = mallory_page.request.get(f"{base}/runtime/tasks/{task.id}/events")
     assert events.status == 404
     other.close()
+
+
+def review(persona, corpus: str, **input):
+    task, _ = do_create_task(persona.tenant, actor=f"user:{persona.user.pk}", agent="document_review",
+                             goal="Find risky contracts", input={"corpus": corpus, **input})
+    return task
+
+
+def test_an_approver_rejects_the_publish_from_the_page_and_nothing_is_published(page, processes: Processes):
+    from playwright.sync_api import expect
+
+    april = person("acme", "april", "approver")
+    store = blob_store()
+    generate_corpus(store, "corpora/dash-reject", 24, 5, "2026-11-01")
+    port = free_port()
+    processes.web(port)
+    processes.worker(**FAST)
+    base = f"http://127.0.0.1:{port}"
+    task = review(april, "corpora/dash-reject", batchSize=8, publish=True)
+
+    sign_in(page, base, "april")
+    page.goto(f"{base}/dashboard/tasks/{task.id}/")
+    expect(page.get_by_test_id("reject")).to_be_visible(timeout=60 * SECONDS)
+    page.get_by_test_id("inputs").get_by_placeholder("reason (optional)").fill("not for the public")
+    page.get_by_test_id("reject").click()
+    expect(page.get_by_test_id("flash")).to_contain_text("reject sent")
+    mark_document(page)
+    # The rejection path: the run completes with its report written but not published.
+    expect(page.get_by_test_id("status")).to_have_text("completed", timeout=60 * SECONDS)
+    expect(page.get_by_test_id("not-published")).to_contain_text("Not published")
+    expect(page.get_by_test_id("published")).to_have_count(0)
+    expect(page.get_by_test_id("steering")).to_contain_text("not for the public")
+    assert not_reloaded(page)
+    task.refresh_from_db()
+    assert "rejected" in task.result["published"] and not store.list(f"published/{task.id}")
+
+
+def test_an_operator_sets_the_priority_and_re_aims_a_running_review_from_the_page(page, processes: Processes):
+    from playwright.sync_api import expect
+
+    otto = person("acme", "otto", "operator")
+    generate_corpus(blob_store(), "corpora/dash-aim", 80, 9, "2026-11-01")
+    port = free_port()
+    processes.web(port)
+    processes.worker(**FAST)
+    base = f"http://127.0.0.1:{port}"
+    # Slow enough batches that the worker holds the lease while the person steers.
+    task = review(otto, "corpora/dash-aim", batchSize=4, pacingMs=500, publish=False)
+
+    sign_in(page, base, "otto")
+    page.goto(f"{base}/dashboard/tasks/{task.id}/")
+    expect(page.get_by_test_id("status")).to_have_text("working", timeout=60 * SECONDS)
+
+    # A priority change applies at once, even mid-step.
+    page.get_by_test_id("priority-select").select_option("1")
+    page.get_by_test_id("set-priority").click()
+    expect(page.get_by_test_id("flash")).to_contain_text("set_priority accepted")
+    expect(page.get_by_test_id("priority")).to_have_text("1")
+    assert Task.objects.get(id=task.id).priority == 1
+
+    # A new goal waits for the worker's next safe point; the page shows it land, live.
+    page.get_by_test_id("goal").fill("Only contracts still in force")
+    page.get_by_label("exclude expired").check()
+    page.get_by_test_id("adjust-goal").click()
+    expect(page.get_by_test_id("flash")).to_contain_text("adjust_goal accepted")
+    mark_document(page)
+    command = page.get_by_test_id("steering").locator("li", has_text="adjust_goal")
+    expect(command.locator(".badge")).to_have_text("applied", timeout=60 * SECONDS)
+    expect(page.get_by_test_id("goal-title")).to_have_text("Only contracts still in force")
+    expect(page.get_by_test_id("checkpoints")).to_contain_text("plan v2", timeout=60 * SECONDS)
+    assert not_reloaded(page)
+    task.refresh_from_db()
+    assert (task.goal, task.constraints.get("excludeExpired"), task.plan_version) == (
+        "Only contracts still in force", True, 2)
+
+
+def test_the_page_re_reads_the_snapshot_when_it_sees_a_gap_in_seq(page, processes: Processes):
+    from playwright.sync_api import expect
+
+    alice = person("acme", "alice", "operator")
+    port = free_port()
+    processes.web(port)  # no worker: only this test changes the task
+    base = f"http://127.0.0.1:{port}"
+    task = new_task(alice)
+    snapshot_reads = []
+    page.on("request", lambda r: snapshot_reads.append(r.url) if r.url.endswith("/snapshot") else None)
+
+    def log_line(message: str) -> None:  # a log event, stored and published as a worker's is
+        with transaction.atomic():
+            events.emit(Task.objects.select_for_update().get(id=task.id), "log", {"step": 0, "message": message})
+
+    sign_in(page, base, "alice")
+    page.goto(f"{base}/dashboard/tasks/{task.id}/")
+    expect(page.get_by_test_id("stream")).to_have_text("● live")
+    mark_document(page)
+    # A delivered event first: the stream is caught up and its live path works.
+    log_line("before the gap")
+    expect(page.get_by_test_id("log")).to_contain_text("before the gap")
+    assert snapshot_reads == []
+
+    # A change whose events never reach the page (stored, but the publish is lost, as
+    # pub/sub may lose it) ...
+    with mock.patch("tasks_app.streams.publish"):
+        do_enqueue_command(task.id, tenant=alice.tenant, command_id="unseen", type="set_priority",
+                           payload={"priority": 1}, expected_version=task.state_version, requested_by="user:other")
+    # ... then one that does: its seq jumps, and the page re-reads the snapshot.
+    log_line("after the gap")
+    expect(page.get_by_test_id("log")).to_contain_text("after the gap")
+    expect(page.get_by_test_id("priority")).to_have_text("1")
+    truth = task_snapshot(Task.objects.get(id=task.id))
+    expect(page.get_by_test_id("version")).to_have_text(str(truth["stateVersion"]))
+    expect(page.get_by_test_id("status")).to_have_text(truth["runtimeStatus"])
+    expect(page.get_by_test_id("priority")).to_have_text(str(truth["priority"]))
+    expect(page.get_by_test_id("steering")).to_contain_text("set_priority")
+    # The panels' forms now carry the current version.
+    expect(page.locator("input[name=expected_version]").first).to_have_value(str(truth["stateVersion"]))
+    assert len(snapshot_reads) == 1 and not_reloaded(page)
+
+
+def test_a_late_snapshot_answer_never_paints_older_state_over_newer(page, processes: Processes):
+    from playwright.sync_api import expect
+
+    alice = person("acme", "alice", "operator")
+    port = free_port()
+    processes.web(port)  # no worker: only this test changes the task
+    base = f"http://127.0.0.1:{port}"
+    task = new_task(alice)
+    held: dict = {}
+
+    def hold_the_first(route) -> None:  # a busy server answering the first re-read last
+        if held:
+            route.continue_()
+        else:
+            held["route"] = route
+
+    def set_priority(value: int) -> None:
+        do_enqueue_command(task.id, tenant=alice.tenant, command_id=f"prio-{value}", type="set_priority",
+                           payload={"priority": value}, requested_by="user:other",
+                           expected_version=Task.objects.get(id=task.id).state_version)
+
+    sign_in(page, base, "alice")
+    page.goto(f"{base}/dashboard/tasks/{task.id}/")
+    expect(page.get_by_test_id("stream")).to_have_text("● live")
+    page.route("**/snapshot", hold_the_first)
+    with page.expect_request("**/snapshot"):
+        set_priority(3)  # its steering.applied makes the page re-read the snapshot: held
+    then = Task.objects.get(id=task.id)
+    stale = {"seq": then.event_seq, **task_snapshot(then)}  # what the server would have answered then
+    set_priority(1)  # the next re-read is answered at once
+    expect(page.get_by_test_id("priority")).to_have_text("1")
+    with page.expect_event("requestfinished", lambda r: r.url.endswith("/snapshot")):
+        held["route"].fulfill(json=stale)  # priority 3, one seq older than what is on screen
+    with transaction.atomic():  # an event after it, to know the page has moved on
+        events.emit(Task.objects.select_for_update().get(id=task.id), "log", {"step": 0, "message": "later"})
+    expect(page.get_by_test_id("log")).to_contain_text("later")
+    truth = task_snapshot(Task.objects.get(id=task.id))
+    assert page.get_by_test_id("priority").text_content() == "1" == str(truth["priority"])
+    assert page.get_by_test_id("version").text_content() == str(truth["stateVersion"])
+
+
+def test_panels_re_read_while_someone_types_keep_what_they_typed(page, processes: Processes):
+    from playwright.sync_api import expect
+
+    alice = person("acme", "alice", "operator")
+    port = free_port()
+    processes.web(port)  # no worker: the review stays queued; only this test and the person change it
+    base = f"http://127.0.0.1:{port}"
+    task = review(alice, "corpora/never-read")
+    held: dict = {}
+
+    def hold_the_first(route) -> None:  # a busy server: the panels come back while they type
+        if held:
+            route.continue_()
+        else:
+            held["route"] = route
+
+    sign_in(page, base, "alice")
+    page.goto(f"{base}/dashboard/tasks/{task.id}/")
+    expect(page.get_by_test_id("stream")).to_have_text("● live")
+    page.route("**/panels", hold_the_first)
+    with page.expect_request("**/panels"):  # someone else's change makes the page re-read them
+        do_enqueue_command(task.id, tenant=alice.tenant, command_id="elsewhere", type="set_priority",
+                           payload={"priority": 2}, expected_version=task.state_version, requested_by="user:other")
+    page.get_by_test_id("goal").fill("Only contracts still in force")
+    page.get_by_label("exclude expired").check()
+    page.get_by_test_id("goal-title").click()  # looks away: nobody is typing at this moment
+    with page.expect_event("requestfinished", lambda r: r.url.endswith("/panels")):
+        held["route"].continue_()
+    expect(page.get_by_test_id("steering")).to_contain_text("set_priority")  # the panels are the new ones
+    expect(page.get_by_test_id("goal")).to_have_value("Only contracts still in force")
+    expect(page.get_by_label("exclude expired")).to_be_checked()
+    page.get_by_test_id("adjust-goal").click()
+    expect(page.get_by_test_id("flash")).to_contain_text("adjust_goal accepted")
+    task.refresh_from_db()
+    assert (task.goal, task.constraints.get("excludeExpired"), task.priority) == ("Only contracts still in force", True, 2)
+
+
+def test_an_ended_session_sends_the_person_to_sign_in_and_back(page, processes: Processes):
+    from playwright.sync_api import expect
+
+    alice = person("acme", "alice", "operator")
+    port = free_port()
+    web = processes.web(port)
+    base = f"http://127.0.0.1:{port}"
+    task = new_task(alice)
+    here = f"/dashboard/tasks/{task.id}/"
+
+    sign_in(page, base, "alice")
+    page.goto(base + here)
+    expect(page.get_by_test_id("stream")).to_have_text("● live")
+    # The session ends on the server while the page streams; then the stream drops (a restart).
+    Session.objects.all().delete()
+    Processes.kill(web)
+    processes.web(port)
+    # The reconnect is refused with a 401: the page goes to sign in, and comes back after.
+    page.wait_for_url(f"{base}/dashboard/login/?next={here.replace('/', '%2F')}", timeout=30 * SECONDS)
+    page.get_by_label("Username").fill("alice")
+    page.get_by_label("Password").fill("pw")
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_url(base + here)
+    expect(page.get_by_test_id("stream")).to_have_text("● live")
+
+    # The task list polls; it does the same on its next poll.
+    page.goto(f"{base}/dashboard/")
+    expect(page.get_by_test_id("list-updated")).to_have_text("updated just now")
+    # While polls fail, the list says how old it is; the next good poll makes it fresh again.
+    page.route("**/dashboard/tasks.json", lambda route: route.abort())
+    expect(page.get_by_test_id("list-updated")).to_have_text(re.compile(r"^updated \d+s ago$"))
+    page.unroute("**/dashboard/tasks.json")
+    expect(page.get_by_test_id("list-updated")).to_have_text("updated just now")
+    Session.objects.all().delete()
+    page.wait_for_url(f"{base}/dashboard/login/?next=%2Fdashboard%2F", timeout=15 * SECONDS)

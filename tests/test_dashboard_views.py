@@ -1,11 +1,13 @@
-"""The dashboard's views through Django's test client: sessions, tenant scoping, and that
-every change goes through the domain function the REST API uses."""
+"""The dashboard's views through Django's test client: sessions, tenant scoping, that every
+change goes through the domain function the REST API uses, and that every form POST
+answers with a redirect (post/redirect/get), so a reload never sends a command again."""
 
 from __future__ import annotations
 
 from unittest import mock
 
 import pytest
+from django.test import Client
 
 from conftest import make_persona
 from dashboard import views
@@ -52,13 +54,44 @@ def test_the_stream_without_a_session_or_key_is_a_401(alice, client):
     assert client.get(f"/runtime/tasks/{task.id}/events").status_code == 401
 
 
+def test_a_signed_out_script_gets_a_401_and_a_signed_out_form_leads_to_sign_in_and_back(alice, client):
+    task = new_task(alice)
+    page = f"/dashboard/tasks/{task.id}/"
+    # What dashboard.js fetches answers 401 (not the login page's HTML), so it can send the person there.
+    for url in ("/dashboard/tasks.json", f"{page}snapshot", f"{page}panels"):
+        response = client.get(url)
+        assert response.status_code == 401, url
+        assert response.json()["error"]["code"] == "not_authenticated"
+    # A form posted after the session ended: sign in, then back to the task page (not the POST URL).
+    response = client.post(f"{page}steer", {"type": "pause", "expected_version": "1", "command_id": "late"})
+    assert response.status_code == 302 and response["Location"] == f"/dashboard/login/?next={page}"
+    assert client.post(f"{page}inputs/approve-x", {"answer": "approve"})["Location"] == f"/dashboard/login/?next={page}"
+    assert not SteeringCommand.objects.filter(task=task).exists()
+
+
+def test_a_form_refused_for_its_csrf_token_leads_to_sign_in_or_back_to_the_page(alice):
+    task = new_task(alice)
+    page = f"/dashboard/tasks/{task.id}/"
+    form = {"type": "pause", "expected_version": str(task.state_version), "command_id": "c1"}
+    strict = Client(enforce_csrf_checks=True)
+    response = strict.post(f"{page}steer", form)  # no session and no CSRF cookie left
+    assert response.status_code == 302 and response["Location"] == f"/dashboard/login/?next={page}"
+    signed_in(strict, alice)
+    strict.cookies["csrftoken"] = "x" * 32  # a token from before the person signed in again
+    response = strict.post(f"{page}steer", {**form, "csrfmiddlewaretoken": "y" * 32}, follow=True)
+    assert response.redirect_chain == [(page, 303)]
+    assert "older than your session, so nothing was sent" in response.content.decode()
+    assert not SteeringCommand.objects.filter(task=task).exists()
+    assert strict.post("/admin/login/", {}).status_code == 403  # elsewhere: Django's own CSRF page
+
+
 def test_steering_from_the_page_goes_through_do_enqueue_command_as_the_person(alice, client):
     task = new_task(alice)  # queued, no lease: a pause applies at once
     signed_in(client, alice)
     with mock.patch.object(views, "do_enqueue_command", wraps=views.do_enqueue_command) as spy:
         response = client.post(f"/dashboard/tasks/{task.id}/steer", {
             "type": "pause", "expected_version": str(task.state_version), "command_id": "dash-p1"})
-    assert response.status_code == 302
+    assert response.status_code == 303 and response["Location"] == f"/dashboard/tasks/{task.id}/"
     spy.assert_called_once()
     assert spy.call_args.kwargs["requested_by"] == f"user:{alice.user.pk}"
     assert Task.objects.get(id=task.id).status == "paused"
@@ -67,21 +100,38 @@ def test_steering_from_the_page_goes_through_do_enqueue_command_as_the_person(al
     assert AuditRecord.objects.filter(task=task, action="steering_accepted", actor=f"user:{alice.user.pk}").exists()
 
 
-def test_a_stale_version_is_a_409_that_shows_the_current_state(alice, client):
+def test_a_stale_version_is_a_409_that_redirects_to_the_current_state(alice, client):
     task = new_task(alice)
     stale = task.state_version
     alice.client().post(f"/runtime/tasks/{task.id}/steering", {
         "commandId": "api-prio", "type": "set_priority", "payload": {"priority": 1}, "expectedVersion": stale},
         format="json")
     signed_in(client, alice)
-    response = client.post(f"/dashboard/tasks/{task.id}/steer", {
-        "type": "pause", "expected_version": str(stale), "command_id": "dash-late"})
-    page = response.content.decode()
-    assert response.status_code == 409
-    assert "Someone changed this task; here is its current state." in page
-    current = Task.objects.get(id=task.id)
-    assert f'name="expected_version" value="{current.state_version}"' in page  # the form now carries it
+    with mock.patch.object(views, "do_enqueue_command", wraps=views.do_enqueue_command) as spy:
+        response = client.post(f"/dashboard/tasks/{task.id}/steer", {
+            "type": "pause", "expected_version": str(stale), "command_id": "dash-late"}, follow=True)
+        assert response.redirect_chain == [(f"/dashboard/tasks/{task.id}/", 303)]
+        page = response.content.decode()
+        current = Task.objects.get(id=task.id)
+        assert 'data-testid="conflict"' in page
+        assert "<strong>Someone changed this task; here is its current state.</strong>" in page
+        assert f"based on version {stale}; the task is now at version {current.state_version} (queued)" in page
+        assert f'name="expected_version" value="{current.state_version}"' in page  # the form now carries it
+        # Reloading the page the person landed on sends nothing and says it only once.
+        again = client.get(f"/dashboard/tasks/{task.id}/").content.decode()
+    assert spy.call_count == 1 and "Someone changed this task" not in again
     assert current.status == "queued" and not SteeringCommand.objects.filter(command_id="dash-late").exists()
+
+
+def test_a_refused_command_is_a_flash_on_the_task_page(alice, client):
+    task = new_task(alice)
+    signed_in(client, alice)
+    response = client.post(f"/dashboard/tasks/{task.id}/steer", {
+        "type": "resume", "expected_version": str(task.state_version), "command_id": "r1"}, follow=True)
+    assert response.redirect_chain == [(f"/dashboard/tasks/{task.id}/", 303)]
+    assert 'data-testid="error"' in response.content.decode() and "resume was not accepted" in response.content.decode()
+    garbled = client.post(f"/dashboard/tasks/{task.id}/steer", {"type": "explode"}, follow=True)
+    assert "That command was not understood" in garbled.content.decode()
 
 
 def test_a_viewer_may_look_but_not_steer_or_start(victor, alice, client):
@@ -90,8 +140,10 @@ def test_a_viewer_may_look_but_not_steer_or_start(victor, alice, client):
     page = client.get(f"/dashboard/tasks/{task.id}/").content.decode()
     assert "Steering needs the operator role" in page and 'data-testid="pause"' not in page
     response = client.post(f"/dashboard/tasks/{task.id}/steer", {
-        "type": "pause", "expected_version": str(task.state_version), "command_id": "v1"})
-    assert response.status_code == 403 and Task.objects.get(id=task.id).status == "queued"
+        "type": "pause", "expected_version": str(task.state_version), "command_id": "v1"}, follow=True)
+    assert response.redirect_chain == [(f"/dashboard/tasks/{task.id}/", 303)]
+    assert "Steering needs the operator role or above." in response.content.decode()
+    assert Task.objects.get(id=task.id).status == "queued"
     assert client.get("/dashboard/tasks/new").status_code == 403
 
 
@@ -103,13 +155,14 @@ def test_approvals_use_the_same_answer_and_role_check_as_the_api(alice, client):
                                 prompt="publish the report?", answer_schema={"enum": ["approve", "reject"]},
                                 step_sequence=1)
     signed_in(client, alice)  # an operator: may not approve
-    response = client.post(f"/dashboard/tasks/{task.id}/inputs/approve-publish", {"answer": "approve"})
-    assert response.status_code == 403 and "approver role" in response.content.decode()
+    response = client.post(f"/dashboard/tasks/{task.id}/inputs/approve-publish", {"answer": "approve"}, follow=True)
+    assert response.redirect_chain == [(f"/dashboard/tasks/{task.id}/", 303)]
+    assert "approver role" in response.content.decode()
     client.logout()
     signed_in(client, april)
     with mock.patch.object(views, "answer_input", wraps=views.answer_input) as spy:
         assert client.post(f"/dashboard/tasks/{task.id}/inputs/approve-publish",
-                           {"answer": "approve"}).status_code == 302
+                           {"answer": "approve"}).status_code == 303
     spy.assert_called_once()
     request = InputRequest.objects.get(task=task)
     assert (request.status, request.answer, request.answered_by) == ("answered", "approve", f"user:{april.user.pk}")
@@ -123,10 +176,23 @@ def test_starting_a_review_goes_through_do_create_task_and_a_double_submit_is_on
     with mock.patch.object(views, "do_create_task", wraps=views.do_create_task) as spy:
         first = client.post("/dashboard/tasks/new", form)
         second = client.post("/dashboard/tasks/new", form)
-    assert spy.call_count == 2 and first.status_code == second.status_code == 302
+    assert spy.call_count == 2 and first.status_code == second.status_code == 303
     assert first["Location"] == second["Location"]
     task = Task.objects.get(tenant=alice.tenant, agent="document_review")
     assert task.input == {"corpus": "corpora/demo", "batchSize": 20, "pacingMs": 0, "publish": True, "limit": 40}
     assert task.created_by == f"user:{alice.user.pk}"
-    bad = client.post("/dashboard/tasks/new", {**form, "corpus": "/absolute", "idempotency_key": "dash-k2"})
-    assert bad.status_code == 400
+    # Refused: back to the form by a GET (a reload sends nothing), with the values and the reason.
+    bad = client.post("/dashboard/tasks/new", {**form, "corpus": "/absolute", "idempotency_key": "dash-k2"},
+                      follow=True)
+    assert bad.redirect_chain == [("/dashboard/tasks/new", 303)]
+    page = bad.content.decode()
+    assert 'value="/absolute"' in page and 'class="errorlist nonfield"' in page
+    assert 'value="dash-k2"' not in page  # a fresh idempotency key for the next try
+    assert "/absolute" not in client.get("/dashboard/tasks/new").content.decode()  # shown once
+    # The same form sent again with other values (back button, edit, submit) starts nothing.
+    reused = client.post("/dashboard/tasks/new", {**form, "limit": "41"}, follow=True)
+    assert reused.redirect_chain == [("/dashboard/tasks/new", 303)]
+    assert "This form already started a task with other values" in reused.content.decode()
+    invalid = client.post("/dashboard/tasks/new", {**form, "batch_size": "0"}, follow=True)
+    assert invalid.redirect_chain == [("/dashboard/tasks/new", 303)] and 'class="errorlist' in invalid.content.decode()
+    assert Task.objects.filter(tenant=alice.tenant).count() == 1
