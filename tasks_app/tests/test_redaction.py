@@ -75,3 +75,4 @@ def test_logs_carry_no_tokens(caplog):
 def test_every_process_logs_through_the_filter(settings):
     assert settings.LOGGING["handlers"]["console"]["filters"] == ["redact"]
     assert settings.LOGGING["filters"]["redact"]["()"] == "tasks_app.redaction.RedactingFilter"
+
