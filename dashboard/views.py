@@ -166,14 +166,14 @@ def _start_posted(request: HttpRequest, tenants: list[tuple[str, str]]) -> HttpR
 
 def task_context(request: HttpRequest, task: Task) -> dict[str, Any]:
     who = access.principal_for(request.user, task)
-    logs = list(TaskEvent.objects.filter(task=task, type="log").order_by("-seq")[:LOG_TAIL])
+    logs = log_tail(task)
     return {
         "task": task,
         "snapshot": {"seq": task.event_seq, **task_snapshot(task)},
         "checkpoints": Checkpoint.objects.filter(task=task).order_by("sequence", "id"),
         "commands": SteeringCommand.objects.filter(task=task).order_by("version"),
         "open_inputs": InputRequest.objects.filter(task=task, status=InputStatus.OPEN).order_by("id"),
-        "logs": list(reversed(logs)),
+        "logs": logs,
         "role": who.role,
         "may_steer": who.has_role(Role.OPERATOR),
         "may_approve": who.has_role(Role.APPROVER),
@@ -201,8 +201,15 @@ def task_panels(request: HttpRequest, task: Task) -> HttpResponse:
 @with_task(for_script=True)
 @require_GET
 def task_snapshot_json(request: HttpRequest, task: Task) -> JsonResponse:
-    """For a client that saw a gap in seq: the state now (docs/streaming.md)."""
-    return JsonResponse({"seq": task.event_seq, **task_snapshot(task)})
+    """For a client that saw a gap in seq: the state now (docs/streaming.md), and the log
+    tail, which the snapshot does not carry and the missed events may have."""
+    logs = [{"seq": e.seq, "step": e.data.get("step"), "message": e.data.get("message")} for e in log_tail(task)]
+    return JsonResponse({"seq": task.event_seq, **task_snapshot(task), "logs": logs})
+
+
+def log_tail(task: Task) -> list[TaskEvent]:
+    """The task's newest log events, oldest first."""
+    return list(reversed(TaskEvent.objects.filter(task=task, type="log").order_by("-seq")[:LOG_TAIL]))
 
 
 def _refused(request: HttpRequest, task: Task, message: str) -> HttpResponse:

@@ -337,10 +337,14 @@ def test_the_page_re_reads_the_snapshot_when_it_sees_a_gap_in_seq(page, processe
     with mock.patch("tasks_app.streams.publish"):
         do_enqueue_command(task.id, tenant=alice.tenant, command_id="unseen", type="set_priority",
                            payload={"priority": 1}, expected_version=task.state_version, requested_by="user:other")
+        log_line("lost in the gap")
     # ... then one that does: its seq jumps, and the page re-reads the snapshot.
     log_line("after the gap")
     expect(page.get_by_test_id("log")).to_contain_text("after the gap")
     expect(page.get_by_test_id("priority")).to_have_text("1")
+    # the log tail comes back whole and in order, the line only the lost events carried included
+    expect(page.get_by_test_id("log").locator("li")).to_have_text(
+        [re.compile("before the gap"), re.compile("lost in the gap"), re.compile("after the gap")])
     truth = task_snapshot(Task.objects.get(id=task.id))
     expect(page.get_by_test_id("version")).to_have_text(str(truth["stateVersion"]))
     expect(page.get_by_test_id("status")).to_have_text(truth["runtimeStatus"])

@@ -147,12 +147,19 @@ window.Dashboard = (() => {
       const snapshot = await response.json();
       if (!renderSnapshot(snapshot)) return;  // a newer one is on screen, its panels asked for
       if (snapshot.seq > last) last = snapshot.seq;
+      // Log lines the missed events carried: the server's tail, plus any that arrived since.
+      const since = [...log.children].filter((item) => Number(item.dataset.seq) > snapshot.seq);
+      log.replaceChildren(...snapshot.logs.map(logItem), ...since);
       await refreshPanels();
     }
 
-    function appendLog(event) {
+    function logItem(event) {
       const item = el("li", {}, el("span", {class: "muted", text: "#" + event.step}), " " + event.message);
-      log.append(item);
+      item.dataset.seq = String(event.seq);
+      return item;
+    }
+    function appendLog(event) {
+      log.append(logItem(event));
       while (log.children.length > 30) log.firstElementChild.remove();
     }
 
