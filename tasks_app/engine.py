@@ -80,6 +80,7 @@ def run_slice(task_id: UUID, *, worker_id: str) -> SliceOutcome:
     try:
         lease = leases.claim(task_id, worker_id=worker_id, ttl=ttl)
     except leases.AtCapacity:
+        leases.wait_for_turn(task_id)
         return SliceOutcome.AT_CAPACITY
     if lease is None:
         return SliceOutcome.DROPPED

@@ -57,7 +57,8 @@ def claim(task_id: UUID, *, worker_id: str, ttl: float) -> Lease | None:
             _check_capacity(task_id, limit)
         claimed = (
             _claimable().filter(id=task_id)
-            .update(lease_owner=worker_id, lease_expires_at=deadline(ttl), lease_epoch=F("lease_epoch") + 1)
+            .update(lease_owner=worker_id, lease_expires_at=deadline(ttl), lease_epoch=F("lease_epoch") + 1,
+                    waiting_turn_since=None)
         )
         if claimed != 1:
             return None  # another worker got there first, or there is nothing to do: normal
@@ -84,19 +85,25 @@ def _claimable():  # noqa: ANN202 (a Task queryset)
         Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=Now()))
 
 
-def next_waiting(task_id: UUID) -> tuple[UUID, int] | None:
-    """After a slice ends: if its tenant was at runtime.max_concurrent_tasks (so a message
-    may have been turned away), the most urgent runnable, unleased task to hand the freed
-    turn to. With room to spare nobody was turned away, and nothing is rung twice."""
+def wait_for_turn(task_id: UUID) -> None:
+    """Turned away at capacity (its message is dropped): remember it, so that the slice
+    that frees a turn rings it (the stall scanner is the backstop)."""
+    Task.objects.filter(id=task_id, waiting_turn_since__isnull=True).update(waiting_turn_since=Now())
+
+
+def next_waiting(task_id: UUID) -> list[tuple[UUID, int]]:
+    """After a slice of `task_id` ended: its tenant's tasks turned away at capacity, most
+    urgent first, as many as there are free turns. Nobody turned away: nothing rung."""
     limit = settings.RUNTIME["runtime"]["max_concurrent_tasks"]
     if not limit:
-        return None
+        return []
     tenant_id = Task.objects.filter(id=task_id).values_list("tenant_id", flat=True).first()
+    waiting = Task.objects.filter(tenant_id=tenant_id, waiting_turn_since__isnull=False, status__in=CLAIMABLE,
+                                  lease_owner__isnull=True).order_by("priority", "waiting_turn_since")
+    if not waiting.exists():
+        return []
     running = Task.objects.filter(tenant_id=tenant_id, lease_owner__isnull=False, lease_expires_at__gt=Now()).count()
-    if running < limit - 1:
-        return None
-    return (Task.objects.filter(tenant_id=tenant_id, status__in=CLAIMABLE, lease_owner__isnull=True)
-            .exclude(id=task_id).order_by("priority", "created_at").values_list("id", "priority").first())
+    return list(waiting.values_list("id", "priority")[:max(limit - running, 0)])
 
 
 def renew(lease: Lease, *, ttl: float) -> bool:

@@ -85,6 +85,8 @@ class Task(models.Model):
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     lease_epoch = models.BigIntegerField(default=0)  # +1 on every claim: the fencing token
     recoveries = models.IntegerField(default=0)
+    # Turned away at its tenant's runtime.max_concurrent_tasks: the next freed turn rings it.
+    waiting_turn_since = models.DateTimeField(null=True, blank=True)
     cancel_requested = models.BooleanField(default=False)
     cancel_reason = models.CharField(max_length=500, blank=True)
     steering_head = models.BigIntegerField(default=0)  # version of the newest accepted steering command
@@ -124,8 +126,11 @@ class Task(models.Model):
             # GET /runtime/tasks: a tenant's tasks newest first, optionally by status.
             models.Index(fields=["tenant", "-created_at", "-id"], name="task_tenant_created"),
             models.Index(fields=["tenant", "status", "-created_at"], name="task_tenant_status"),
-            # runtime.max_concurrent_tasks: a tenant's running (leased) tasks, counted at each claim.
+            # runtime.max_concurrent_tasks: a tenant's running (leased) tasks, counted at each claim,
+            # and those turned away, rung when a turn frees.
             models.Index(fields=["tenant"], name="task_leased_by_tenant", condition=Q(lease_owner__isnull=False)),
+            models.Index(fields=["tenant", "priority", "waiting_turn_since"], name="task_waiting_turn",
+                         condition=Q(waiting_turn_since__isnull=False)),
             # scan_leases: runnable tasks by lease expiry.
             models.Index(fields=["lease_expires_at"], name="task_lease_expiry",
                          condition=Q(status__in=["queued", "working", "recovering", "pausing"])),

@@ -26,10 +26,10 @@ def run_task_slice(task_id: str) -> None:
         delay = settings.RUNTIME["tools"]["remote_poll_seconds"] if outcome is engine.SliceOutcome.POLL else 0
         enqueue_slice(task_id, priority, countdown=delay)
     if outcome in (engine.SliceOutcome.CONTINUE, engine.SliceOutcome.POLL, engine.SliceOutcome.DONE):
-        # A turn of a capacity-limited tenant is free: ring for a task that was turned away
-        # (the lease scanner re-finds the others after stall_seconds).
-        if waiting := leases.next_waiting(UUID(task_id)):
-            enqueue_slice(*waiting)
+        # Turns of a capacity-limited tenant may be free: ring the tasks it turned away
+        # (should a ring be lost, the lease scanner re-finds them after stall_seconds).
+        for waiting, waiting_priority in leases.next_waiting(UUID(task_id)):
+            enqueue_slice(waiting, waiting_priority)
 
 
 @shared_task(name="tasks.scan_leases", ignore_result=True)

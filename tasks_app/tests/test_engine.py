@@ -254,14 +254,16 @@ def test_a_tenant_at_its_concurrency_limit_waits_its_turn(alice, settings):
     first, second = new_task(alice, steps=3), new_task(alice, steps=3)
     held = leases.claim(first.id, worker_id="w1", ttl=30)
     assert held is not None
+    assert leases.next_waiting(first.id) == []  # nobody turned away yet: nothing to ring
     assert engine.run_slice(second.id, worker_id="w2") is engine.SliceOutcome.AT_CAPACITY
     assert Task.objects.get(id=second.id).lease_owner is None
+    assert leases.next_waiting(first.id) == []  # first still runs: no turn is free
     Task.objects.filter(id=first.id).update(lease_owner=None, lease_expires_at=None)  # its slice ended
-    assert leases.next_waiting(first.id) == (second.id, second.priority)  # the freed turn goes to second
+    assert leases.next_waiting(first.id) == [(second.id, second.priority)]  # the freed turn goes to second
     run_to_end(second)
-    assert Task.objects.get(id=second.id).status == "completed"
-    settings.RUNTIME["runtime"]["max_concurrent_tasks"] = 3
-    assert leases.next_waiting(second.id) is None  # room to spare: nobody was turned away, nothing rung
+    second.refresh_from_db()
+    assert second.status == "completed" and second.waiting_turn_since is None
+    assert leases.next_waiting(first.id) == []
 
 
 def test_concurrency_limited_tasks_never_overlap_on_real_workers(alice, settings, processes):
