@@ -102,9 +102,8 @@ def _guard(lease: leases.Lease, tool: tools.Tool, key: str, args: dict[str, Any]
     decision = policy.decide(tool.name, approval_policy=task["approval_policy"], budget=task["budget"], usage=usage,
                              answers=answers)
     if decision.verdict == policy.EXHAUSTED:
-        ask = policy.extension_request(f"call-{key}", decision.reason)
-        if ask is not None and ask["key"] not in answers:
-            raise agents.InputNeeded(ask["key"], ask["prompt"], ask["schema"], kind="approval")
+        if question := policy.budget_question(f"call-{key}", decision.reason, answers):
+            raise question
         raise ToolFailed(decision.reason)
     if decision.verdict == policy.DENY:
         raise ToolFailed(decision.reason)
@@ -188,7 +187,7 @@ def _poll_and_settle(lease: leases.Lease, entry: LedgerEntry, tool: tools.Tool, 
     while True:
         if answer is not None:
             if not isinstance(answer, tools.Pending):
-                _settle(lease, entry, EffectStatus.SUCCEEDED, result=answer, remote_ref=entry.remote_ref)
+                _settle(lease, entry, EffectStatus.SUCCEEDED, result=answer)
                 return answer
             if time.monotonic() + answer.poll_after > deadline:
                 raise agents.RemoteWait(f"{tool.name}: {answer.message or 'remote task running'} "
@@ -199,20 +198,21 @@ def _poll_and_settle(lease: leases.Lease, entry: LedgerEntry, tool: tools.Tool, 
         except tools.ToolError as exc:
             if not exc.retryable:
                 error = {"message": f"{tool.name}: {exc}", "retryable": False, "remoteRef": entry.remote_ref}
-                _settle(lease, entry, EffectStatus.FAILED, error=error, remote_ref=entry.remote_ref)
+                _settle(lease, entry, EffectStatus.FAILED, error=error)
                 raise ToolFailed(error["message"]) from exc
-            _settle(lease, entry, EffectStatus.PENDING, remote_ref=entry.remote_ref,
+            _settle(lease, entry, EffectStatus.PENDING,
                     error={"message": f"polling {entry.remote_ref}: {exc}", "retryable": True})
             raise agents.RemoteWait(f"{tool.name}: polling failed, will retry: {exc}") from exc
 
 
 def _settle(lease: leases.Lease, entry: LedgerEntry, status: str, *, result: Any = None,
             error: dict[str, Any] | None = None, attempts: int | None = None,
-            durations: list[float] | None = None, remote_ref: str = "") -> None:
+            durations: list[float] | None = None, remote_ref: str | None = None) -> None:
     with transaction.atomic(durable=True):
         leases.fenced_update(lease)
-        fields: dict[str, Any] = {"status": status, "result": result, "error": redact(error) if error else None,
-                                  "remote_ref": remote_ref}
+        fields: dict[str, Any] = {"status": status, "result": result, "error": redact(error) if error else None}
+        if remote_ref is not None:
+            fields["remote_ref"] = remote_ref
         if attempts is not None:
             fields.update(attempts=entry.attempts + attempts, durations_ms=entry.durations_ms + (durations or []))
         LedgerEntry.objects.filter(id=entry.id).update(**fields)

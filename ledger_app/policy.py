@@ -7,7 +7,7 @@ from typing import Any
 
 from django.conf import settings
 
-from tasks_app.agents.base import SchemaError
+from tasks_app.agents.base import InputNeeded, SchemaError
 
 ALLOW, DENY, NEEDS_APPROVAL, EXHAUSTED = "allow", "deny", "needs_approval", "exhausted"
 
@@ -105,10 +105,11 @@ def decide(tool: str, *, approval_policy: dict[str, Any], budget: dict[str, Any]
     return Decision(ALLOW)
 
 
-def extension_request(key: str, reason: str) -> dict[str, Any] | None:
-    """With budget.on_exhausted: ask, the input request that lets an approver extend a used-up
-    budget ({key, prompt, schema}); None when the task should just fail."""
-    if settings.RUNTIME["budget"]["on_exhausted"] != "ask":
+def budget_question(key: str, reason: str, answers: dict[str, Any]) -> InputNeeded | None:
+    """With budget.on_exhausted: ask, and not asked yet: the approval that lets an approver
+    raise a used-up budget (or answer "stop"). None: the task fails with `reason`."""
+    key = EXTENSION_PREFIX + key
+    if settings.RUNTIME["budget"]["on_exhausted"] != "ask" or key in answers:
         return None
-    return {"key": EXTENSION_PREFIX + key, "schema": EXTENSION_SCHEMA,
-            "prompt": f'{reason}. Extend the budget (higher limits, e.g. {{"maxSteps": 500}}) or answer "stop".'}
+    return InputNeeded(key, f'{reason}. Extend the budget (higher limits, e.g. {{"maxSteps": 500}}) or answer "stop".',
+                       EXTENSION_SCHEMA, kind="approval")

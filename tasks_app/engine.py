@@ -167,9 +167,8 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
         if step_name is None:
             return _complete(run)
         if reason := _over_budget(run):
-            ask = policy.extension_request(f"step-{run.sequence + 1}", reason)
-            if ask is not None and ask["key"] not in run.answers:  # an approver may extend it
-                _wait_for_input(run, agents.InputNeeded(ask["key"], ask["prompt"], ask["schema"], kind="approval"))
+            if question := policy.budget_question(f"step-{run.sequence + 1}", reason, run.answers):
+                _wait_for_input(run, question)  # an approver may extend it
                 return SliceOutcome.DONE
             _stop(run.lease, Status.FAILED, reason=reason, error={"code": "budget_exhausted", "message": reason})
             return SliceOutcome.DONE
