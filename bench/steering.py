@@ -72,7 +72,8 @@ def main() -> None:
             version = http.get(url).json()["stateVersion"]
             http.post(f"{url}/steering", json={"commandId": f"resume{i}", "type": "resume", "expectedVersion": version})
             _common.wait(lambda: Task.objects.get(id=task.id).status == "working", timeout=30, interval=0.002)
-            time.sleep(0.05)  # let the resumed slice take a few steps before the next pause
+            before = Task.objects.get(id=task.id).steps_done  # let the resumed slice take a few steps first
+            _common.wait(lambda: Task.objects.get(id=task.id).steps_done >= before + 2, timeout=30)
     finally:
         for proc in (web, worker):
             proc.terminate()

@@ -102,8 +102,7 @@ def test_a_rejected_publish_takes_the_rejection_path_and_publishes_nothing(alice
 def test_a_pause_just_before_a_guarded_call_never_crosses_the_approval_point(alice, approver, processes):
     sink = Sink(processes)
     processes.worker(**FAST)
-    task = webhook(alice, sink, count=1, sleepMs=1500)
-    Task.objects.filter(id=task.id).update(approval_policy={"before": ["http.request"]})
+    task = webhook(alice, sink, count=1, sleepMs=1500, options={"approval_policy": {"before": ["http.request"]}})
     wait_until(lambda: Task.objects.get(id=task.id).status == "working", timeout=30, what="the step to start")
     paused = alice.client().post(f"/runtime/tasks/{task.id}/steering", {
         "commandId": "pause-1", "type": "pause", "expectedVersion": Task.objects.get(id=task.id).state_version},
@@ -125,8 +124,7 @@ def test_a_pause_just_before_a_guarded_call_never_crosses_the_approval_point(ali
 def test_a_tool_call_budget_stops_the_task_with_the_reason(alice, processes):
     sink = Sink(processes)
     processes.worker(**FAST)
-    task = webhook(alice, sink, count=5)
-    Task.objects.filter(id=task.id).update(budget={"maxToolCalls": 2})
+    task = webhook(alice, sink, count=5, options={"budget": {"maxToolCalls": 2}})
     wait_until(lambda: Task.objects.get(id=task.id).is_terminal, timeout=30, what="the task to stop")
     task.refresh_from_db()
     assert task.status == "failed" and "budget exhausted: tool calls 2 of 2" in task.error["message"]
@@ -166,8 +164,7 @@ def test_an_allow_list_of_tools_denies_every_other_tool(settings):
 def test_with_on_exhausted_ask_an_approver_extends_a_tool_call_budget_mid_step(alice, approver, processes):
     sink = Sink(processes)
     processes.worker(**FAST, BUDGET_ON_EXHAUSTED="ask")
-    task = webhook(alice, sink, count=3)
-    Task.objects.filter(id=task.id).update(budget={"maxToolCalls": 2})
+    task = webhook(alice, sink, count=3, options={"budget": {"maxToolCalls": 2}})
     wait_until(lambda: Task.objects.get(id=task.id).status == "input_required", timeout=30, what="the budget question")
     [request] = InputRequest.objects.filter(task=task, status="open")
     assert request.key.startswith("budget-call-") and request.kind == "approval"

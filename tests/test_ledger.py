@@ -32,11 +32,13 @@ class Sink:
         return httpx.get(f"{self.url}/stats", timeout=5).json()
 
 
-def webhook(alice, sink: Sink, *, count: int = 3, reconcile: bool = True, **extra) -> Task:
+def webhook(alice, sink: Sink, *, count: int = 3, reconcile: bool = True, options: dict | None = None,
+            **extra) -> Task:
+    """A webhook task; `options` go to do_create_task (policies, budget) so they hold from its first step."""
     payload = {"url": f"{sink.url}/effects", "payload": {"hello": "world"}, "count": count, **extra}
     if reconcile:
         payload["reconcileUrl"] = f"{sink.url}/effects/{{key}}"
-    return do_create_task(alice.tenant, actor="user:test", agent="webhook", input=payload)[0]
+    return do_create_task(alice.tenant, actor="user:test", agent="webhook", input=payload, **(options or {}))[0]
 
 
 def finished(task: Task) -> Task:
