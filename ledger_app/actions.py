@@ -223,7 +223,7 @@ def do_resolve_unknown(entry_id: int, *, succeeded: bool, actor: str, reason: st
     happen. Audited on the task's chain; a task waiting for this confirmation then gets
     the answer as an ordinary provide_input command (accepted, audited, applied)."""
     # Imported here: steering_app imports tasks_app, and the engine imports us.
-    from steering_app.actions import do_enqueue_command
+    from steering_app.actions import CommandRefused, VersionConflict, do_enqueue_command
     from steering_app.models import CommandType, InputRequest, InputStatus
     from tasks_app.audit import record_audit
 
@@ -240,11 +240,13 @@ def do_resolve_unknown(entry_id: int, *, succeeded: bool, actor: str, reason: st
                      data={"key": entry.key, "status": entry.status})
     key = f"confirm-{entry.key}"
     if InputRequest.objects.filter(task=task, key=key, status=InputStatus.OPEN).exists():
-        # A version race here leaves the request open for a person to answer; the effect
-        # itself is already resolved above.
-        do_enqueue_command(task.id, tenant=task.tenant, command_id=f"resolve-{entry.id}",
-                           type=CommandType.PROVIDE_INPUT,
-                           payload={"key": key, "answer": tools.DONE if succeeded else tools.NOT_DONE},
-                           expected_version=Task.objects.values_list("state_version", flat=True).get(id=task.id),
-                           requested_by=actor, reason=reason)
+        try:
+            do_enqueue_command(task.id, tenant=task.tenant, command_id=f"resolve-{entry.id}",
+                               type=CommandType.PROVIDE_INPUT,
+                               payload={"key": key, "answer": tools.DONE if succeeded else tools.NOT_DONE},
+                               expected_version=Task.objects.values_list("state_version", flat=True).get(id=task.id),
+                               requested_by=actor, reason=reason)
+        except (VersionConflict, CommandRefused) as exc:
+            # The effect itself is resolved above; the request stays open for a person to answer.
+            logger.warning("resolved %s, but could not answer %s for the task: %s", entry.key, key, exc)
     return entry

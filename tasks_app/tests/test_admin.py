@@ -85,3 +85,24 @@ def test_resolving_an_unknown_effect_answers_the_waiting_task(alice, operator_cl
     # the answer went in as an ordinary command: accepted and applied, each audited
     assert AuditRecord.objects.filter(task=task, actor="admin:opal", action="steering_accepted").exists()
     assert AuditRecord.objects.filter(task=task, actor="admin:opal", action="steering_applied").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_resolving_an_effect_of_a_task_that_no_longer_takes_answers_still_resolves_it(alice, operator_client):
+    from ledger_app.models import LedgerEntry
+    from steering_app.models import InputRequest
+    from tasks_app.models import Task
+
+    task = new_task(alice)
+    Task.objects.filter(id=task.id).update(status="cancelled")  # it refuses provide_input now
+    entries = [LedgerEntry.objects.create(tenant=alice.tenant, task=task, step_sequence=1, call_index=i,
+                                          key=f"{task.id}:1:{i}", tool="email.send", fingerprint="f",
+                                          status="unknown", lease_epoch=1) for i in (1, 2)]
+    for entry in entries:
+        InputRequest.objects.create(tenant=alice.tenant, task=task, key=f"confirm-{entry.key}", kind="question",
+                                    prompt="did it?", answer_schema={"enum": ["done", "not_done"]}, step_sequence=1)
+    response = operator_client.post("/admin/ledger_app/ledgerentry/", {
+        "action": "resolve_succeeded", "_selected_action": [e.id for e in entries]}, follow=True)
+    assert response.status_code == 200  # not a 500 halfway through the selection
+    assert set(LedgerEntry.objects.filter(task=task).values_list("status", flat=True)) == {"succeeded"}
+    assert set(InputRequest.objects.filter(task=task).values_list("status", flat=True)) == {"open"}
