@@ -39,10 +39,9 @@ def checksum(fields: dict[str, Any]) -> str:
     return hashlib.sha256(canonical_json(fields).encode()).hexdigest()
 
 
-def verify_and_upgrade(fields: dict[str, Any], stored_checksum: str, *, agent: str,
-                       current: int | None = None) -> dict[str, Any]:
+def verify_and_upgrade(fields: dict[str, Any], stored_checksum: str, *, agent: str) -> dict[str, Any]:
     """Return the checkpoint's state at the current schema version, or raise CheckpointCorrupt."""
-    current = CURRENT_SCHEMA_VERSION if current is None else current
+    current = CURRENT_SCHEMA_VERSION  # read at call time: a test may move it on
     if checksum(fields) != stored_checksum:
         raise CheckpointCorrupt("checkpoint checksum mismatch")
     version = fields["schema_version"]

@@ -116,8 +116,12 @@ def test_a_version_1_checkpoint_resumes_after_the_code_moved_to_version_2(alice,
     # The code moves on: state v2 renames "n" to "count", with a registered migration.
     monkeypatch.setattr(codec, "CURRENT_SCHEMA_VERSION", 2)
     monkeypatch.setitem(STATE_KEY, "value", "count")
-    monkeypatch.setitem(codec.MIGRATIONS, 1, lambda state, agent: {"count": state["n"]} if agent ==
-                        "test_shape_shifting" else state)
+    monkeypatch.setattr(codec, "MIGRATIONS", {})  # registered the way the code would, undone after the test
+
+    @codec.migration(1)
+    def rename_n(state: dict, agent: str) -> dict:
+        return {"count": state["n"]} if agent == "test_shape_shifting" else state
+
     run_to_end(task, worker="v2")
     task.refresh_from_db()
     assert task.status == "completed" and task.result == {"ticks": 10}
