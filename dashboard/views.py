@@ -34,14 +34,14 @@ from checkpoints_app.models import Checkpoint
 from dashboard import access
 from dashboard.forms import AnswerForm, StartReviewForm, SteerForm
 from runtime_site.errors import error_body
-from steering_app.actions import CommandRefused, InvalidCommand, VersionConflict, do_enqueue_command
+from steering_app.actions import CommandRefused, InvalidCommand, VersionConflict, do_enqueue_command, refusal
 from steering_app.api.views import answer_input
-from steering_app.models import InputRequest, InputStatus, SteeringCommand
+from steering_app.models import CommandType, InputRequest, InputStatus, SteeringCommand
 from tasks_app.actions import IdempotencyConflict, do_create_task
 from tasks_app.agents.base import SchemaError
 from tasks_app.models import ROLE_RANK, Role, Task, TaskEvent
 from tasks_app.selectors import task_snapshot
-from tasks_app.states import TERMINAL, Status
+from tasks_app.states import Status
 
 LOG_TAIL = 30
 STATIC = Path(__file__).resolve().parent / "static" / "dashboard"
@@ -177,9 +177,9 @@ def task_context(request: HttpRequest, task: Task) -> dict[str, Any]:
         "role": who.role,
         "may_steer": who.has_role(Role.OPERATOR),
         "may_approve": who.has_role(Role.APPROVER),
-        "terminal": task.status in TERMINAL,
-        "pausable": task.status in (Status.QUEUED, Status.WORKING, Status.RECOVERING, Status.INPUT_REQUIRED),
-        "resumable": task.status in (Status.PAUSED, Status.PAUSING),
+        "terminal": task.is_terminal,
+        # the forms shown are the commands steering would accept now (one rule, steering_app's)
+        "allowed": {kind for kind in CommandType.values if refusal(task, kind) is None},
         "priorities": range(10),
         "new_command_id": f"dash-{uuid.uuid4().hex}",
     }

@@ -92,7 +92,7 @@ def _validate(task: Task, type: str, payload: dict[str, Any]) -> None:
             raise InvalidCommand(str(exc)) from None
 
 
-def _refusal(task: Task, type: str, *, applying: bool = False) -> str | None:
+def refusal(task: Task, type: str, *, applying: bool = False) -> str | None:
     """Why this command cannot be accepted (or, applying, apply) on the task as it is, or None."""
     if task.status in TERMINAL:
         return f"the task is {task.status}; it takes no more commands"
@@ -126,8 +126,8 @@ def do_enqueue_command(
     task = Task.objects.select_for_update().get(id=task_id, tenant=tenant)
     if existing := SteeringCommand.objects.filter(task=task, command_id=command_id).first():
         return existing, False
-    if refusal := _refusal(task, type):
-        raise CommandRefused(refusal)
+    if refused := refusal(task, type):
+        raise CommandRefused(refused)
     if task.state_version != expected_version:
         raise VersionConflict(task)
     _validate(task, type, payload)
@@ -175,13 +175,13 @@ def apply_command(task: Task, command: SteeringCommand, *, actor: str, by_worker
     when the task became runnable and needs a slice. The caller saves STEERING_FIELDS.
     by_worker: the lease holder applies it at its safe point (it finishes a cancel itself)."""
     before = task.state_version
-    refusal = _refusal(task, command.type, applying=True)
-    if command.type == CommandType.PROVIDE_INPUT and refusal is None:
+    refused = refusal(task, command.type, applying=True)
+    if command.type == CommandType.PROVIDE_INPUT and refused is None:
         open_request = InputRequest.objects.filter(task=task, key=command.payload["key"],
                                                    status=InputStatus.OPEN).first()
-        refusal = None if open_request else f"input request {command.payload['key']!r} is no longer open"
-    if refusal is not None:
-        _settle(task, command, CommandStatus.REJECTED, refusal, actor, before)
+        refused = None if open_request else f"input request {command.payload['key']!r} is no longer open"
+    if refused is not None:
+        _settle(task, command, CommandStatus.REJECTED, refused, actor, before)
         return False
     enqueue = False
     match command.type:

@@ -196,3 +196,15 @@ def test_starting_a_review_goes_through_do_create_task_and_a_double_submit_is_on
     invalid = client.post("/dashboard/tasks/new", {**form, "batch_size": "0"}, follow=True)
     assert invalid.redirect_chain == [("/dashboard/tasks/new", 303)] and 'class="errorlist' in invalid.content.decode()
     assert Task.objects.filter(tenant=alice.tenant).count() == 1
+
+
+def test_the_page_offers_only_the_commands_steering_would_accept(alice, client):
+    signed_in(client, alice)
+    task = new_task(alice)
+    page = client.get(f"/dashboard/tasks/{task.id}/").content.decode()
+    assert 'data-testid="pause"' in page and 'data-testid="resume"' not in page
+    Task.objects.filter(id=task.id).update(status="dead_lettered")  # held for an operator: only cancel applies
+    page = client.get(f"/dashboard/tasks/{task.id}/").content.decode()
+    for control in ("pause", "resume", "set-priority", "adjust-goal"):
+        assert f'data-testid="{control}"' not in page, control
+    assert 'data-testid="cancel"' in page
