@@ -31,7 +31,6 @@ from tasks_app.mcp.protocol import (
     RELATED_TASK, SERVER_INFO, TASKS_EXT, Message, RpcError, missing_extension,
 )
 from tasks_app.models import Role, Task
-from tasks_app.selectors import task_snapshot
 from tasks_app.states import Status
 
 POLL_INTERVAL_MS = 500
@@ -115,16 +114,16 @@ def _ttl_ms(task: Task) -> int | None:
     return max(1, round((task.expires_at - task.created_at).total_seconds())) * 1000
 
 
-def _status_message(snapshot: dict[str, Any]) -> str:
+def _status_message(task: Task) -> str:
     """Phase, progress and the agent's message in one line (polling clients see progress here)."""
     parts = []
-    if snapshot["status"] == "working":
-        if snapshot["phase"]:
-            parts.append(snapshot["phase"])
-        if snapshot["progress"]:
-            parts.append(f"{snapshot['progress']:.0%}")
-    if snapshot["statusMessage"]:
-        parts.append(snapshot["statusMessage"])
+    if task.mcp_status == "working":
+        if task.phase:
+            parts.append(task.phase)
+        if task.progress:
+            parts.append(f"{round(task.progress, 4):.0%}")
+    if message := task.status_text():
+        parts.append(message)
     return " · ".join(parts)
 
 
@@ -181,14 +180,13 @@ def _settled(task: Task) -> bool:
 # --- modern wire (2026-07-28 + io.modelcontextprotocol/tasks) ------------------------------
 
 def modern_task(task: Task) -> dict[str, Any]:
-    """The DetailedTask of the extension, from the one snapshot selector."""
-    snapshot = task_snapshot(task)
+    """The DetailedTask of the extension, from the task row (the fields are the snapshot's)."""
     answer: dict[str, Any] = {
-        "taskId": snapshot["taskId"], "status": snapshot["status"],
+        "taskId": str(task.id), "status": task.mcp_status,
         "createdAt": _iso(task.created_at), "lastUpdatedAt": _iso(task.updated_at),
         "ttlMs": _ttl_ms(task), "pollIntervalMs": POLL_INTERVAL_MS,
     }
-    if message := _status_message(snapshot):
+    if message := _status_message(task):
         answer["statusMessage"] = message[:1000]
     if task.status == Status.INPUT_REQUIRED:
         answer["inputRequests"] = _input_requests(task)
@@ -490,13 +488,12 @@ def legacy_status(task: Task) -> str:
 
 
 def legacy_task(task: Task) -> dict[str, Any]:
-    snapshot = task_snapshot(task)
     answer: dict[str, Any] = {
-        "taskId": snapshot["taskId"], "status": legacy_status(task),
+        "taskId": str(task.id), "status": legacy_status(task),
         "createdAt": _iso(task.created_at), "lastUpdatedAt": _iso(task.updated_at),
         "ttl": _ttl_ms(task), "pollInterval": POLL_INTERVAL_MS,
     }
-    if message := _status_message(snapshot):
+    if message := _status_message(task):
         answer["statusMessage"] = message[:1000]
     if task.status == Status.FAILED:
         answer.setdefault("statusMessage", _tool_error(task)["message"][:1000])
