@@ -37,6 +37,15 @@ def wait_until(predicate: Callable[[], Any], *, timeout: float, interval: float 
         time.sleep(interval)
 
 
+def settled(task: Any, timeout: float = 90) -> Any:
+    """The task, re-read once it stopped for good or for a person (completed, failed, input_required)."""
+    from tasks_app.models import Task
+
+    wait_until(lambda: Task.objects.get(id=task.id).status in ("completed", "failed", "input_required"),
+               timeout=timeout, what="the task to settle")
+    return Task.objects.get(id=task.id)
+
+
 @dataclass
 class Persona:
     user: Any
@@ -97,6 +106,9 @@ def database_url() -> str:
 
 # The process commands, exactly as compose.yaml runs them (tests/test_deployment.py checks it).
 WEB = ["uvicorn", "runtime_site.asgi:application", "--host", "127.0.0.1", "--port"]
+# Leases that expire in seconds, for the tests that kill, freeze or steer real workers.
+FAST_LEASES = {"RUNTIME_LEASE_SECONDS": "3", "RUNTIME_HEARTBEAT_SECONDS": "1", "RUNTIME_SCAN_SECONDS": "1"}
+
 WORKER = ["celery", "-A", "runtime_site", "worker", "-Q", "steps,maintenance", "-l", "INFO",
           "--without-gossip", "--without-mingle", "-c"]
 BEAT = ["celery", "-A", "runtime_site", "beat", "-l", "INFO", "-s"]

@@ -10,15 +10,14 @@ import threading
 
 import pytest
 
-from conftest import ROOT, Processes, free_port, make_persona, wait_until
+from conftest import FAST_LEASES, ROOT, Processes, free_port, make_persona, wait_until
 from runtime_site.blobstore import blob_store
 from tasks_app.corpus import generate_corpus
 from tasks_app.models import Task
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-FAST = {"RUNTIME_LEASE_SECONDS": "3", "RUNTIME_HEARTBEAT_SECONDS": "1", "RUNTIME_SCAN_SECONDS": "1",
-        "RUNTIME_SLICE_STEPS": "4"}
+FAST = {**FAST_LEASES, "RUNTIME_SLICE_STEPS": "4"}
 
 
 class Rt:

@@ -18,7 +18,7 @@ from unittest import mock
 from django.contrib.sessions.models import Session
 from django.db import connections, transaction
 
-from conftest import Processes, free_port, make_persona
+from conftest import FAST_LEASES, Processes, free_port, make_persona
 from runtime_site.blobstore import blob_store
 from steering_app.actions import do_enqueue_command
 from steering_app.models import SteeringCommand
@@ -34,8 +34,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-FAST = {"RUNTIME_LEASE_SECONDS": "3", "RUNTIME_HEARTBEAT_SECONDS": "1", "RUNTIME_SCAN_SECONDS": "1",
-        "RUNTIME_SLICE_STEPS": "4"}
+FAST = {**FAST_LEASES, "RUNTIME_SLICE_STEPS": "4"}
 SECONDS = 1000  # Playwright timeouts are in milliseconds
 
 

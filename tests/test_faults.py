@@ -13,15 +13,14 @@ import pytest
 from django.db import connection
 
 from checkpoints_app.models import Checkpoint
-from conftest import Processes, free_port, wait_until
+from conftest import FAST_LEASES, Processes, free_port, wait_until
 from tasks_app.actions import do_create_task
 from tasks_app.audit import verify_chain
 from tasks_app.models import Step, Task
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-FAST = {"RUNTIME_LEASE_SECONDS": "3", "RUNTIME_HEARTBEAT_SECONDS": "1", "RUNTIME_SCAN_SECONDS": "1",
-        "RUNTIME_STALL_SECONDS": "3", "RUNTIME_SLICE_STEPS": "8"}
+FAST = {**FAST_LEASES, "RUNTIME_STALL_SECONDS": "3", "RUNTIME_SLICE_STEPS": "8"}
 
 
 def steps_by_sequence(task: Task) -> Counter[int]:

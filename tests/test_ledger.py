@@ -8,7 +8,7 @@ import sys
 import httpx
 import pytest
 
-from conftest import ROOT, Processes, answers, free_port, wait_until
+from conftest import FAST_LEASES, ROOT, Processes, answers, free_port, settled, wait_until
 from ledger_app.models import LedgerEntry
 from tasks_app.actions import do_create_task
 from tasks_app.models import Task
@@ -16,8 +16,7 @@ from tasks_app.queue import enqueue_slice
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-FAST = {"RUNTIME_LEASE_SECONDS": "3", "RUNTIME_HEARTBEAT_SECONDS": "1", "RUNTIME_SCAN_SECONDS": "1",
-        "RUNTIME_SLICE_STEPS": "8", "SECURITY_HTTP_ALLOWLIST": "127.0.0.1"}
+FAST = {**FAST_LEASES, "RUNTIME_SLICE_STEPS": "8", "SECURITY_HTTP_ALLOWLIST": "127.0.0.1"}
 
 
 class Sink:
@@ -41,19 +40,13 @@ def webhook(alice, sink: Sink, *, count: int = 3, reconcile: bool = True, option
     return do_create_task(alice.tenant, actor="user:test", agent="webhook", input=payload, **(options or {}))[0]
 
 
-def finished(task: Task) -> Task:
-    wait_until(lambda: Task.objects.get(id=task.id).status in ("completed", "failed", "input_required"),
-               timeout=90, what="the task to settle")
-    return Task.objects.get(id=task.id)
-
-
 @pytest.mark.parametrize("point", ["ledger:before_call", "ledger:after_call", "ledger:after_settle"])
 def test_a_crash_around_a_call_still_ends_with_exactly_one_effect(alice, processes, tmp_path, point):
     sink = Sink(processes)
     marker = tmp_path / "crashed"
     processes.worker(**FAST, RUNTIME_FAULT_INJECTION=f"{point}:{marker}")
     processes.beat(**FAST)
-    task = finished(webhook(alice, sink))
+    task = settled(webhook(alice, sink))
     assert marker.exists(), "the fault was never injected"
     assert task.status == "completed", task.error
     assert task.recoveries >= 1 and task.result["sent"] == 3
@@ -67,7 +60,7 @@ def test_a_remote_that_cannot_be_asked_gets_a_person_not_a_second_call(alice, pr
     marker = tmp_path / "crashed"
     processes.worker(**FAST, RUNTIME_FAULT_INJECTION=f"ledger:after_call:{marker}")
     processes.beat(**FAST)
-    task = finished(webhook(alice, sink, reconcile=False))
+    task = settled(webhook(alice, sink, reconcile=False))
     assert task.status == "input_required"
     entry = LedgerEntry.objects.get(task=task, step_sequence=1)
     assert entry.status == "unknown"
@@ -79,7 +72,7 @@ def test_a_remote_that_cannot_be_asked_gets_a_person_not_a_second_call(alice, pr
         "commandId": "confirm-1", "type": "provide_input", "payload": {"key": request["key"], "answer": "done"},
         "expectedVersion": snapshot["stateVersion"]}, format="json")
     assert answer.status_code == 202, answer.content
-    task = finished(task)
+    task = settled(task)
     assert task.status == "completed"
     stats = sink.stats()
     assert stats["effects"] == 3 and set(stats["perKey"].values()) == {1}
@@ -91,7 +84,7 @@ def test_the_same_slice_delivered_many_times_makes_each_effect_once(alice, proce
     task = webhook(alice, sink, count=10, sleepMs=30)
     for _ in range(10):
         enqueue_slice(task.id, task.priority)
-    assert finished(task).status == "completed"
+    assert settled(task).status == "completed"
     stats = sink.stats()
     assert stats["effects"] == 10 and set(stats["perKey"].values()) == {1}
 
@@ -99,7 +92,7 @@ def test_the_same_slice_delivered_many_times_makes_each_effect_once(alice, proce
 def test_transient_failures_are_retried_with_backoff_and_left_in_the_ledger(alice, processes):
     sink = Sink(processes, fail_first=2)
     processes.worker(**FAST)
-    task = finished(webhook(alice, sink, count=1))
+    task = settled(webhook(alice, sink, count=1))
     assert task.status == "completed"
     entry = LedgerEntry.objects.get(task=task)
     assert entry.attempts == 3 and len(entry.durations_ms) == 3
@@ -110,7 +103,7 @@ def test_transient_failures_are_retried_with_backoff_and_left_in_the_ledger(alic
 def test_retries_are_bounded_and_the_step_fails_with_a_diagnosable_reason(alice, processes):
     sink = Sink(processes, fail_first=100)
     processes.worker(**FAST)
-    task = finished(webhook(alice, sink, count=2))
+    task = settled(webhook(alice, sink, count=2))
     assert task.status == "failed" and task.error["code"] == "tool_failed"
     assert "HTTP 503" in task.error["message"] and "after 3 attempts" in task.error["message"]
     entry = LedgerEntry.objects.get(task=task)
@@ -121,9 +114,9 @@ def test_retries_are_bounded_and_the_step_fails_with_a_diagnosable_reason(alice,
 def test_denied_tools_and_hosts_off_the_allowlist_fail_clearly(alice, processes):
     sink = Sink(processes)
     processes.worker(**FAST)
-    denied = finished(webhook(alice, sink, tool="shell.root"))
+    denied = settled(webhook(alice, sink, tool="shell.root"))
     assert denied.status == "failed" and "denied by policy" in denied.error["message"]
-    elsewhere = finished(do_create_task(alice.tenant, actor="user:test", agent="webhook",
+    elsewhere = settled(do_create_task(alice.tenant, actor="user:test", agent="webhook",
                                         input={"url": "http://localhost:9/effects"})[0])
     assert elsewhere.status == "failed" and "not in security.http_allowlist" in elsewhere.error["message"]
     assert sink.stats()["posts"] == 0

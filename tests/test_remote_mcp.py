@@ -9,15 +9,14 @@ import sys
 import httpx
 import pytest
 
-from conftest import ROOT, Processes, answers, free_port, wait_until
+from conftest import FAST_LEASES, ROOT, Processes, answers, free_port, settled, wait_until
 from ledger_app.models import LedgerEntry
 from tasks_app.actions import do_create_task
 from tasks_app.models import Task
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-FAST = {"RUNTIME_LEASE_SECONDS": "3", "RUNTIME_HEARTBEAT_SECONDS": "1", "RUNTIME_SCAN_SECONDS": "1",
-        "RUNTIME_STALL_SECONDS": "2", "SECURITY_HTTP_ALLOWLIST": "127.0.0.1",
+FAST = {**FAST_LEASES, "RUNTIME_STALL_SECONDS": "2", "SECURITY_HTTP_ALLOWLIST": "127.0.0.1",
         "TOOLS_REMOTE_WAIT_SECONDS": "1", "TOOLS_REMOTE_POLL_SECONDS": "0.5"}
 
 
@@ -38,12 +37,6 @@ def calls(alice, remote: Remote, *tool_calls: tuple[str, dict]) -> Task:
     payload = {"calls": [{"tool": "mcp.call", "args": {"server": remote.mcp, "tool": name, **args}}
                          for name, args in tool_calls]}
     return do_create_task(alice.tenant, actor="user:test", agent="tool_calls", input=payload)[0]
-
-
-def settled(task: Task, timeout: float = 90) -> Task:
-    wait_until(lambda: Task.objects.get(id=task.id).status in ("completed", "failed", "input_required"),
-               timeout=timeout, what="the task to settle")
-    return Task.objects.get(id=task.id)
 
 
 def test_remote_tools_are_called_once_each_and_their_results_kept(alice, processes):

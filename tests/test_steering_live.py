@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from checkpoints_app.models import Checkpoint
-from conftest import Processes, free_port, wait_until
+from conftest import FAST_LEASES, Processes, free_port, wait_until
 from runtime_site.blobstore import blob_store
 from steering_app.models import SteeringCommand
 from tasks_app.audit import verify_chain
@@ -21,8 +21,7 @@ from tasks_app.models import AuditRecord, Step, Task
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-FAST = {"RUNTIME_LEASE_SECONDS": "3", "RUNTIME_HEARTBEAT_SECONDS": "1", "RUNTIME_SCAN_SECONDS": "1",
-        "RUNTIME_SLICE_STEPS": "8"}
+FAST = {**FAST_LEASES, "RUNTIME_SLICE_STEPS": "8"}
 
 
 class Api:

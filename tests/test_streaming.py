@@ -7,15 +7,14 @@ import time
 import pytest
 from django.db import connection
 
-from conftest import Processes, SseClient, database_url, free_port, wait_until
+from conftest import FAST_LEASES, Processes, SseClient, database_url, free_port, wait_until
 from tasks_app import engine
 from tasks_app.actions import do_create_task
 from tasks_app.models import Task, TaskEvent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-FAST = {"RUNTIME_LEASE_SECONDS": "3", "RUNTIME_HEARTBEAT_SECONDS": "1", "RUNTIME_SCAN_SECONDS": "1",
-        "RUNTIME_STALL_SECONDS": "3", "RUNTIME_SLICE_STEPS": "8", "STREAM_PROGRESS_INTERVAL_MS": "0"}
+FAST = {**FAST_LEASES, "RUNTIME_STALL_SECONDS": "3", "RUNTIME_SLICE_STEPS": "8", "STREAM_PROGRESS_INTERVAL_MS": "0"}
 
 
 def web_and_worker(processes: Processes, web_env: dict[str, str] | None = None, **env: str) -> str:

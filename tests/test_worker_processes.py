@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 
 from checkpoints_app.models import Checkpoint
-from conftest import Processes, wait_until
+from conftest import FAST_LEASES, Processes, wait_until
 from tasks_app.actions import do_create_task
 from tasks_app.audit import verify_chain
 from tasks_app.models import Step, Task
@@ -21,8 +21,7 @@ from tasks_app.queue import enqueue_slice
 pytestmark = pytest.mark.django_db(transaction=True)
 
 # Short leases so a crash is noticed in seconds, not half a minute.
-FAST = {"RUNTIME_LEASE_SECONDS": "3", "RUNTIME_HEARTBEAT_SECONDS": "1", "RUNTIME_SCAN_SECONDS": "1",
-        "RUNTIME_SLICE_STEPS": "8"}
+FAST = {**FAST_LEASES, "RUNTIME_SLICE_STEPS": "8"}
 
 
 def status_of(task: Task) -> str:
