@@ -8,9 +8,11 @@ engine applies pending commands, in accepted order, at its next safe point.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 from uuid import UUID
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models.functions import Now
 from django.utils import timezone
@@ -20,7 +22,7 @@ from tasks_app import events
 from tasks_app.actions import TRANSITION_FIELDS, transition
 from tasks_app.agents import base as agents
 from tasks_app.audit import record_audit
-from tasks_app.models import Task, Tenant
+from tasks_app.models import Role, Task, Tenant
 from tasks_app.queue import enqueue_slice_on_commit
 from tasks_app.states import TERMINAL, Status
 
@@ -246,3 +248,36 @@ def open_input_request(task: Task, *, key: str, prompt: str, schema: dict[str, A
 
 def answers_for(task: Task) -> dict[str, Any]:
     return dict(InputRequest.objects.filter(task=task, status=InputStatus.ANSWERED).values_list("key", "answer"))
+
+
+def answer_refusal(who: Any, task: Task, kind: str) -> str | None:
+    """Why `who` (a Principal) may not answer an input request of this kind, or None. One
+    rule for every edge (REST, dashboard, MCP): approvals need the approver role (and, if
+    configured, someone other than the task's creator); other questions an operator."""
+    if not who.has_role(Role.OPERATOR):
+        return f"this needs the {Role.OPERATOR} role or above"
+    if kind == "approval":
+        if not who.has_role(Role.APPROVER):
+            return "answering an approval needs the approver role"
+        if settings.RUNTIME["security"].get("approver_not_creator") and who.actor == task.created_by:
+            return "the task's creator may not approve its own guarded calls"
+    return None
+
+
+def do_answer_input(task_id: UUID, *, tenant: Tenant, key: str, answer: Any, requested_by: str,
+                    reason: str = "") -> SteeringCommand:
+    """A provide_input command keyed by the request, so the same answer again is a replay
+    and a second answer is refused. Its precondition is the open request (checked when it
+    is applied), not the version the person saw: a worker moving the task meanwhile must
+    not bounce the answer, so a version conflict is retried against the version now."""
+    command_id = "input:" + hashlib.sha1(key.encode()).hexdigest()
+    for attempt in range(5):
+        version = Task.objects.values_list("state_version", flat=True).get(id=task_id)
+        try:
+            return do_enqueue_command(task_id, tenant=tenant, command_id=command_id, type=CommandType.PROVIDE_INPUT,
+                                      payload={"key": key, "answer": answer}, expected_version=version,
+                                      requested_by=requested_by, reason=reason)[0]
+        except VersionConflict:
+            if attempt == 4:
+                raise
+    raise AssertionError("unreachable")

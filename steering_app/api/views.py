@@ -1,16 +1,14 @@
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
-from django.conf import settings
 from rest_framework import serializers, status
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from steering_app.actions import do_enqueue_command
+from steering_app.actions import answer_refusal, do_answer_input, do_enqueue_command
 from steering_app.models import CommandType, InputRequest, SteeringCommand
 from tasks_app.api.views import IDEMPOTENCY_KEY, tenant_task
 from tasks_app.auth import Principal, principal, require_role
@@ -32,17 +30,10 @@ def check_may_answer(request: Request, task: Task, key: str) -> None:
 
 
 def check_principal_may_answer(who: Principal, task: Task, key: str) -> None:
-    """Approvals need the approver role (and, if configured, someone other than the
-    task's creator); other questions need an operator. Shared by every edge that answers
-    (REST, the dashboard) so none has a looser rule than another."""
-    if not who.has_role(Role.OPERATOR):
-        raise PermissionDenied(f"this needs the {Role.OPERATOR} role or above")
+    """steering_app.actions.answer_refusal as this edge's 403."""
     kind = InputRequest.objects.filter(task=task, key=key).values_list("kind", flat=True).first()
-    if kind == "approval":
-        if not who.has_role(Role.APPROVER):
-            raise PermissionDenied("answering an approval needs the approver role")
-        if settings.RUNTIME["security"].get("approver_not_creator") and who.actor == task.created_by:
-            raise PermissionDenied("the task's creator may not approve its own guarded calls")
+    if reason := answer_refusal(who, task, kind or "question"):
+        raise PermissionDenied(reason)
 
 
 class TaskSteeringApi(APIView):
@@ -96,11 +87,6 @@ class TaskInputApi(APIView):
 
 
 def answer_input(who: Principal, task: Task, key: str, answer: Any, *, reason: str = "") -> SteeringCommand:
-    """Answer an open input request as `who`: checked, then a provide_input command keyed
-    by the request, so the same answer again is a replay and a second answer is refused."""
+    """Answer an open input request as `who`: checked, then steering_app.actions.do_answer_input."""
     check_principal_may_answer(who, task, key)
-    command, _ = do_enqueue_command(
-        task.id, tenant=who.tenant, command_id="input:" + hashlib.sha1(key.encode()).hexdigest(),
-        type=CommandType.PROVIDE_INPUT, payload={"key": key, "answer": answer}, expected_version=task.state_version,
-        requested_by=who.actor, reason=reason)
-    return command
+    return do_answer_input(task.id, tenant=who.tenant, key=key, answer=answer, requested_by=who.actor, reason=reason)

@@ -9,7 +9,6 @@ tasks/result); views.py waits for it without holding a thread or a connection.
 from __future__ import annotations
 
 import base64
-import hashlib
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,8 +19,10 @@ from uuid import UUID
 from django.conf import settings
 from django.utils import timezone
 
-from steering_app.actions import CommandRefused, InvalidCommand, VersionConflict, do_enqueue_command
-from steering_app.models import CommandType, InputRequest, InputStatus
+from steering_app.actions import (
+    CommandRefused, InvalidCommand, VersionConflict, answer_refusal, do_answer_input, do_enqueue_command,
+)
+from steering_app.models import InputRequest, InputStatus
 from tasks_app.actions import IdempotencyConflict, IllegalTransition, do_cancel_task, do_create_task
 from tasks_app.agents import base as agents
 from tasks_app.auth import Principal
@@ -376,13 +377,7 @@ def answer_from(response: Any, request: InputRequest) -> tuple[bool, Any]:
 
 
 def may_answer(who: Principal, task: Task, request: InputRequest) -> bool:
-    """REST's rule (steering_app.api.views.check_principal_may_answer) as a predicate."""
-    if not who.has_role(Role.OPERATOR):
-        return False
-    if request.kind == "approval" and not who.has_role(Role.APPROVER):
-        return False
-    return not (request.kind == "approval" and settings.RUNTIME["security"].get("approver_not_creator")
-                and who.actor == task.created_by)
+    return answer_refusal(who, task, request.kind) is None
 
 
 def provide_answers(call: Call, task: Task, responses: dict[str, Any]) -> None:
@@ -391,25 +386,16 @@ def provide_answers(call: Call, task: Task, responses: dict[str, Any]) -> None:
     who = call.principal
     for key, response in responses.items():
         request = InputRequest.objects.filter(task=task, key=key, status=InputStatus.OPEN).first()
-        if request is None:
-            continue  # unknown, already answered or superseded: ignored
-        if not may_answer(who, task, request):
-            continue
+        if request is None or not may_answer(who, task, request):
+            continue  # unknown, already answered, superseded or not this caller's to answer: ignored
         usable, answer = answer_from(response, request)
         if not usable:
             continue
-        for _ in range(5):  # the version moves under us only when the task itself moves
-            version = Task.objects.values_list("state_version", flat=True).get(id=task.id)
-            try:
-                do_enqueue_command(task.id, tenant=who.tenant,
-                                   command_id="input:" + hashlib.sha1(key.encode()).hexdigest(),
-                                   type=CommandType.PROVIDE_INPUT, payload={"key": key, "answer": answer},
-                                   expected_version=version, requested_by=who.actor, reason="answered over MCP")
-                break
-            except VersionConflict:
-                continue
-            except (CommandRefused, InvalidCommand):
-                break
+        try:
+            do_answer_input(task.id, tenant=who.tenant, key=key, answer=answer, requested_by=who.actor,
+                            reason="answered over MCP")
+        except (VersionConflict, CommandRefused, InvalidCommand):
+            continue
 
 
 def modern_tasks_update(call: Call) -> dict[str, Any]:
