@@ -21,7 +21,8 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Max
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from checkpoints_app import actions as checkpoints
@@ -64,7 +65,7 @@ class _Run:
     last_step_name: str
     artifact_refs: list[str]
     checkpoint_sequence: int | None  # sequence of the newest checkpoint
-    rerun_until: int  # steps up to here were committed by a run that crashed before checkpointing
+    rerun_until: int  # high-water mark: steps up to here were committed before, by runs that crashed
     plan_version: int  # of `state`; the task's moves ahead when adjust_goal is applied
     steering_cursor: int  # version of the newest steering command folded into `state`
     answers: dict[str, Any]  # answered input requests, for ctx.ask()
@@ -125,13 +126,16 @@ def _load(lease: leases.Lease) -> _Run | None:
     plan_version = cp.plan_version if cp else 1
     if task.plan_version != plan_version:  # adjust_goal applied while no worker held the task
         state, plan_version = agent.replan(state, task.goal, task.constraints), task.plan_version
+    # Steps past the checkpoint up to the highest one ever committed run again, as new attempts.
+    # Read from the step rows, which nothing lowers (releases before issue 12 lowered steps_done).
+    high_water = max(task.steps_done, Step.objects.filter(task_id=task.id).aggregate(n=Max("sequence"))["n"] or 0)
     if task.status in (Status.QUEUED, Status.RECOVERING):
         task = _start_working(lease, task.status, sequence if cp else None)
     policy = task.checkpoint_policy or {}
     defaults = settings.RUNTIME["checkpoint"]
     return _Run(
         lease=lease, agent=agent, task=task, state=state, sequence=sequence, last_step_name=step_name,
-        artifact_refs=refs, checkpoint_sequence=cp.sequence if cp else None, rerun_until=task.steps_done,
+        artifact_refs=refs, checkpoint_sequence=cp.sequence if cp else None, rerun_until=high_water,
         plan_version=plan_version, steering_cursor=cp.steering_cursor if cp else 0,
         answers=steering.answers_for(task), every_steps=int(policy.get("everySteps", defaults["every_steps"])),
         max_interval=float(policy.get("maxSeconds", defaults["max_interval_seconds"])),
@@ -271,21 +275,27 @@ def _wait_for_input(run: _Run, need: agents.InputNeeded) -> None:
 def _commit_step(run: _Run, ctx: agents.StepContext, new_state: dict[str, Any], began: Any, ms: float) -> None:
     """One transaction per step: a compare-and-set on the lease epoch (the fence) that also
     records progress and reserves the step's event seqs, then the step row, the events and
-    a checkpoint when the policy says so. Four statements on the hot path."""
+    a checkpoint when the policy says so. Four statements on the hot path.
+
+    A step at or below the high-water mark ran before, in a run that crashed before its
+    checkpoint: it becomes the next attempt of that sequence, and what it reports was shown
+    already, so steps_done, progress, phase and message stay where they were."""
     sequence = run.sequence + 1
+    rerun = sequence <= run.rerun_until
     run.artifact_refs += [a["ref"] for a in ctx.artifacts]
     since = sequence - (run.checkpoint_sequence or 0)
     due = since >= run.every_steps or time.monotonic() - run.checkpoint_clock >= run.max_interval
     items: list[tuple[str, dict[str, Any]]] = []
-    fields: dict[str, Any] = {"steps_done": sequence,
+    fields: dict[str, Any] = {"steps_done": Greatest(F("steps_done"), sequence),
                               "lease_expires_at": leases.deadline(settings.RUNTIME_LEASE_SECONDS)}
     if ctx.cost:
         fields["cost"] = F("cost") + ctx.cost
         run.task.cost += ctx.cost
-    if ctx.progress_value is not None or ctx.phase is not None or ctx.message is not None:
+    if not rerun and (ctx.progress_value is not None or ctx.phase is not None or ctx.message is not None):
         task = run.task
         new_phase = ctx.phase is not None and ctx.phase != task.phase
-        task.progress = ctx.progress_value if ctx.progress_value is not None else task.progress
+        # Progress only goes forward (MCP progress notifications must increase).
+        task.progress = max(task.progress, ctx.progress_value) if ctx.progress_value is not None else task.progress
         task.phase = ctx.phase if ctx.phase is not None else task.phase
         task.status_message = ctx.message if ctx.message is not None else task.status_message
         fields.update(progress=task.progress, phase=task.phase, status_message=task.status_message)
@@ -301,11 +311,12 @@ def _commit_step(run: _Run, ctx: agents.StepContext, new_state: dict[str, Any], 
     items += [("artifact", {"step": sequence, **artifact}) for artifact in ctx.artifacts]
     with transaction.atomic(durable=True):
         leases.fenced_update(run.lease, event_seq=F("event_seq") + len(items), **fields)
-        fresh = Task.objects.values("event_seq", "cancel_requested", "cancel_reason", "steering_head").get(
-            id=run.task.id)
+        fresh = Task.objects.values("event_seq", "cancel_requested", "cancel_reason", "steering_head",
+                                    "steps_done").get(id=run.task.id)
         attempt = 1
-        if sequence <= run.rerun_until:  # re-running after a crash: keep both attempts visible
-            attempt += Step.objects.filter(task_id=run.task.id, sequence=sequence).count()
+        if rerun:  # after the attempts before it (the fence's row lock keeps this race-free)
+            attempt += Step.objects.filter(task_id=run.task.id, sequence=sequence).aggregate(
+                n=Max("attempt"))["n"] or 0
         Step.objects.create(
             tenant_id=run.task.tenant_id, task_id=run.task.id, sequence=sequence, attempt=attempt,
             name=ctx.step_name, status=Step.StepStatus.SUCCEEDED, worker=run.lease.worker_id,
@@ -315,7 +326,7 @@ def _commit_step(run: _Run, ctx: agents.StepContext, new_state: dict[str, Any], 
         if items:
             events.store(run.task, fresh["event_seq"] - len(items) + 1, items)
         run.state, run.sequence, run.last_step_name = new_state, sequence, ctx.step_name
-        run.task.event_seq, run.task.steps_done = fresh["event_seq"], sequence
+        run.task.event_seq, run.task.steps_done = fresh["event_seq"], fresh["steps_done"]
         run.task.cancel_requested, run.task.cancel_reason = fresh["cancel_requested"], fresh["cancel_reason"]
         run.task.steering_head = fresh["steering_head"]
         if due:

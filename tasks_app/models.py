@@ -79,7 +79,9 @@ class Task(models.Model):
     phase = models.CharField(max_length=100, blank=True)
     state_version = models.BigIntegerField(default=1)
     plan_version = models.IntegerField(default=1)
-    steps_done = models.IntegerField(default=0)  # sequence of the last committed step
+    # The highest step sequence ever committed: never lowered, also when a crash makes steps
+    # after the last checkpoint run again (engine._commit_step), so snapshots never go back.
+    steps_done = models.IntegerField(default=0)
 
     lease_owner = models.CharField(max_length=200, null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
