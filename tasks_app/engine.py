@@ -4,7 +4,8 @@
 
 Every write after the claim is fenced on the lease epoch, so a worker that lost its
 lease (killed, frozen, partitioned) can never commit again. Durability comes from the
-rows written here, never from the broker.
+rows written here, never from the broker. An infrastructure error (tasks_app.faults) is
+never the agent's failure: the slice is abandoned without writing and tried again later.
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ from ledger_app import actions as ledger
 from ledger_app import policy, tools
 from steering_app import actions as steering
 from runtime_site.blobstore import blob_store
-from tasks_app import events, leases
+from tasks_app import events, faults, leases
 from tasks_app.actions import TRANSITION_FIELDS, transition
 from tasks_app.agents import base as agents
+from tasks_app.audit import record_audit
 from tasks_app.models import Step, Task
 from tasks_app.selectors import task_snapshot
 from tasks_app.states import TERMINAL, Status
@@ -47,6 +49,7 @@ class SliceOutcome(enum.Enum):
     POLL = "poll"  # yielded while a remote task runs: enqueue the successor a little later
     DONE = "done"  # reached a state that needs no further message
     AT_CAPACITY = "at_capacity"  # its tenant runs its maximum: the next slice that ends hands over
+    RETRY = "retry"  # abandoned to an infrastructure fault: enqueue the successor after a backoff
 
 
 def worker_identity() -> str:
@@ -94,6 +97,37 @@ def run_slice(task_id: UUID, *, worker_id: str) -> SliceOutcome:
         except leases.LeaseLost:
             logger.warning("task %s: lease lost, slice abandoned without writing", task_id)
             return SliceOutcome.DROPPED
+        except Exception as exc:
+            if not faults.is_infrastructure_error(exc):
+                raise
+            fault = exc
+    _abandon(lease, fault)  # once the heartbeat has stopped: nothing renews the lease we give back
+    return SliceOutcome.RETRY
+
+
+def _abandon(lease: leases.Lease, fault: Exception) -> None:
+    """The database, broker or blob store failed under the slice: drop its work in hand
+    without writing it, give the lease back and count the fault. The next slice resumes from
+    the last checkpoint, as after a crash, but without waiting out the lease and without
+    counting a recovery. Should even this fail, the lease expires and recovery takes over."""
+    logger.warning("task %s: infrastructure fault, slice abandoned: %s: %s", lease.task_id,
+                   type(fault).__name__, fault)
+    faults.drop_connection()
+    try:
+        with transaction.atomic(durable=True):
+            task = leases.fenced(lease)
+            task.infra_faults += 1
+            record_audit(task, actor=f"worker:{lease.worker_id}", action="infrastructure_fault",
+                         before_version=task.state_version, reason=f"{type(fault).__name__}: {fault}"[:500],
+                         data={"infraFaults": task.infra_faults})
+            task.save(update_fields=["infra_faults", "updated_at", *leases.release_fields(task)])
+    except leases.LeaseLost:
+        pass  # taken over meanwhile: nothing of ours to give back
+    except Exception as exc:
+        if not faults.is_infrastructure_error(exc):
+            raise
+        faults.drop_connection()
+        logger.warning("task %s: could not give the lease back (%s); it expires", lease.task_id, exc)
 
 
 def _load(lease: leases.Lease) -> _Run | None:
@@ -213,6 +247,8 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
                          "message": str(exc)[:1000]})
             return SliceOutcome.DONE
         except Exception as exc:
+            if faults.is_infrastructure_error(exc):
+                raise  # not the agent's failure: run_slice abandons the slice
             logger.exception("task %s: step %s failed", run.task.id, step_name)
             _stop(run.lease, Status.FAILED, reason=f"step {step_name} failed: {exc}"[:500],
                   error={"code": "step_failed", "step": step_name, "sequence": run.sequence + 1,

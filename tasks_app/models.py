@@ -87,6 +87,8 @@ class Task(models.Model):
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     lease_epoch = models.BigIntegerField(default=0)  # +1 on every claim: the fencing token
     recoveries = models.IntegerField(default=0)
+    # Slices abandoned to an infrastructure error (tasks_app.faults): retried, never counted as crashes.
+    infra_faults = models.IntegerField(default=0)
     # Turned away at its tenant's runtime.max_concurrent_tasks: the next freed turn rings it.
     waiting_turn_since = models.DateTimeField(null=True, blank=True)
     cancel_requested = models.BooleanField(default=False)

@@ -10,10 +10,13 @@ from django.db import transaction
 logger = logging.getLogger(__name__)
 
 
-def enqueue_slice(task_id: UUID | str, priority: int, *, countdown: float = 0) -> None:
+def enqueue_slice(task_id: UUID | str, priority: int | None, *, countdown: float = 0,
+                  faults_in_a_row: int = 0) -> None:
     from tasks_app.tasks import run_task_slice  # tasks imports the engine, which imports us
 
-    run_task_slice.apply_async(args=[str(task_id)], priority=priority, countdown=countdown or None)
+    # faults_in_a_row: infrastructure faults just before this slice; its backoff grows with them.
+    kwargs = {"faults_in_a_row": faults_in_a_row} if faults_in_a_row else None
+    run_task_slice.apply_async(args=[str(task_id)], kwargs=kwargs, priority=priority, countdown=countdown or None)
 
 
 def enqueue_slice_on_commit(task_id: UUID, priority: int) -> None:

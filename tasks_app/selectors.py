@@ -32,6 +32,7 @@ def task_snapshot(task: Task) -> dict[str, Any]:
         "cost": task.cost,
         "lastCheckpoint": last,
         "recoveries": task.recoveries,
+        "infrastructureFaults": task.infra_faults,
         "priority": task.priority,
         "cancelRequested": task.cancel_requested,
         "error": task.error,

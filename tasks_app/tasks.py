@@ -8,7 +8,7 @@ from uuid import UUID
 from celery import shared_task
 from django.conf import settings
 
-from tasks_app import engine, leases, recovery, retention
+from tasks_app import engine, faults, leases, recovery, retention
 from tasks_app.models import Task
 from tasks_app.queue import enqueue_slice
 
@@ -16,8 +16,36 @@ logger = logging.getLogger(__name__)
 
 
 @shared_task(name="tasks.run_task_slice", acks_late=True, ignore_result=True)
-def run_task_slice(task_id: str) -> None:
-    outcome = engine.run_slice(UUID(task_id), worker_id=engine.worker_identity())
+def run_task_slice(task_id: str, faults_in_a_row: int = 0) -> None:
+    try:
+        outcome = engine.run_slice(UUID(task_id), worker_id=engine.worker_identity())
+        if outcome is engine.SliceOutcome.RETRY:
+            _retry_later(task_id, faults_in_a_row + 1)
+        else:
+            _hand_on(task_id, outcome)
+    except Exception as exc:
+        if not faults.is_infrastructure_error(exc):
+            raise
+        # Outside the slice's lease (the claim, or handing on after it): nothing to give back.
+        logger.warning("task %s: infrastructure fault around the slice: %s: %s", task_id, type(exc).__name__, exc)
+        faults.drop_connection()
+        _retry_later(task_id, faults_in_a_row + 1)
+
+
+def _retry_later(task_id: str, faults_in_a_row: int) -> None:
+    """Infrastructure faults delay a task, never fail it: ring again after a backoff that
+    grows with each fault in a row. If the broker is what failed, the lease scanner
+    re-finds the task (the database never forgets running work)."""
+    priority = (run_task_slice.request.delivery_info or {}).get("priority")  # no database read: it may be down
+    try:
+        enqueue_slice(task_id, priority, countdown=faults.backoff(faults_in_a_row), faults_in_a_row=faults_in_a_row)
+    except Exception as exc:
+        if not faults.is_infrastructure_error(exc):
+            raise
+        logger.warning("task %s: cannot re-enqueue (%s); the lease scanner will find it", task_id, exc)
+
+
+def _hand_on(task_id: str, outcome: engine.SliceOutcome) -> None:
     if outcome in (engine.SliceOutcome.CONTINUE, engine.SliceOutcome.POLL):
         # After the slice's last commit, never before: no pre-built chains (DESIGN §4).
         # Waiting on a remote task, the next look is a poll interval away (if that

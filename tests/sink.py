@@ -1,9 +1,10 @@
 """An independent HTTP receiver that counts side effects (not our tables): a stand-in for a
 remote API that honours Idempotency-Key and can be asked about a key.
 
-    python tests/sink.py --port 8123 [--fail-first N]
+    python tests/sink.py --port 8123 [--fail-first N] [--delay-ms MS]
 
-POST /effects           records the call; the same key again gets the first answer (idempotent)
+POST /effects           records the call; the same key again gets the first answer (idempotent);
+                        with --delay-ms, a slow remote: it answers that much later
 GET  /effects/<key>     200 with the effect, 404 if it never happened (a reconcile endpoint)
 GET  /stats             {"posts": total POSTs, "perKey": {key: POSTs with that key}, "effects": n}
 """
@@ -13,12 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 lock = threading.Lock()
 posts: dict[str, int] = {}
 effects: dict[str, dict] = {}
-state = {"total": 0, "fail_first": 0}
+state = {"total": 0, "fail_first": 0, "delay_ms": 0}
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -33,6 +35,7 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802
         key = self.headers.get("Idempotency-Key", "")
         payload = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"null")
+        time.sleep(state["delay_ms"] / 1000)
         with lock:
             state["total"] += 1
             posts[key] = posts.get(key, 0) + 1
@@ -60,6 +63,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--fail-first", type=int, default=0)
+    parser.add_argument("--delay-ms", type=int, default=0)
     options = parser.parse_args()
-    state["fail_first"] = options.fail_first
+    state["fail_first"], state["delay_ms"] = options.fail_first, options.delay_ms
     ThreadingHTTPServer(("127.0.0.1", options.port), Handler).serve_forever()

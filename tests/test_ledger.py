@@ -20,10 +20,10 @@ FAST = {**FAST_LEASES, "RUNTIME_SLICE_STEPS": "8", "SECURITY_HTTP_ALLOWLIST": "1
 
 
 class Sink:
-    def __init__(self, processes: Processes, fail_first: int = 0) -> None:
+    def __init__(self, processes: Processes, fail_first: int = 0, delay_ms: int = 0) -> None:
         self.port = free_port()
         processes.start("sink", [sys.executable, str(ROOT / "tests" / "sink.py"), "--port", str(self.port),
-                                 "--fail-first", str(fail_first)])
+                                 "--fail-first", str(fail_first), "--delay-ms", str(delay_ms)])
         self.url = f"http://127.0.0.1:{self.port}"
         wait_until(lambda: answers(f"{self.url}/stats"), timeout=10, what="the sink")
 

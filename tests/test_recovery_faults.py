@@ -6,12 +6,15 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.db import connection
 
-from conftest import FAST_LEASES, Processes, wait_until
+from conftest import FAST_LEASES, Processes, database_url, settled, wait_until
+from ledger_app.models import LedgerEntry
 from tasks_app.actions import do_create_task
 from tasks_app.audit import verify_chain
-from tasks_app.models import Step, Task
+from tasks_app.models import AuditRecord, Step, Task
 from tasks_app.selectors import task_snapshot
+from tests.test_ledger import Sink, webhook
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -68,4 +71,45 @@ def test_a_worker_killed_twice_inside_the_same_steps_before_a_checkpoint_complet
     assert all(len(per_sequence[s]) == 1 for s in range(1, 11))  # the checkpoint was never re-run
     assert per_sequence[11] == [1, 2, 3]  # run after each kill
     watch.assert_never_went_back()
+    assert verify_chain(task) is None
+
+
+def terminate_backends(application_name: str) -> int:
+    """pg_terminate_backend on the connections of one process kind, in this test's database only."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                       "WHERE datname = current_database() AND application_name = %s", [application_name])
+        return cursor.fetchone()[0]
+
+
+def past(task: Task, steps: int) -> bool:
+    """The task has done this many steps, or stopped for good trying."""
+    row = Task.objects.get(id=task.id)
+    return row.steps_done >= steps or row.is_terminal
+
+
+def test_database_connections_cut_mid_call_delay_the_task_and_never_fail_it(alice, processes: Processes):
+    # A slow remote: each step's POST takes 0.6 s, so a cut lands while the call is in flight
+    # and the step's next database write (settling the ledger row) meets a dead connection.
+    sink = Sink(processes, delay_ms=600)
+    env = {**FAST_LEASES, "RUNTIME_SLICE_STEPS": "4", "SECURITY_HTTP_ALLOWLIST": "127.0.0.1"}
+    processes.worker(**env, DATABASE_URL=f"{database_url()}?application_name=rt-fault-worker")
+    processes.beat(**env)
+    task = webhook(alice, sink, count=10)
+    for at in (2, 5, 8):
+        wait_until(lambda at=at: past(task, at), timeout=60, what=f"{at} steps")
+        assert not Task.objects.get(id=task.id).is_terminal, Task.objects.get(id=task.id).error  # not by the cut
+        # (Between slices, and backing off after a fault, the worker holds no connection.)
+        wait_until(lambda: terminate_backends("rt-fault-worker"), timeout=30, interval=0.05,
+                   what="a worker connection to cut")
+
+    task = settled(task)
+    assert task.status == "completed", task.error
+    assert task.result["sent"] == 10
+    # Infrastructure faults are counted as such, resumed at once, never counted as crashes.
+    assert task.infra_faults >= 1 and task.recoveries == 0
+    assert AuditRecord.objects.filter(task=task, action="infrastructure_fault").count() == task.infra_faults
+    stats = sink.stats()
+    assert stats["effects"] == 10 and set(stats["perKey"].values()) == {1}  # each call made once
+    assert set(LedgerEntry.objects.filter(task=task).values_list("status", flat=True)) == {"succeeded"}
     assert verify_chain(task) is None

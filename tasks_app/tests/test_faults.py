@@ -3,16 +3,22 @@ and infrastructure errors inside a step or its commit (issue 12)."""
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from typing import Any
 
+import botocore.exceptions
+import kombu.exceptions
+import psycopg
 import pytest
+import redis.exceptions
+from django.db import IntegrityError, InterfaceError, OperationalError, connection, transaction
 
-from tasks_app import engine, recovery
+from tasks_app import engine, faults, recovery, tasks
 from tasks_app.actions import do_create_task
 from tasks_app.agents.base import Agent, StepContext, register
 from tasks_app.audit import verify_chain
-from tasks_app.models import Step, Task
+from tasks_app.models import AuditRecord, Step, Task
 from tasks_app.selectors import task_snapshot
 from tasks_app.tests.test_engine import expire_lease, run_to_end
 
@@ -102,3 +108,109 @@ def test_a_task_whose_steps_done_was_lowered_by_an_older_release_still_resumes(a
     task.refresh_from_db()
     assert task.status == "completed", task.error
     assert attempts(task) == {**{s: [1] for s in range(1, 13)}, 6: [1, 2], 7: [1, 2], 8: [1, 2]}
+
+
+def terminate_backend(pid: int) -> None:
+    """pg_terminate_backend from another connection (another thread gets its own)."""
+    def kill() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+        connection.close()
+
+    thread = threading.Thread(target=kill)
+    thread.start()
+    thread.join()
+
+
+def backend_pid() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return cursor.fetchone()[0]
+
+
+FAULTED: Counter[str] = Counter()
+
+
+@register
+class DatabaseFaultAgent(Agent):
+    """`steps` steps; at step `faultAt` (once) the database drops the worker's connection:
+    "step" while the step itself still needs it (as a ledger write would), "commit" just
+    before the engine commits the step."""
+
+    name = "test_db_fault"
+    input_schema = {"type": "object"}
+
+    def start(self, input: dict[str, Any], goal: str) -> dict[str, Any]:
+        return {"done": 0, "total": input["steps"]}
+
+    def next_step(self, state: dict[str, Any]) -> str | None:
+        return f"s{state['done'] + 1}" if state["done"] < state["total"] else None
+
+    def run_step(self, ctx: StepContext, state: dict[str, Any]) -> dict[str, Any]:
+        if ctx.sequence == ctx.input["faultAt"] and not FAULTED[ctx.task_id]:
+            FAULTED[ctx.task_id] += 1
+            if ctx.input["where"] == "step":  # in a transaction of the step's own, as ledger writes are
+                with transaction.atomic(), connection.cursor() as cursor:
+                    cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+            else:
+                terminate_backend(backend_pid())
+        return {**state, "done": state["done"] + 1}
+
+    def result(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {"steps": state["done"]}
+
+
+@pytest.mark.parametrize("where", ["step", "commit"])
+def test_a_database_connection_dropped_in_a_step_or_its_commit_delays_the_task_and_never_fails_it(alice, where):
+    task, _ = do_create_task(alice.tenant, actor="user:test", agent="test_db_fault",
+                             input={"steps": 8, "faultAt": 6, "where": where}, checkpoint_policy={"everySteps": 4})
+    outcome = engine.run_slice(task.id, worker_id="w1")
+
+    task.refresh_from_db()  # the connection was reset: this reconnects
+    assert task.status == "working" and task.error is None
+    assert outcome is engine.SliceOutcome.RETRY  # the wrapper rings again after a backoff
+    assert task.lease_owner is None  # given back at once, not left to expire
+    assert task.infra_faults == 1 and task.recoveries == 0  # counted, but not as a crash
+    assert task_snapshot(task)["infrastructureFaults"] == 1
+    fault = AuditRecord.objects.get(task=task, action="infrastructure_fault")
+    assert fault.actor == "worker:w1" and "OperationalError" in fault.reason
+    assert Step.objects.filter(task=task).count() == 5  # step 6 was not written
+
+    assert run_to_end(task, worker="w2")[-1] is engine.SliceOutcome.DONE
+    task.refresh_from_db()
+    assert task.status == "completed" and task.result == {"steps": 8}
+    assert attempts(task) == {**{s: [1] for s in range(1, 9)}, 5: [1, 2]}  # from checkpoint 4
+    assert verify_chain(task) is None
+
+
+def test_the_slice_wrapper_survives_a_dead_connection_and_rings_again(alice):
+    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 2})
+    terminate_backend(backend_pid())  # the connection dies just before the claim
+    tasks.run_task_slice(str(task.id))  # the claim meets the dead connection: no exception escapes
+    task.refresh_from_db()
+    assert task.status == "queued" and task.lease_owner is None and task.lease_epoch == 0
+    tasks.run_task_slice(str(task.id))  # the retry finds a fresh connection
+    assert Task.objects.get(id=task.id).status == "completed"
+
+
+@pytest.mark.parametrize(("error", "infrastructure"), [
+    (OperationalError("server closed the connection unexpectedly"), True),
+    (InterfaceError("connection already closed"), True),
+    (psycopg.errors.AdminShutdown("terminating connection due to administrator command"), True),
+    (redis.exceptions.ConnectionError("Connection refused"), True),
+    (kombu.exceptions.OperationalError("Error 111 connecting to 127.0.0.1:6379"), True),
+    (botocore.exceptions.EndpointConnectionError(endpoint_url="http://minio:9000"), True),
+    (botocore.exceptions.ClientError({"ResponseMetadata": {"HTTPStatusCode": 503}}, "PutObject"), True),
+    (botocore.exceptions.ClientError({"ResponseMetadata": {"HTTPStatusCode": 403}}, "PutObject"), False),
+    (IntegrityError("duplicate key value violates unique constraint"), False),
+    (RuntimeError("disk on fire"), False),
+])
+def test_only_infrastructure_errors_are_classified_as_such(error, infrastructure):
+    assert faults.is_infrastructure_error(error) is infrastructure
+    wrapped = RuntimeError("the agent wrapped it")
+    wrapped.__cause__ = error  # raise ... from error
+    assert faults.is_infrastructure_error(wrapped) is infrastructure
+
+
+def test_the_backoff_grows_with_faults_in_a_row_up_to_a_cap():
+    assert [faults.backoff(n) for n in (1, 2, 3, 4, 5, 6, 7, 50)] == [1, 2, 4, 8, 16, 30, 30, 30]
