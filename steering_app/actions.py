@@ -142,7 +142,13 @@ def do_enqueue_command(
     record_audit(task, actor=requested_by, action="steering_accepted", before_version=before, reason=reason,
                  data={"commandId": command_id, "type": type, "payload": payload})
     enqueue = False
-    if type == CommandType.SET_PRIORITY or _idle(task):
+    if _idle(task):
+        # At a safe point now: what a worker left pending (a pause accepted just before its
+        # slice ended) applies too, in accepted order, then this command.
+        command.save()
+        enqueue = apply_pending(task, actor=requested_by, by_worker=False)
+        command.refresh_from_db(fields=["status", "outcome", "applied_at"])  # applied as its own row
+    elif type == CommandType.SET_PRIORITY:  # no business change: it may apply mid-step
         command.save()
         enqueue = apply_command(task, command, actor=requested_by)
     else:
@@ -159,16 +165,24 @@ def do_enqueue_command(
     return command, True
 
 
-def apply_pending(task: Task, *, actor: str, by_worker: bool = True) -> list[SteeringCommand]:
-    """Engine-only, in its fenced safe-point transaction: apply pending commands in
-    accepted order. by_worker=False when the worker is letting go of the task in this same
-    transaction (it will not be there to finish a cancel). The caller saves STEERING_FIELDS."""
+def apply_pending(task: Task, *, actor: str, by_worker: bool = True) -> bool:
+    """At a safe point, in its transaction on a locked or fenced row: apply pending commands
+    in accepted order. by_worker=False unless the lease holder applies them and stays (a
+    worker letting go of the task in this same transaction will not be there to finish a
+    cancel). Returns True when the task became runnable and needs a slice. The caller saves
+    STEERING_FIELDS.
+
+    Cancel always wins: one applied here, or asked for over REST or MCP while a worker held
+    the task, ends it now, whatever came with it (a pause applied in the same breath would
+    otherwise leave it paused, with nobody to finish the cancel)."""
     assert transaction.get_connection().in_atomic_block
-    done = []
+    enqueue = False
     for command in SteeringCommand.objects.filter(task=task, status=CommandStatus.PENDING).order_by("version"):
-        apply_command(task, command, actor=actor, by_worker=by_worker)
-        done.append(command)
-    return done
+        enqueue = apply_command(task, command, actor=actor, by_worker=by_worker) or enqueue
+    if task.cancel_requested and task.status not in TERMINAL:
+        _cancel(task, actor=actor, by_worker=by_worker)
+        enqueue = False
+    return enqueue
 
 
 def apply_command(task: Task, command: SteeringCommand, *, actor: str, by_worker: bool = False) -> bool:
@@ -202,9 +216,7 @@ def apply_command(task: Task, command: SteeringCommand, *, actor: str, by_worker
         case CommandType.CANCEL:
             task.cancel_requested, task.cancel_reason = True, (command.reason or "cancelled")[:500]
             if not by_worker:  # nobody is mid-step: cancelled now
-                transition(task, Status.CANCELLED, actor=actor, reason=task.cancel_reason)
-                task.lease_owner, task.lease_expires_at = None, None
-                task.lease_epoch += 1  # fences any worker that still believes it holds the task
+                _cancel(task, actor=actor, by_worker=False)
         case CommandType.ADJUST_GOAL:
             task.goal = command.payload.get("goal", task.goal)
             task.constraints = {**task.constraints, **command.payload.get("constraints", {})}
@@ -222,6 +234,14 @@ def apply_command(task: Task, command: SteeringCommand, *, actor: str, by_worker
             task.priority = command.payload["priority"]
     _settle(task, command, CommandStatus.APPLIED, "", actor, before)
     return enqueue
+
+
+def _cancel(task: Task, *, actor: str, by_worker: bool) -> None:
+    """End a task whose cancel was asked for (the reason is on the row)."""
+    transition(task, Status.CANCELLED, actor=actor, reason=task.cancel_reason or "cancelled")
+    if not by_worker:
+        task.lease_owner, task.lease_expires_at = None, None
+        task.lease_epoch += 1  # fences any worker that still believes it holds the task
 
 
 def _settle(task: Task, command: SteeringCommand, status: str, outcome: str, actor: str, before: int) -> None:

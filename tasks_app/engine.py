@@ -196,11 +196,8 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
     started, steps = time.monotonic(), 0
     while True:
         # --- safe point: the fresh row from the last commit says what was asked of us.
-        if run.task.steering_head > run.steering_cursor and not _apply_steering(run):
+        if (run.task.steering_head > run.steering_cursor or run.task.cancel_requested) and not _apply_steering(run):
             return SliceOutcome.DONE  # paused, or the task ended
-        if run.task.cancel_requested:
-            _finish(run, Status.CANCELLED, reason=run.task.cancel_reason or "cancelled")
-            return SliceOutcome.DONE
         step_name = run.agent.next_step(run.state)
         if step_name is None:
             return _complete(run)
@@ -268,22 +265,23 @@ def _over_budget(run: _Run) -> str | None:
 
 
 def _apply_steering(run: _Run) -> bool:
-    """Apply pending steering commands in accepted order, re-plan if the goal moved, and
-    checkpoint with the new steering cursor (so recovery re-applies nothing and loses
-    nothing). False: the slice must stop (paused, or the task ended)."""
+    """Apply pending steering commands in accepted order and a requested cancel (which always
+    wins), re-plan if the goal moved, and checkpoint with the new steering cursor (so
+    recovery re-applies nothing and loses nothing). False: the slice must stop (paused, or
+    the task ended)."""
     with transaction.atomic(durable=True):
         task = leases.fenced(run.lease)
         steering.apply_pending(task, actor=f"worker:{run.lease.worker_id}")
         run.steering_cursor, run.task = task.steering_head, task
         if task.plan_version != run.plan_version:
             run.state, run.plan_version = run.agent.replan(run.state, task.goal, task.constraints), task.plan_version
-        paused = task.status == Status.PAUSED
-        if paused or task.status in TERMINAL:
+        paused, ended = task.status == Status.PAUSED, task.status in TERMINAL
+        if paused or ended:
             leases.release_fields(task)
             _flush_progress(run, task)
         task.save(update_fields=steering.STEERING_FIELDS)
-        _checkpoint(run, task, "pause" if paused else "steering", force=True)
-    return not (paused or task.status in TERMINAL)
+        _checkpoint(run, task, "pause" if paused else "terminal" if ended else "steering", force=True)
+    return not (paused or ended)
 
 
 def _wait_for_input(run: _Run, need: agents.InputNeeded) -> None:
@@ -419,7 +417,7 @@ def _complete(run: _Run) -> SliceOutcome:
 
 
 def _finish(run: _Run, to: str, *, reason: str = "", result: dict[str, Any] | None = None) -> None:
-    """Terminal with a checkpoint (completed, cancelled at a safe point)."""
+    """Terminal with a checkpoint (completed; a cancel ends in _apply_steering)."""
     with transaction.atomic(durable=True):
         task = leases.fenced(run.lease)
         _flush_progress(run, task)

@@ -15,6 +15,7 @@ from tasks_app.audit import verify_chain
 from tasks_app.models import AuditRecord, Step, Task
 from tasks_app.selectors import task_snapshot
 from tests.test_ledger import Sink, webhook
+from tests.test_steering_live import live  # noqa: F401 (a fixture: web, two workers and beat)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -112,4 +113,27 @@ def test_database_connections_cut_mid_call_delay_the_task_and_never_fail_it(alic
     stats = sink.stats()
     assert stats["effects"] == 10 and set(stats["perKey"].values()) == {1}  # each call made once
     assert set(LedgerEntry.objects.filter(task=task).values_list("status", flat=True)) == {"succeeded"}
+    assert verify_chain(task) is None
+
+
+@pytest.mark.parametrize("how", ["steering", "rest"])
+def test_a_cancel_right_after_a_pause_during_a_long_step_cancels_the_task(live, how):  # noqa: F811
+    api, _ = live
+    task_id = api.create("noop", {"steps": 6, "sleepMs": 2000})
+    wait_until(lambda: Step.objects.filter(task_id=task_id).exists(), timeout=30, what="the first step")
+    assert api.steer(task_id, "pause").json()["status"] == "pending"  # a 2 s step is under way
+    if how == "steering":
+        assert api.steer(task_id, "cancel", reason="stop it").json()["status"] == "pending"
+    else:
+        response = api.http.post(f"/runtime/tasks/{task_id}/cancel", json={"reason": "stop it"})
+        assert response.status_code == 202 and response.json()["cancelRequested"] is True
+    # The worker applies both at its safe point; the pause must not swallow the cancel.
+    wait_until(lambda: api.snapshot(task_id)["runtimeStatus"] in ("cancelled", "paused"), timeout=30,
+               what="the commands to land")
+    snapshot = api.snapshot(task_id)
+    assert (snapshot["status"], snapshot["runtimeStatus"]) == ("cancelled", "cancelled")
+    task = Task.objects.get(id=task_id)
+    assert task.cancel_reason == "stop it" and task.lease_owner is None and task.steps_done < 6
+    history = api.http.get(f"/runtime/tasks/{task_id}/steering").json()["results"]
+    assert all(c["status"] == "applied" for c in history)
     assert verify_chain(task) is None
