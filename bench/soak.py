@@ -653,8 +653,9 @@ def main() -> None:
                                                    "submitted while faults remain")
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=1, help="pool processes per worker")
-    parser.add_argument("--in-flight", type=int, help="tasks kept open at once (default: one per pool process, "
-                                                       "so a task whose worker dies does not also queue behind others)")
+    parser.add_argument("--in-flight", type=int,
+                        help="tasks kept moving at once (default: one per pool process but one, so the takeover "
+                             "measures the runtime, not a queue behind busy workers)")
     parser.add_argument("--stuck-after", type=float, default=30,
                         help="seconds without a new step after which a task no longer counts as in flight")
     parser.add_argument("--gap", default="1.5:3", help="seconds between faults, min:max")
@@ -669,7 +670,7 @@ def main() -> None:
     parser.add_argument("--tick", type=float, default=0.1)
     parser.add_argument("--timeout", type=float, default=3600, help="seconds for the faults")
     parser.add_argument("--drain-timeout", type=float, help="seconds after the last fault for every task to settle "
-                                                            "(default 300, quick 60)")
+                                                            "(default 300, quick 90)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--keep-db", action="store_true", help="keep the soak's database for inspection")
     args = parser.parse_args()
@@ -685,8 +686,8 @@ def main() -> None:
     os.environ["REDIS_URL"] = f"redis://127.0.0.1:{args.redis_port}/0"
     for key, value in SETTINGS.items():
         os.environ.setdefault(key, value)  # the caller's environment wins
-    args.in_flight = args.in_flight or args.workers * args.concurrency
-    args.drain_timeout = args.drain_timeout or (60 if args.quick else 300)
+    args.in_flight = args.in_flight or max(1, args.workers * args.concurrency - 1)
+    args.drain_timeout = args.drain_timeout or (90 if args.quick else 300)
     args.freeze_seconds = args.freeze_seconds or float(os.environ["RUNTIME_LEASE_SECONDS"]) + 2
     _common.setup()
 
