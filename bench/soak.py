@@ -333,8 +333,9 @@ class Soak:
         busy = [i for i, tasks in held.items() if tasks]
         return self.rng.choice(busy or list(held)) if held else None
 
-    def signal_worker(self, i: int, how: str, rows: dict[str, Row],
-                      depth: int = 0) -> None:
+    def signal_worker(self, i: int, how: str, rows: dict[str, Row], depth: int = 0) -> None:
+        """SIGKILL a worker's group (replaced at once) or SIGTERM its main process. A task it
+        held with committed steps past its checkpoint becomes a target for aim_at_reruns."""
         from django.utils import timezone
 
         from checkpoints_app.models import Checkpoint
