@@ -1,14 +1,10 @@
 from django.contrib import admin
-from django.http import HttpRequest, JsonResponse
 from django.urls import include, path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView
 
+from runtime_site.health import healthz, readyz
 from tasks_app.mcp.views import mcp_endpoint
-
-
-def healthz(request: HttpRequest) -> JsonResponse:
-    return JsonResponse({"ok": True})
 
 
 urlpatterns = [
@@ -17,6 +13,7 @@ urlpatterns = [
          name="schema"),
     path("admin/", admin.site.urls),
     path("healthz", healthz),
+    path("readyz", readyz),
     path("mcp", mcp_endpoint, name="mcp"),
     path("dashboard/", include("dashboard.urls")),
     path("", RedirectView.as_view(url="/dashboard/", permanent=False)),
