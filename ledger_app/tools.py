@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -57,6 +57,11 @@ class UnknownTool(LookupError):
 
 
 def register(tool: Tool) -> Tool:
+    from tasks_app import telemetry
+
+    # Every call and poll is observed (metrics, a span, traceparent on the wire): tasks_app/telemetry.py.
+    tool = replace(tool, call=telemetry.tool(tool.name, tool.call),
+                   poll=telemetry.tool(tool.name, tool.poll) if tool.poll else None)
     _TOOLS[tool.name] = tool
     return tool
 

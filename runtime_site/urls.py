@@ -4,6 +4,7 @@ from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView
 
 from runtime_site.health import healthz, readyz
+from runtime_site.metrics import metrics_view
 from tasks_app.mcp.views import mcp_endpoint
 
 
@@ -14,6 +15,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("healthz", healthz),
     path("readyz", readyz),
+    path("metrics", metrics_view),
     path("mcp", mcp_endpoint, name="mcp"),
     path("dashboard/", include("dashboard.urls")),
     path("", RedirectView.as_view(url="/dashboard/", permanent=False)),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from uuid import UUID
 
 from django.db import transaction
@@ -13,7 +14,11 @@ logger = logging.getLogger(__name__)
 def enqueue_slice(task_id: UUID | str, priority: int, *, countdown: float = 0) -> None:
     from tasks_app.tasks import run_task_slice  # tasks imports the engine, which imports us
 
-    run_task_slice.apply_async(args=[str(task_id)], priority=priority, countdown=countdown or None)
+    from runtime_site.metrics import READY_AT_HEADER
+
+    # When the message is due: the queue's age and the slice's start latency are measured from it.
+    run_task_slice.apply_async(args=[str(task_id)], priority=priority, countdown=countdown or None,
+                               headers={READY_AT_HEADER: time.time() + countdown})
 
 
 def enqueue_slice_on_commit(task_id: UUID, priority: int) -> None:

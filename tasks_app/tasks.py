@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 from uuid import UUID
 
 from celery import shared_task
 from django.conf import settings
 
+from runtime_site import metrics
 from tasks_app import engine, leases, recovery, retention
 from tasks_app.models import Task
 from tasks_app.queue import enqueue_slice
@@ -15,9 +17,11 @@ from tasks_app.queue import enqueue_slice
 logger = logging.getLogger(__name__)
 
 
-@shared_task(name="tasks.run_task_slice", acks_late=True, ignore_result=True)
-def run_task_slice(task_id: str) -> None:
+@shared_task(name="tasks.run_task_slice", acks_late=True, ignore_result=True, bind=True)
+def run_task_slice(self: Any, task_id: str) -> None:
+    metrics.observe_slice_start(self.request.get(metrics.READY_AT_HEADER))
     outcome = engine.run_slice(UUID(task_id), worker_id=engine.worker_identity())
+    metrics.SLICES.labels(outcome.value).inc()
     if outcome in (engine.SliceOutcome.CONTINUE, engine.SliceOutcome.POLL):
         # After the slice's last commit, never before: no pre-built chains (DESIGN §4).
         # Waiting on a remote task, the next look is a poll interval away (if that
@@ -37,6 +41,7 @@ def scan_leases() -> None:
     """Beat job: the broker may lose messages; the database never forgets running work."""
     for task_id in recovery.expired_lease_ids():
         if task := recovery.do_mark_recovering(task_id, actor="system:reaper"):
+            metrics.RECOVERIES.labels(task.status).inc()
             logger.warning("task %s: worker lost, now %s (recoveries %s)", task_id, task.status, task.recoveries)
     for task_id, priority in leases.stalled(stall_seconds=settings.RUNTIME_STALL_SECONDS):
         logger.info("task %s: no lease and no progress, re-enqueued (message lost)", task_id)
