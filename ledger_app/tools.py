@@ -13,6 +13,8 @@ from urllib.parse import urlsplit
 import httpx
 from django.conf import settings
 
+from runtime_site.tracing import trace_headers
+
 
 class ToolError(Exception):
     def __init__(self, message: str, *, retryable: bool) -> None:
@@ -253,7 +255,7 @@ def _mcp_call(args: dict[str, Any], key: str, timeout: float) -> Any:
     from ledger_app import mcp_client
 
     _allowed(args["server"])
-    headers = _credential_headers(args)
+    headers = {**_credential_headers(args), **trace_headers()}  # the SDK's HTTP client is not instrumented
     return _remote(lambda: mcp_client.call_tool(args["server"], args["tool"], args.get("arguments", {}), key=key,
                                                 timeout=args.get("timeoutSeconds", timeout), headers=headers))
 
@@ -262,7 +264,7 @@ def _mcp_poll(args: dict[str, Any], ref: str, timeout: float) -> Any:
     from ledger_app import mcp_client
 
     _allowed(args["server"])
-    headers = _credential_headers(args)
+    headers = {**_credential_headers(args), **trace_headers()}
     return _remote(lambda: mcp_client.get_task(args["server"], ref, timeout=timeout, headers=headers))
 
 

@@ -5,7 +5,7 @@ import os
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_process_init, worker_ready
+from celery.signals import worker_process_init, worker_process_shutdown, worker_ready
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "runtime_site.settings")
 
@@ -74,6 +74,22 @@ def serve_metrics(**_: Any) -> None:
         from runtime_site.metrics import serve_worker_metrics
 
         serve_worker_metrics()
+
+
+@worker_process_init.connect
+def trace_pool_process(**_: Any) -> None:
+    """Each pool process exports its own spans (an exporter thread does not survive the fork)."""
+    from runtime_site import tracing
+
+    tracing.configure("runtime-worker")
+
+
+@worker_process_shutdown.connect
+def flush_spans(**_: Any) -> None:
+    from runtime_site import tracing
+
+    if tracing.enabled():
+        tracing.flush()
 
 
 @worker_process_init.connect

@@ -192,7 +192,7 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
         try:
             # A JSON round trip both copies the state (a failed step leaves ours intact)
             # and proves the agent's new state can be checkpointed.
-            with telemetry.step(run.task, step_name, sequence):
+            with telemetry.step(run.task, step_name, sequence, rerun=sequence <= run.rerun_until):
                 new_state = json.loads(json.dumps(run.agent.run_step(ctx, json.loads(json.dumps(run.state)))))
         except agents.InputNeeded as need:
             _wait_for_input(run, need)

@@ -10,7 +10,7 @@ from celery import shared_task
 from django.conf import settings
 
 from runtime_site import metrics
-from tasks_app import engine, leases, recovery, retention
+from tasks_app import engine, leases, recovery, retention, telemetry
 from tasks_app.models import Task
 from tasks_app.queue import enqueue_slice
 
@@ -20,8 +20,14 @@ logger = logging.getLogger(__name__)
 @shared_task(name="tasks.run_task_slice", acks_late=True, ignore_result=True, bind=True)
 def run_task_slice(self: Any, task_id: str) -> None:
     metrics.observe_slice_start(self.request.get(metrics.READY_AT_HEADER))
-    outcome = engine.run_slice(UUID(task_id), worker_id=engine.worker_identity())
-    metrics.SLICES.labels(outcome.value).inc()
+    with telemetry.slice_of(task_id) as span:
+        outcome = engine.run_slice(UUID(task_id), worker_id=engine.worker_identity())
+        span.set_attribute("runtime.slice.outcome", outcome.value)
+        metrics.SLICES.labels(outcome.value).inc()
+        _successors(task_id, outcome)  # in the slice's span: the next slice stays in the task's trace
+
+
+def _successors(task_id: str, outcome: engine.SliceOutcome) -> None:
     if outcome in (engine.SliceOutcome.CONTINUE, engine.SliceOutcome.POLL):
         # After the slice's last commit, never before: no pre-built chains (DESIGN §4).
         # Waiting on a remote task, the next look is a poll interval away (if that
@@ -32,8 +38,9 @@ def run_task_slice(self: Any, task_id: str) -> None:
     if outcome in (engine.SliceOutcome.CONTINUE, engine.SliceOutcome.POLL, engine.SliceOutcome.DONE):
         # Turns of a capacity-limited tenant may be free: ring the tasks it turned away
         # (should a ring be lost, the lease scanner re-finds them after stall_seconds).
-        for waiting, waiting_priority in leases.next_waiting(UUID(task_id)):
-            enqueue_slice(waiting, waiting_priority)
+        with telemetry.detached():  # another task's message: not in this task's trace
+            for waiting, waiting_priority in leases.next_waiting(UUID(task_id)):
+                enqueue_slice(waiting, waiting_priority)
 
 
 @shared_task(name="tasks.scan_leases", ignore_result=True)
