@@ -264,11 +264,21 @@ SPECTACULAR_SETTINGS = {
     "SERVE_INCLUDE_SCHEMA": False,
 }
 
+# RUNTIME_LOG_FORMAT=json: one JSON object per line with task, tenant, trace and worker
+# (runtime_site/logs.py); "plain" (the default) is for people reading a terminal.
+RUNTIME_LOG_FORMAT = os.getenv("RUNTIME_LOG_FORMAT", "plain")
+if RUNTIME_LOG_FORMAT not in ("plain", "json"):
+    raise ImproperlyConfigured(f"RUNTIME_LOG_FORMAT={RUNTIME_LOG_FORMAT!r}: use 'plain' or 'json'")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+                   "json": {"()": "runtime_site.logs.JsonFormatter"}},
     "filters": {"redact": {"()": "tasks_app.redaction.RedactingFilter"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["redact"]}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": RUNTIME_LOG_FORMAT,
+                             "filters": ["redact"]}},
     "root": {"handlers": ["console"], "level": os.getenv("RUNTIME_LOG_LEVEL", "INFO")},
+    # uvicorn set up its own handlers before Django loaded: in JSON, its lines go through ours.
+    "loggers": {name: {"handlers": ["console"], "propagate": False}
+                for name in ("uvicorn", "uvicorn.error", "uvicorn.access")} if RUNTIME_LOG_FORMAT == "json" else {},
 }

@@ -16,7 +16,7 @@ from typing import Any
 from opentelemetry import context, trace
 from opentelemetry.trace import Span, StatusCode
 
-from runtime_site import metrics
+from runtime_site import logs, metrics
 from tasks_app.agents import base as agents
 
 tracer = trace.get_tracer("runtime")
@@ -27,15 +27,16 @@ TASK_ID, TENANT, AGENT, STEP, SEQUENCE, ATTEMPT = (
 
 @contextmanager
 def slice_of(task_id: str) -> Iterator[Span]:
-    """Around one slice (one Celery message): a span in the trace the message carried."""
-    with tracer.start_as_current_span("slice", attributes={TASK_ID: task_id}) as span:
-        if span.is_recording():
-            from tasks_app.models import Task
+    """Around one slice (one Celery message): a span in the trace the message carried, and
+    the task's id, tenant and agent on every log line written inside."""
+    from tasks_app.models import Task
 
-            row = Task.objects.filter(id=task_id).values_list("agent", "tenant__slug").first()
-            if row:
-                span.set_attributes({AGENT: row[0], TENANT: row[1]})
-        yield span
+    with tracer.start_as_current_span("slice", attributes={TASK_ID: task_id}) as span:
+        agent, tenant = Task.objects.filter(id=task_id).values_list("agent", "tenant__slug").first() or (None, None)
+        if span.is_recording() and agent:
+            span.set_attributes({AGENT: agent, TENANT: tenant})
+        with logs.about(task_id=task_id, tenant=tenant, agent=agent):
+            yield span
 
 
 @contextmanager
@@ -49,7 +50,8 @@ def step(task: Any, name: str, sequence: int, *, rerun: bool = False) -> Iterato
             span.set_attributes({TASK_ID: str(task.id), TENANT: task.tenant.slug, AGENT: task.agent, STEP: name,
                                  SEQUENCE: sequence, ATTEMPT: _attempt(task, sequence) if rerun else 1})
         try:
-            yield
+            with logs.about(step=name):
+                yield
         except (agents.InputNeeded, agents.RemoteWait) as exc:
             outcome = "waiting"  # asked a person, or a remote task runs: not a failure
             span.set_attribute("runtime.step.waiting", type(exc).__name__)
