@@ -5,13 +5,16 @@
 One real worker process (prefork, -c 1) at a time against PostgreSQL and Redis; off and
 on alternate, in the same run. "On" exports every span over OTLP/HTTP to a receiver in
 this process that reads and drops the bodies (a collector stand-in that costs the worker
-nothing). Reported: ms per step off and on, the difference per step, and the spans the
-worker exported per step (step, slice and Celery spans, and one per SQL statement).
+nothing). Reported: wall ms per step off and on, the worker's CPU ms per step (its main and
+pool processes, read from /proc: far less sensitive than wall time to other load on the
+machine), the differences per step, and the spans the worker exported per step (step,
+slice and Celery spans, and one per SQL statement).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import threading
 import time
@@ -46,6 +49,20 @@ def run(n: int, tenant) -> float:
     return task.finished_at.timestamp() - start
 
 
+def cpu_seconds(group: int) -> float:
+    """User + system CPU of every process in the worker's process group."""
+    total = 0
+    for stat in os.listdir("/proc"):
+        if stat.isdigit():
+            try:
+                fields = open(f"/proc/{stat}/stat").read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == group:  # pgrp
+                total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def spans() -> int:
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
@@ -66,13 +83,16 @@ def main() -> None:
     endpoint = f"http://127.0.0.1:{server.server_address[1]}"
     tenant = Tenant.objects.create(slug="bench", name="bench")
     times: dict[str, list[float]] = {"off": [], "on": []}
+    cpu: dict[str, list[float]] = {"off": [], "on": []}
     settings = {"off": {}, "on": {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint}}
     for _ in range(args.repeat):
         for mode in ("off", "on"):
             worker = _common.worker(None, **settings[mode])
             try:
                 run(20, tenant)  # warm-up: imports, connections, the exporter
+                before = cpu_seconds(worker.pid)
                 times[mode].append(run(args.steps, tenant))
+                cpu[mode].append(cpu_seconds(worker.pid) - before)
             finally:
                 worker.terminate()
                 worker.wait()
@@ -80,11 +100,13 @@ def main() -> None:
     off, on = (statistics.median(times[m]) / n * 1000 for m in ("off", "on"))
     print(f"N = {n} steps per task, median of {args.repeat} (off and on alternating); one worker (-c 1); "
           "PostgreSQL + Redis on loopback")
-    print(f"{'tracing':10} {'ms/step':>9} {'steps/s':>9}")
-    for label, ms in (("off", off), ("on", on)):
-        print(f"{label:10} {ms:9.3f} {1000 / ms:9.0f}")
+    cpu_off, cpu_on = (statistics.median(cpu[m]) / n * 1000 for m in ("off", "on"))
+    print(f"{'tracing':10} {'ms/step':>9} {'steps/s':>9} {'worker CPU ms/step':>19}")
+    for label, ms, cpu_ms in (("off", off, cpu_off), ("on", on, cpu_on)):
+        print(f"{label:10} {ms:9.3f} {1000 / ms:9.0f} {cpu_ms:19.3f}")
     steps = (n + 20) * args.repeat  # with the warm-up tasks
-    print(f"overhead: {on - off:+.3f} ms per step ({(on / off - 1) * 100:+.1f} %); the worker exported "
+    print(f"overhead: wall {on - off:+.3f} ms per step ({(on / off - 1) * 100:+.1f} %), worker CPU "
+          f"{cpu_on - cpu_off:+.3f} ms per step ({(cpu_on / cpu_off - 1) * 100:+.1f} %); the worker exported "
           f"{spans() / steps:.1f} spans and {sum(map(len, bodies)) / steps:.0f} bytes of OTLP per step")
 
 
