@@ -44,11 +44,9 @@ def configure(service: str) -> bool:
     provider = TracerProvider(resource=resource)
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)
-    for instrumentor, options in ((CeleryInstrumentor(), {}), (HTTPXClientInstrumentor(), {}),
-                                  # skip_dep_check: psycopg[binary] does not satisfy its "psycopg" requirement check
-                                  (PsycopgInstrumentor(), {"skip_dep_check": True})):
+    for instrumentor in (CeleryInstrumentor(), HTTPXClientInstrumentor(), PsycopgInstrumentor()):
         if not instrumentor.is_instrumented_by_opentelemetry:
-            instrumentor.instrument(**options)
+            instrumentor.instrument()
     _configured["pid"] = os.getpid()
     return True
 
