@@ -140,7 +140,8 @@ class Processes:
         return self.start("beat", [sys.executable, "-m", *BEAT, str(self.tmp / f"beat-{len(self.procs)}")], **env)
 
     def web(self, port: int, **env: str) -> subprocess.Popen[bytes]:
-        """uvicorn on `port`, returned once it answers."""
+        """uvicorn on `port`, returned once it answers (with its static files collected, as bin/run does)."""
+        collect_static()
         proc = self.start("web", [sys.executable, "-m", *WEB, str(port)], **env)
         wait_until(lambda: answers(f"http://127.0.0.1:{port}/healthz"), timeout=30, what="uvicorn to answer")
         return proc
@@ -172,6 +173,18 @@ def processes(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Proces
     procs.stop_all()
     if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed:
         print(procs.logs())
+
+
+_static_collected: list[bool] = []
+
+
+def collect_static() -> None:
+    """`manage.py collectstatic` into this run's STATIC_ROOT, once per test session."""
+    from django.core.management import call_command
+
+    if not _static_collected:
+        call_command("collectstatic", interactive=False, verbosity=0)
+        _static_collected.append(True)
 
 
 def answers(url: str) -> bool:

@@ -15,14 +15,13 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from functools import wraps
-from pathlib import Path
 from typing import Any
 from uuid import UUID
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.views import redirect_to_login
-from django.http import FileResponse, Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.shortcuts import render, resolve_url
 from django.urls import Resolver404, resolve, reverse
 from django.utils.html import format_html
@@ -44,7 +43,6 @@ from tasks_app.selectors import task_snapshot
 from tasks_app.states import Status
 
 LOG_TAIL = 30
-STATIC = Path(__file__).resolve().parent / "static" / "dashboard"
 
 
 def see_other(to: str, *args: Any, **kwargs: Any) -> HttpResponseRedirect:
@@ -289,14 +287,3 @@ def resolve_dashboard_task(path: str) -> str | None:
     if "task_id" in found.kwargs:
         return reverse("dashboard:task", args=[found.kwargs["task_id"]])
     return reverse("dashboard:start") if found.url_name == "start" else reverse("dashboard:tasks")
-
-
-@require_GET
-def asset(request: HttpRequest, name: str) -> FileResponse:
-    """The dashboard's few static files, served by Django in every profile (uvicorn has no
-    static server and there is no build step)."""
-    path = STATIC / name
-    if name not in {"dashboard.js", "dashboard.css"} or not path.is_file():
-        raise Http404
-    content_type = "text/javascript" if name.endswith(".js") else "text/css"
-    return FileResponse(path.open("rb"), content_type=f"{content_type}; charset=utf-8")

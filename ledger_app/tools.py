@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 from django.conf import settings
+
+from runtime_site.tracing import trace_headers
 
 
 class ToolError(Exception):
@@ -57,6 +59,11 @@ class UnknownTool(LookupError):
 
 
 def register(tool: Tool) -> Tool:
+    from tasks_app import telemetry
+
+    # Every call and poll is observed (metrics, a span, traceparent on the wire): tasks_app/telemetry.py.
+    tool = replace(tool, call=telemetry.tool(tool.name, tool.call),
+                   poll=telemetry.tool(tool.name, tool.poll) if tool.poll else None)
     _TOOLS[tool.name] = tool
     return tool
 
@@ -248,7 +255,7 @@ def _mcp_call(args: dict[str, Any], key: str, timeout: float) -> Any:
     from ledger_app import mcp_client
 
     _allowed(args["server"])
-    headers = _credential_headers(args)
+    headers = {**_credential_headers(args), **trace_headers()}  # the SDK's HTTP client is not instrumented
     return _remote(lambda: mcp_client.call_tool(args["server"], args["tool"], args.get("arguments", {}), key=key,
                                                 timeout=args.get("timeoutSeconds", timeout), headers=headers))
 
@@ -257,7 +264,7 @@ def _mcp_poll(args: dict[str, Any], ref: str, timeout: float) -> Any:
     from ledger_app import mcp_client
 
     _allowed(args["server"])
-    headers = _credential_headers(args)
+    headers = {**_credential_headers(args), **trace_headers()}
     return _remote(lambda: mcp_client.get_task(args["server"], ref, timeout=timeout, headers=headers))
 
 

@@ -5,9 +5,27 @@ import os
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_process_init
+from celery.signals import worker_process_init, worker_process_shutdown, worker_ready
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "runtime_site.settings")
+
+
+def _count_in_multiprocess_mode() -> None:
+    """A worker with RUNTIME_METRICS_PORT counts its metrics in prometheus-client's
+    multiprocess mode (runtime_site/metrics.py says why), in a fresh folder of its own
+    unless PROMETHEUS_MULTIPROC_DIR names one. Here, because prometheus-client reads the
+    variable once, when first imported, and nothing has imported it yet."""
+    if os.getenv("RUNTIME_METRICS_PORT") and not os.getenv("PROMETHEUS_MULTIPROC_DIR"):
+        import atexit
+        import shutil
+        import tempfile
+
+        folder, owner = tempfile.mkdtemp(prefix="runtime-metrics-"), os.getpid()
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = folder
+        atexit.register(lambda: os.getpid() == owner and shutil.rmtree(folder, ignore_errors=True))
+
+
+_count_in_multiprocess_mode()
 
 app = Celery("runtime_site")
 app.config_from_object("django.conf:settings", namespace="CELERY")
@@ -48,6 +66,30 @@ def _survive_broker_loss() -> None:
 
 
 _survive_broker_loss()
+
+
+@worker_ready.connect
+def serve_metrics(**_: Any) -> None:
+    if os.getenv("RUNTIME_METRICS_PORT"):
+        from runtime_site.metrics import serve_worker_metrics
+
+        serve_worker_metrics()
+
+
+@worker_process_init.connect
+def trace_pool_process(**_: Any) -> None:
+    """Each pool process exports its own spans (an exporter thread does not survive the fork)."""
+    from runtime_site import tracing
+
+    tracing.configure("runtime-worker")
+
+
+@worker_process_shutdown.connect
+def flush_spans(**_: Any) -> None:
+    from runtime_site import tracing
+
+    if tracing.enabled():
+        tracing.flush()
 
 
 @worker_process_init.connect

@@ -73,6 +73,9 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "runtime_site.middleware.BodySizeLimitMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # Static files (admin, dashboard) from the web process in every profile: uvicorn serves
+    # none, and DEBUG is off everywhere but a developer's laptop (whitenoise.readthedocs.io).
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -103,12 +106,19 @@ TEMPLATES = [
 USE_TZ = True
 TIME_ZONE = "UTC"
 STATIC_URL = "static/"
+# `manage.py collectstatic` fills it: bin/run does, and so does the image (DJANGO_STATIC_ROOT).
+STATIC_ROOT = Path(os.getenv("DJANGO_STATIC_ROOT") or DATA_DIR / "static").resolve()
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    # gzip copies written by collectstatic, served to clients that accept them. Not the
+    # manifest variant: that one fails every page that names a file collectstatic has not seen.
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
 # The dashboard (dashboard/): people sign in with a Django session.
 LOGIN_URL = "/dashboard/login/"
 LOGIN_REDIRECT_URL = "/dashboard/"
 # A dashboard form from a page older than the session goes to sign-in, not to a bare 403.
 CSRF_FAILURE_VIEW = "dashboard.views.csrf_failure"
-STATIC_ROOT = DATA_DIR / "static"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # Bodies without a Content-Length are still bounded by Django; BodySizeLimitMiddleware
 # answers the usual case with a clear 413.
@@ -254,11 +264,21 @@ SPECTACULAR_SETTINGS = {
     "SERVE_INCLUDE_SCHEMA": False,
 }
 
+# RUNTIME_LOG_FORMAT=json: one JSON object per line with task, tenant, trace and worker
+# (runtime_site/logs.py); "plain" (the default) is for people reading a terminal.
+RUNTIME_LOG_FORMAT = os.getenv("RUNTIME_LOG_FORMAT", "plain")
+if RUNTIME_LOG_FORMAT not in ("plain", "json"):
+    raise ImproperlyConfigured(f"RUNTIME_LOG_FORMAT={RUNTIME_LOG_FORMAT!r}: use 'plain' or 'json'")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+                   "json": {"()": "runtime_site.logs.JsonFormatter"}},
     "filters": {"redact": {"()": "tasks_app.redaction.RedactingFilter"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["redact"]}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": RUNTIME_LOG_FORMAT,
+                             "filters": ["redact"]}},
     "root": {"handlers": ["console"], "level": os.getenv("RUNTIME_LOG_LEVEL", "INFO")},
+    # uvicorn set up its own handlers before Django loaded: in JSON, its lines go through ours.
+    "loggers": {name: {"handlers": ["console"], "propagate": False}
+                for name in ("uvicorn", "uvicorn.error", "uvicorn.access")} if RUNTIME_LOG_FORMAT == "json" else {},
 }

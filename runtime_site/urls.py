@@ -1,14 +1,11 @@
 from django.contrib import admin
-from django.http import HttpRequest, JsonResponse
 from django.urls import include, path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView
 
+from runtime_site.health import healthz, readyz
+from runtime_site.metrics import metrics_view
 from tasks_app.mcp.views import mcp_endpoint
-
-
-def healthz(request: HttpRequest) -> JsonResponse:
-    return JsonResponse({"ok": True})
 
 
 urlpatterns = [
@@ -17,6 +14,8 @@ urlpatterns = [
          name="schema"),
     path("admin/", admin.site.urls),
     path("healthz", healthz),
+    path("readyz", readyz),
+    path("metrics", metrics_view),
     path("mcp", mcp_endpoint, name="mcp"),
     path("dashboard/", include("dashboard.urls")),
     path("", RedirectView.as_view(url="/dashboard/", permanent=False)),

@@ -32,7 +32,8 @@ from ledger_app import actions as ledger
 from ledger_app import policy, tools
 from steering_app import actions as steering
 from runtime_site.blobstore import blob_store
-from tasks_app import events, faults, leases
+from runtime_site.metrics import LEASE_TAKEOVERS
+from tasks_app import events, faults, leases, telemetry
 from tasks_app.actions import TRANSITION_FIELDS, transition
 from tasks_app.agents import base as agents
 from tasks_app.audit import record_audit
@@ -95,6 +96,7 @@ def run_slice(task_id: UUID, *, worker_id: str) -> SliceOutcome:
                 return SliceOutcome.DONE
             return _loop(run, heartbeat)
         except leases.LeaseLost:
+            LEASE_TAKEOVERS.inc()
             logger.warning("task %s: lease lost, slice abandoned without writing", task_id)
             return SliceOutcome.DROPPED
         except Exception as exc:
@@ -225,7 +227,8 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
         try:
             # A JSON round trip both copies the state (a failed step leaves ours intact)
             # and proves the agent's new state can be checkpointed.
-            new_state = json.loads(json.dumps(run.agent.run_step(ctx, json.loads(json.dumps(run.state)))))
+            with telemetry.step(run.task, step_name, sequence, rerun=sequence <= run.rerun_until):
+                new_state = json.loads(json.dumps(run.agent.run_step(ctx, json.loads(json.dumps(run.state)))))
         except agents.InputNeeded as need:
             _wait_for_input(run, need)
             return SliceOutcome.DONE

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from uuid import UUID
 
 from django.db import transaction
@@ -12,11 +13,14 @@ logger = logging.getLogger(__name__)
 
 def enqueue_slice(task_id: UUID | str, priority: int | None, *, countdown: float = 0,
                   faults_in_a_row: int = 0) -> None:
+    from runtime_site.metrics import READY_AT_HEADER
     from tasks_app.tasks import run_task_slice  # tasks imports the engine, which imports us
 
     # faults_in_a_row: infrastructure faults just before this slice; its backoff grows with them.
     kwargs = {"faults_in_a_row": faults_in_a_row} if faults_in_a_row else None
-    run_task_slice.apply_async(args=[str(task_id)], kwargs=kwargs, priority=priority, countdown=countdown or None)
+    # When the message is due: the queue's age and the slice's start latency are measured from it.
+    run_task_slice.apply_async(args=[str(task_id)], kwargs=kwargs, priority=priority, countdown=countdown or None,
+                               headers={READY_AT_HEADER: time.time() + countdown})
 
 
 def enqueue_slice_on_commit(task_id: UUID, priority: int) -> None:

@@ -3,33 +3,40 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 from uuid import UUID
 
 from celery import shared_task
 from django.conf import settings
 
-from tasks_app import engine, faults, leases, recovery, retention
+from runtime_site import metrics
+from tasks_app import engine, faults, leases, recovery, retention, telemetry
 from tasks_app.models import Task
 from tasks_app.queue import enqueue_slice
 
 logger = logging.getLogger(__name__)
 
 
-@shared_task(name="tasks.run_task_slice", acks_late=True, ignore_result=True)
-def run_task_slice(task_id: str, faults_in_a_row: int = 0) -> None:
-    try:
-        outcome = engine.run_slice(UUID(task_id), worker_id=engine.worker_identity())
-        if outcome is engine.SliceOutcome.RETRY:
+@shared_task(name="tasks.run_task_slice", acks_late=True, ignore_result=True, bind=True)
+def run_task_slice(self: Any, task_id: str, faults_in_a_row: int = 0) -> None:
+    metrics.observe_slice_start(self.request.get(metrics.READY_AT_HEADER))
+    with telemetry.slice_of(task_id) as span:
+        try:
+            outcome = engine.run_slice(UUID(task_id), worker_id=engine.worker_identity())
+            span.set_attribute("runtime.slice.outcome", outcome.value)
+            metrics.SLICES.labels(outcome.value).inc()
+            if outcome is engine.SliceOutcome.RETRY:
+                _retry_later(task_id, faults_in_a_row + 1)
+            else:
+                _hand_on(task_id, outcome)  # in the slice's span: the next slice stays in the task's trace
+        except Exception as exc:
+            if not faults.is_infrastructure_error(exc):
+                raise
+            # Outside the slice's lease (the claim, or handing on after it): nothing to give back.
+            logger.warning("task %s: infrastructure fault around the slice: %s: %s", task_id, type(exc).__name__,
+                           exc)
+            faults.drop_connection()
             _retry_later(task_id, faults_in_a_row + 1)
-        else:
-            _hand_on(task_id, outcome)
-    except Exception as exc:
-        if not faults.is_infrastructure_error(exc):
-            raise
-        # Outside the slice's lease (the claim, or handing on after it): nothing to give back.
-        logger.warning("task %s: infrastructure fault around the slice: %s: %s", task_id, type(exc).__name__, exc)
-        faults.drop_connection()
-        _retry_later(task_id, faults_in_a_row + 1)
 
 
 def _retry_later(task_id: str, faults_in_a_row: int) -> None:
@@ -56,8 +63,9 @@ def _hand_on(task_id: str, outcome: engine.SliceOutcome) -> None:
     if outcome in (engine.SliceOutcome.CONTINUE, engine.SliceOutcome.POLL, engine.SliceOutcome.DONE):
         # Turns of a capacity-limited tenant may be free: ring the tasks it turned away
         # (should a ring be lost, the lease scanner re-finds them after stall_seconds).
-        for waiting, waiting_priority in leases.next_waiting(UUID(task_id)):
-            enqueue_slice(waiting, waiting_priority)
+        with telemetry.detached():  # another task's message: not in this task's trace
+            for waiting, waiting_priority in leases.next_waiting(UUID(task_id)):
+                enqueue_slice(waiting, waiting_priority)
 
 
 @shared_task(name="tasks.scan_leases", ignore_result=True)
@@ -65,6 +73,7 @@ def scan_leases() -> None:
     """Beat job: the broker may lose messages; the database never forgets running work."""
     for task_id in recovery.expired_lease_ids():
         if task := recovery.do_mark_recovering(task_id, actor="system:reaper"):
+            metrics.RECOVERIES.labels(task.status).inc()
             logger.warning("task %s: worker lost, now %s (recoveries %s)", task_id, task.status, task.recoveries)
     for task_id, priority in leases.stalled(stall_seconds=settings.RUNTIME_STALL_SECONDS):
         logger.info("task %s: no lease and no progress, re-enqueued (message lost)", task_id)

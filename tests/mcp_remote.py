@@ -34,6 +34,7 @@ TASKS = "io.modelcontextprotocol/tasks"
 effects: Counter[str] = Counter()  # tool name -> calls executed
 tasks: dict[str, dict[str, Any]] = {}
 polls: Counter[str] = Counter()  # task id -> tasks/get answered
+traceparents: list[str] = []  # the traceparent header of each /mcp request that carried one
 
 
 def _iso(t: float) -> str:
@@ -118,6 +119,8 @@ class RequireBearer:
         self.app, self.token = app, token
 
     async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and (traceparent := dict(scope["headers"]).get(b"traceparent")):
+            traceparents.append(traceparent.decode())
         if self.token and scope["type"] == "http":
             given = dict(scope["headers"]).get(b"authorization", b"").decode()
             if given != f"Bearer {self.token}":
@@ -127,7 +130,8 @@ class RequireBearer:
 
 
 async def stats(request) -> JSONResponse:
-    return JSONResponse({"effects": dict(effects), "tasks": len(tasks), "polls": dict(polls)})
+    return JSONResponse({"effects": dict(effects), "tasks": len(tasks), "polls": dict(polls),
+                         "traceparents": traceparents})
 
 
 def main() -> None:

@@ -6,7 +6,8 @@ remote API that honours Idempotency-Key and can be asked about a key.
 POST /effects           records the call; the same key again gets the first answer (idempotent);
                         with --delay-ms, a slow remote: it answers that much later
 GET  /effects/<key>     200 with the effect, 404 if it never happened (a reconcile endpoint)
-GET  /stats             {"posts": total POSTs, "perKey": {key: POSTs with that key}, "effects": n}
+GET  /stats             {"posts": total POSTs, "perKey": {key: POSTs with that key}, "effects": n,
+                         "traceparents": {key: the traceparent header of its last POST}}
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 lock = threading.Lock()
 posts: dict[str, int] = {}
 effects: dict[str, dict] = {}
+traceparents: dict[str, str] = {}
 state = {"total": 0, "fail_first": 0, "delay_ms": 0}
 
 
@@ -39,6 +41,8 @@ class Handler(BaseHTTPRequestHandler):
         with lock:
             state["total"] += 1
             posts[key] = posts.get(key, 0) + 1
+            if self.headers.get("traceparent"):
+                traceparents[key] = self.headers["traceparent"]
             if state["total"] <= state["fail_first"]:
                 return self._send(503, {"error": "try again"})
             if key in effects:
@@ -49,7 +53,8 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802
         with lock:
             if self.path == "/stats":
-                return self._send(200, {"posts": state["total"], "perKey": posts, "effects": len(effects)})
+                return self._send(200, {"posts": state["total"], "perKey": posts, "effects": len(effects),
+                                        "traceparents": traceparents})
             key = self.path.removeprefix("/effects/")
             if key in effects:
                 return self._send(200, effects[key])

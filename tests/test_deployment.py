@@ -27,3 +27,52 @@ def test_compose_has_the_whole_stack_and_bakes_in_no_secrets():
     text = (ROOT / "compose.yaml").read_text()
     for secret in ("DJANGO_SECRET_KEY", "POSTGRES_PASSWORD", "MINIO_ROOT_PASSWORD"):
         assert f"${{{secret}:?" in text  # required from the environment, no default
+
+
+def test_compose_file_follows_the_compose_specification():
+    """deploy/compose-spec.json is the Compose Specification's schema/compose-spec.json, vendored."""
+    import json
+
+    import jsonschema
+
+    schema = json.loads((ROOT / "deploy" / "compose-spec.json").read_text())
+    document = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    errors = [f"{'/'.join(map(str, e.path))}: {e.message}" for e in jsonschema.Draft7Validator(schema).iter_errors(document)]
+    assert errors == []
+
+
+def test_health_checks_use_the_probes_and_each_workers_metrics_port():
+    services = compose()
+    assert "/readyz" in " ".join(services["web"]["healthcheck"]["test"])
+    port = services["worker"]["environment"]["RUNTIME_METRICS_PORT"]
+    assert f"127.0.0.1:{port}/metrics" in " ".join(services["worker"]["healthcheck"]["test"])
+    assert services["beat"]["healthcheck"] == {"disable": True}  # the image's check is the web's
+    scrape = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())["scrape_configs"]
+    jobs = {job["job_name"]: job for job in scrape}
+    assert jobs["runtime-web"]["static_configs"][0]["targets"] == ["web:8000"]
+    assert jobs["runtime-worker"]["dns_sd_configs"][0] == {"names": ["worker"], "type": "A", "port": int(port),
+                                                           "refresh_interval": "15s"}
+
+
+def test_the_observability_profile_mounts_files_that_exist():
+    services = compose()
+    observability = {name for name, service in services.items() if "observability" in service.get("profiles", [])}
+    assert observability == {"otel-collector", "jaeger", "prometheus", "grafana"}
+    for name in observability:
+        for volume in services[name].get("volumes", []):
+            source = volume.split(":")[0]
+            assert (ROOT / source).exists(), f"{name} mounts {source}, which is not in the repository"
+    collector = yaml.safe_load((ROOT / "deploy" / "otel-collector.yaml").read_text())
+    assert collector["receivers"]["otlp"]["protocols"]["http"]["endpoint"].endswith(":4318")
+    assert "http://otel-collector:4318" in (ROOT / ".env.example").read_text()
+
+
+def test_the_image_runs_as_a_user_collects_static_files_and_checks_its_health():
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    users = [line.split()[1] for line in dockerfile.splitlines() if line.startswith("USER ")]
+    assert users and users[-1] not in ("root", "0")
+    assert "manage.py collectstatic --noinput" in dockerfile
+    assert "manage.py collectstatic --noinput" in (ROOT / "bin" / "run").read_text()  # every profile
+    healthcheck = next(line for line in dockerfile.splitlines() if line.startswith("HEALTHCHECK"))
+    assert "/healthz" in dockerfile.split(healthcheck, 1)[1].split("\nCMD", 1)[0]
+    assert {"var", ".venv", ".env"} <= set((ROOT / ".dockerignore").read_text().split())  # no local secrets baked in

@@ -1,0 +1,101 @@
+"""The engine's observation points, in one place: a slice, a step, a tool call.
+
+Each is a context manager or a wrapper that the Celery task, the engine and the tool
+registry put around what they already do, so that what is measured (metrics, spans:
+runtime_site/metrics.py, runtime_site/tracing.py) stays out of the code that does the work.
+Spans cost next to nothing while tracing is off: the API's tracer then records nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from opentelemetry import context, trace
+from opentelemetry.trace import Span, StatusCode
+
+from runtime_site import logs, metrics
+from tasks_app.agents import base as agents
+
+tracer = trace.get_tracer("runtime")
+# Span attributes (and log fields) that name what a span worked on.
+TASK_ID, TENANT, AGENT, STEP, SEQUENCE, ATTEMPT = (
+    "runtime.task_id", "runtime.tenant", "runtime.agent", "runtime.step", "runtime.step.sequence", "runtime.attempt")
+
+
+@contextmanager
+def slice_of(task_id: str) -> Iterator[Span]:
+    """Around one slice (one Celery message): a span in the trace the message carried, and
+    the task's id, tenant and agent on every log line written inside."""
+    from tasks_app.models import Task
+
+    with tracer.start_as_current_span("slice", attributes={TASK_ID: task_id}) as span:
+        agent, tenant = Task.objects.filter(id=task_id).values_list("agent", "tenant__slug").first() or (None, None)
+        if span.is_recording() and agent:
+            span.set_attributes({AGENT: agent, TENANT: tenant})
+        with logs.about(task_id=task_id, tenant=tenant, agent=agent):
+            yield span
+
+
+@contextmanager
+def step(task: Any, name: str, sequence: int, *, rerun: bool = False) -> Iterator[None]:
+    """Around one agent step: a span, and its duration by agent and outcome. `rerun`: a
+    crash forced this step to run again (its attempt is then one more than the rows kept)."""
+    t0, outcome = time.perf_counter(), "ok"
+    with tracer.start_as_current_span(f"step {name}", record_exception=False,
+                                      set_status_on_exception=False) as span:
+        if span.is_recording():
+            span.set_attributes({TASK_ID: str(task.id), TENANT: task.tenant.slug, AGENT: task.agent, STEP: name,
+                                 SEQUENCE: sequence, ATTEMPT: _attempt(task, sequence) if rerun else 1})
+        try:
+            with logs.about(step=name):
+                yield
+        except (agents.InputNeeded, agents.RemoteWait) as exc:
+            outcome = "waiting"  # asked a person, or a remote task runs: not a failure
+            span.set_attribute("runtime.step.waiting", type(exc).__name__)
+            raise
+        except BaseException as exc:
+            outcome = "error"
+            span.record_exception(exc)
+            span.set_status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"[:200])
+            raise
+        finally:
+            metrics.STEP_SECONDS.labels(task.agent, outcome).observe(time.perf_counter() - t0)
+
+
+@contextmanager
+def detached() -> Iterator[None]:
+    """No current span inside: what is sent from here starts a trace of its own."""
+    token = context.attach(context.Context())
+    try:
+        yield
+    finally:
+        context.detach(token)
+
+
+def _attempt(task: Any, sequence: int) -> int:
+    from tasks_app.models import Step
+
+    return 1 + Step.objects.filter(task_id=task.id, sequence=sequence).count()
+
+
+def tool(name: str, call: Callable[[dict[str, Any], str, float], Any]) -> Callable[[dict[str, Any], str, float], Any]:
+    """Wraps a tool's call (or poll) hook: a span per attempt, counted by outcome. The key is
+    the ledger's, "<task>:<step>:<call index>"."""
+
+    def observed(args: dict[str, Any], key: str, timeout: float) -> Any:
+        task_id, _, rest = key.partition(":")
+        with tracer.start_as_current_span(f"tool {name}", attributes={
+                "runtime.tool": name, "runtime.idempotency_key": key, TASK_ID: task_id,
+                SEQUENCE: int(rest.partition(":")[0]) if rest.partition(":")[0].isdigit() else 0}):
+            try:
+                result = call(args, key, timeout)
+            except BaseException:
+                metrics.TOOL_CALLS.labels(name, "error").inc()
+                raise
+        metrics.TOOL_CALLS.labels(name, "ok").inc()
+        return result
+
+    return observed

@@ -1,0 +1,58 @@
+"""Logs as JSON lines from real processes: a worker's line written during a step carries the
+task, tenant, agent, step, trace and worker, with a token in the message masked as in
+events; the web process's own lines (uvicorn's too) are JSON as well."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import Processes, free_port, settled, wait_until
+from tests.otlp_receiver import OtlpReceiver
+from tests.test_ledger import FAST, Sink, webhook
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TOKEN = "sk-live-" + "Zq7" * 8  # looks like a vendor API key: must never reach a log
+
+
+def lines(proc) -> list[dict]:
+    """The process's log lines (Celery's start-up banner, printed and not logged, is left out)."""
+    return [json.loads(raw) for raw in Path(proc.log_path).read_text().splitlines() if raw.startswith("{")]
+
+
+def test_a_workers_lines_carry_task_tenant_trace_and_worker_redacted(alice, processes: Processes):
+    receiver = OtlpReceiver()
+    try:
+        sink = Sink(processes, fail_first=1)  # the first call gets a 503: the ledger logs its retry
+        worker = processes.worker(**{**FAST, "RUNTIME_LOG_FORMAT": "json", "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
+                                     "OTEL_BSP_SCHEDULE_DELAY": "100"})
+        # The sink takes any path; the URL ends up in the retry's message.
+        task = webhook(alice, sink, count=1, reconcile=False, url=f"{sink.url}/effects/{TOKEN}")
+        assert settled(task).status == "completed"
+        retry = wait_until(lambda: next((line for line in lines(worker) if "retrying" in line["message"]), None),
+                           timeout=15, what="the retry's log line")
+        step = wait_until(lambda: next((s for s in receiver.spans if s["name"] == "step notify-1"), None),
+                          timeout=30, what="the step's span")
+    finally:
+        receiver.close()
+    assert TOKEN not in Path(worker.log_path).read_text()
+    assert "/***" in retry["message"] and retry["level"] == "INFO" and retry["logger"] == "ledger_app.actions"
+    assert retry["task_id"] == str(task.id) and retry["tenant"] == "acme" and retry["agent"] == "webhook"
+    assert retry["step"] == "notify-1"
+    assert retry["trace_id"] == step["trace_id"] and retry["span_id"] == step["span_id"]  # retries: in the step
+    assert re.fullmatch(r"[^:]+:\d+", retry["worker"])  # host:pid
+    assert retry["time"].endswith("+00:00")
+
+
+def test_the_web_process_writes_json_lines_too(processes: Processes):
+    port = free_port()
+    web = processes.web(port, RUNTIME_LOG_FORMAT="json")
+    assert httpx.get(f"http://127.0.0.1:{port}/runtime/tasks/nope", timeout=10).status_code in (401, 404)
+    access = wait_until(lambda: [line for line in lines(web) if line["logger"] == "uvicorn.access"],
+                        timeout=15, what="uvicorn's access lines")
+    assert any("/healthz" in line["message"] for line in access)

@@ -1,0 +1,140 @@
+"""Prometheus metrics, scraped from real processes and read with prometheus-client's own
+parser: the web process's /metrics (what the database and the broker know, its SSE
+streams and pool) and a worker's own port (what its pool processes counted)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import httpx
+import pytest
+from django.utils import timezone
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import FAST_LEASES, Processes, SseClient, answers, free_port, purge_queues, settled, wait_until
+from ledger_app.models import LedgerEntry
+from tasks_app.actions import do_create_task
+from tasks_app.models import Task
+from tasks_app.tasks import scan_leases
+from tests.test_ledger import FAST, Sink, webhook
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def noop(persona, *, steps: int, priority: int = 5, **extra) -> Task:
+    return do_create_task(persona.tenant, actor="user:test", agent="noop", input={"steps": steps, **extra},
+                          priority=priority)[0]
+
+
+def scrape(url: str) -> dict[tuple[str, frozenset], float]:
+    """{(sample name, labels): value} of one scrape."""
+    response = httpx.get(url, timeout=15)
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain; version=")
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(response.text) for s in family.samples}
+
+
+def value(samples: dict, name: str, **labels: str) -> float | None:
+    return samples.get((name, frozenset(labels.items())))
+
+
+def test_the_web_process_reports_tasks_inputs_effects_queues_streams_and_its_pool(alice, processes: Processes):
+    purge_queues()
+    port = free_port()
+    processes.web(port)
+    metrics = f"http://127.0.0.1:{port}/metrics"
+    # Arranged straight in the database (the truth the scrape reads): one of each kind.
+    queued = noop(alice, steps=2, priority=0)  # its message waits: no worker runs yet
+    held = noop(alice, steps=1)
+    Task.objects.filter(id=held.id).update(status="dead_lettered")
+    lost = noop(alice, steps=1)
+    Task.objects.filter(id=lost.id).update(status="recovering")
+    Task.objects.filter(id=lost.id).update(updated_at=timezone.now() - timedelta(minutes=5))
+    for status, n in (("unknown", 1), ("pending", 2)):
+        for i in range(n):
+            LedgerEntry.objects.create(tenant=alice.tenant, task=held, step_sequence=1, call_index=i, tool="x",
+                                       key=f"{held.id}:{status}:{i}", fingerprint="f", status=status,
+                                       lease_epoch=1)
+    stream = SseClient(f"http://127.0.0.1:{port}/runtime/tasks/{queued.id}/events", alice.token)
+    wait_until(lambda: stream.of("task.snapshot"), timeout=15, what="the stream to open")
+
+    samples = scrape(metrics)
+    assert value(samples, "runtime_tasks", status="queued") == 1
+    assert value(samples, "runtime_tasks", status="dead_lettered") == 1
+    assert value(samples, "runtime_dead_letters") == 1
+    assert value(samples, "runtime_tasks", status="recovering") == 1
+    assert value(samples, "runtime_tasks_recovering_oldest_age_seconds") >= 290
+    assert value(samples, "runtime_ledger_entries", status="unknown") == 1
+    assert value(samples, "runtime_ledger_entries", status="pending") == 2
+    # Priority 0 is the most urgent step; the two others (priority 5) wait in step 3.
+    assert value(samples, "runtime_queue_depth", queue="steps", priority="0") == 1
+    assert value(samples, "runtime_queue_depth", queue="steps", priority="3") == 2
+    assert value(samples, "runtime_queue_oldest_message_age_seconds", queue="steps", priority="0") > 0
+    assert value(samples, "runtime_sse_open_streams") == 1
+    assert value(samples, "runtime_db_pool_connections", state="in_use") >= 1  # this scrape's own
+    assert value(samples, "runtime_db_pool_max") == 20
+    assert {value(samples, "runtime_scrape_error", source=s) for s in ("database", "broker", "web")} == {0}
+    assert value(samples, "runtime_tasks_waiting_for_input") == 0
+
+    # A worker takes the queue; the task asks a person at its first step.
+    stream.close()
+    asking = noop(alice, steps=2, askAt=1)
+    processes.worker(**FAST_LEASES)
+    settled(asking)
+    settled(queued)
+    samples = scrape(metrics)
+    assert value(samples, "runtime_queue_depth", queue="steps", priority="0") == 0
+    assert value(samples, "runtime_tasks", status="queued") == 0
+    assert value(samples, "runtime_tasks_waiting_for_input") == 1
+    assert value(samples, "runtime_tasks_waiting_for_input_oldest_age_seconds") > 0
+
+
+def test_a_worker_serves_what_its_pool_processes_counted(alice, processes: Processes):
+    # A worker vanished mid-slice: the lease expired, and only the reaper may hand the task on
+    # (its creation message is gone, so no worker claims it first).
+    orphan = noop(alice, steps=1)
+    Task.objects.filter(id=orphan.id).update(status="working", lease_owner="gone:1", lease_epoch=1,
+                                             lease_expires_at=timezone.now() - timedelta(seconds=5))
+    purge_queues()
+    sink = Sink(processes)
+    port = free_port()
+    processes.worker(concurrency=2, RUNTIME_METRICS_PORT=str(port), **FAST)
+    wait_until(lambda: answers(f"http://127.0.0.1:{port}/metrics"), timeout=30, what="the worker's metrics port")
+    posting = webhook(alice, sink, count=3)
+    counting = noop(alice, steps=4)
+    scan_leases.delay()
+    for task in (posting, counting, orphan):
+        assert settled(task).status == "completed"
+
+    samples = scrape(f"http://127.0.0.1:{port}/metrics")
+    assert value(samples, "runtime_step_duration_seconds_count", agent="noop", outcome="ok") == 5
+    assert value(samples, "runtime_step_duration_seconds_count", agent="webhook", outcome="ok") == 3
+    assert value(samples, "runtime_tool_calls_total", tool="http.request", outcome="ok") == 3
+    assert sink.stats()["posts"] == 3
+    assert value(samples, "runtime_recoveries_total", outcome="recovering") == 1
+    assert value(samples, "runtime_slices_total", outcome="done") == 3
+    started = value(samples, "runtime_slice_start_latency_seconds_count")
+    assert started >= 3 and value(samples, "runtime_slice_start_latency_seconds_sum") >= 0
+    assert value(samples, "runtime_lease_takeovers_total") == 0
+
+
+def test_alerts_and_the_dashboard_use_only_metrics_we_export():
+    import json
+    import re
+
+    import yaml
+
+    from conftest import ROOT
+
+    exported = set(re.findall(r'"(runtime_[a-z_]+)"', (ROOT / "runtime_site" / "metrics.py").read_text()))
+    rules = yaml.safe_load((ROOT / "deploy" / "prometheus" / "alerts.yml").read_text())["groups"][0]["rules"]
+    panels = json.loads((ROOT / "deploy" / "grafana" / "dashboards" / "runtime.json").read_text())["panels"]
+    expressions = [r["expr"] for r in rules] + [t["expr"] for p in panels for t in p["targets"]]
+    used = {re.sub(r"_(bucket|count|sum)$", "", name) for e in expressions for name in re.findall(r"runtime_[a-z_]+", e)}
+    assert used and used <= exported, used - exported
+    assert {"runtime_dead_letters", "runtime_tasks_recovering_oldest_age_seconds", "runtime_ledger_entries",
+            "runtime_queue_oldest_message_age_seconds", "runtime_recoveries_total"} <= {
+        name for r in rules for name in re.findall(r"runtime_[a-z_]+", r["expr"])}
+    for rule in rules:
+        assert rule["labels"]["severity"] in ("warning", "critical") and rule["annotations"]["description"]
