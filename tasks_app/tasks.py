@@ -20,8 +20,8 @@ logger = logging.getLogger(__name__)
 @shared_task(name="tasks.run_task_slice", acks_late=True, ignore_result=True, bind=True)
 def run_task_slice(self: Any, task_id: str, faults_in_a_row: int = 0) -> None:
     metrics.observe_slice_start(self.request.get(metrics.READY_AT_HEADER))
-    with telemetry.slice_of(task_id) as span:
-        try:
+    try:
+        with telemetry.slice_of(task_id) as span:
             outcome = engine.run_slice(UUID(task_id), worker_id=engine.worker_identity())
             span.set_attribute("runtime.slice.outcome", outcome.value)
             metrics.SLICES.labels(outcome.value).inc()
@@ -29,15 +29,13 @@ def run_task_slice(self: Any, task_id: str, faults_in_a_row: int = 0) -> None:
                 _retry_later(task_id, faults_in_a_row + 1)
             else:
                 _hand_on(task_id, outcome)  # in the slice's span: the next slice stays in the task's trace
-        except Exception as exc:
-            if not faults.is_infrastructure_error(exc):
-                raise
-            # Outside the slice's lease (the claim, or handing on after it): nothing to give back.
-            logger.warning("task %s: infrastructure fault around the slice: %s: %s", task_id, type(exc).__name__,
-                           exc)
-            faults.drop_connection()
-            _retry_later(task_id, faults_in_a_row + 1)
-
+    except Exception as exc:
+        if not faults.is_infrastructure_error(exc):
+            raise
+        # Outside the slice's lease (the claim, or handing on after it): nothing to give back.
+        logger.warning("task %s: infrastructure fault around the slice: %s: %s", task_id, type(exc).__name__, exc)
+        faults.drop_connection()
+        _retry_later(task_id, faults_in_a_row + 1)
 
 def _retry_later(task_id: str, faults_in_a_row: int) -> None:
     """Infrastructure faults delay a task, never fail it: ring again after a backoff that
