@@ -31,6 +31,7 @@ from django.views.decorators.http import require_GET, require_POST
 from rest_framework.exceptions import PermissionDenied
 
 from checkpoints_app.models import Checkpoint
+from common.json_safety import UnsafeInput
 from dashboard import access
 from dashboard.forms import AnswerForm, StartReviewForm, SteerForm
 from runtime_site.errors import error_body
@@ -152,7 +153,7 @@ def _start_posted(request: HttpRequest, tenants: list[tuple[str, str]]) -> HttpR
                 membership.tenant, actor=f"user:{request.user.pk}", agent="document_review",
                 input=form.agent_input(), goal=form.cleaned_data["goal"], priority=form.cleaned_data["priority"],
                 idempotency_key=form.cleaned_data["idempotency_key"])
-        except SchemaError as exc:
+        except (SchemaError, UnsafeInput) as exc:
             error = str(exc)
         except IdempotencyConflict:
             error = "This form already started a task with other values; check them and start again."
@@ -241,7 +242,7 @@ def steer(request: HttpRequest, task: Task) -> HttpResponse:
             "and try again if it still makes sense.",
             data["type"], data["expected_version"], task.state_version, task.status), extra_tags="conflict")
         return see_other("dashboard:task", task_id=task.id)
-    except (CommandRefused, InvalidCommand) as exc:
+    except (CommandRefused, InvalidCommand, UnsafeInput) as exc:
         return _refused(request, task, f"{data['type']} was not accepted: {exc}")
     messages.success(request, f"{command.type} accepted (version {command.version}, {command.status}).")
     return see_other("dashboard:task", task_id=task.id)

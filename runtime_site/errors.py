@@ -12,6 +12,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 
+from common import json_safety
 from steering_app.actions import CommandRefused, InvalidCommand, VersionConflict
 from tasks_app.actions import IdempotencyConflict, IllegalTransition
 from tasks_app.recovery import NoLease
@@ -21,6 +22,13 @@ from tasks_app.agents.base import SchemaError, UnknownAgent
 
 def error_body(code: str, message: str, **extra: Any) -> dict[str, Any]:
     return {"error": {"code": code, "message": message, **extra}}
+
+
+def unsafe_input_body(exc: json_safety.UnsafeInput) -> dict[str, Any]:
+    """Hostile input (common.json_safety) in the one shape, naming where it is."""
+    if isinstance(exc, json_safety.NotJson):
+        return error_body("invalid_json", str(exc))
+    return error_body("invalid_request", str(exc), fields={exc.where or "body": exc.problem})
 
 
 def _first_message(detail: Any) -> str:
@@ -44,6 +52,8 @@ DOMAIN: dict[type[Exception], tuple[int, str]] = {
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, json_safety.UnsafeInput):  # from the body parser, or an action's last check
+        return Response(unsafe_input_body(exc), status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, VersionConflict):
         # The person's view is stale: here is the task as it is now (DESIGN §5).
         return Response(error_body("version_conflict", str(exc), currentVersion=exc.task.state_version,

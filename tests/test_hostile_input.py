@@ -1,0 +1,145 @@
+"""Hostile input on every edge (issue 12): NUL characters, lone surrogates, NaN and Infinity,
+JSON nested thousands deep, integers beyond bigint, non-UTF-8 bodies, malformed query strings,
+headers and event ids. Each is a 4xx in the edge's error shape naming the problem (on /mcp a
+JSON-RPC error echoing the request's id when it can be read), nothing is written, and the
+process answers normally afterwards. Django's test client: the subject is the web process's
+answer to bytes (common/json_safety.py is the one check behind every edge)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from steering_app.models import InputRequest, SteeringCommand
+from tasks_app.actions import do_create_task
+from tasks_app.models import AuditRecord, Task, TaskEvent
+
+pytestmark = pytest.mark.django_db(transaction=True)  # the SSE and MCP views close their connections
+
+# Raw JSON values a client can send and PostgreSQL (or the parser) cannot take.
+HOSTILE = {
+    "NUL in a string": '"a\\u0000b"',
+    "NUL in a key": '{"k\\u0000": 1}',
+    "lone surrogate": '"\\ud800"',
+    "lone surrogate in a key": '{"\\udfff": 1}',
+    "NaN": "NaN",
+    "-Infinity": "-Infinity",
+    "a number beyond a float": "1e400",
+    "an integer beyond bigint": "9223372036854775808",
+    "a 5,000-digit integer": "9" * 5000,
+    "arrays nested 10,000 deep": "[" * 10_000 + "]" * 10_000,
+    "objects nested 2,000 deep": '{"a":' * 2000 + "1" + "}" * 2000,
+    "arrays nested 101 deep": "[" * 101 + "]" * 101,
+}
+# Nested past what the parser itself can take: refused as a whole document, no field to name.
+UNPARSEABLE = {"arrays nested 10,000 deep", "objects nested 2,000 deep"}
+
+
+def written() -> tuple[int, ...]:
+    """Every row a refused request could have half-created."""
+    return (Task.objects.count(), SteeringCommand.objects.count(), AuditRecord.objects.count(),
+            TaskEvent.objects.count(), InputRequest.objects.filter(status="answered").count())
+
+
+def client() -> Client:
+    return Client(raise_request_exception=False)  # a 500 is an answer to assert on, not an exception
+
+
+def refusal(response: Any, status: int = 400) -> dict[str, Any]:
+    """The API's one error shape, with a message, and no 5xx."""
+    assert response.status_code == status, (response.status_code, response.content[:400])
+    error = response.json()["error"]
+    assert set(error) <= {"code", "message", "fields"} and error["code"] and error["message"], error
+    return error
+
+
+@pytest.fixture
+def task(alice) -> Task:
+    """A task with an open question whose answer schema takes anything, so an answer reaches the database."""
+    task, _ = do_create_task(alice.tenant, actor=f"user:{alice.user.pk}", agent="noop", input={"steps": 3})
+    InputRequest.objects.create(tenant=alice.tenant, task=task, key="q", prompt="anything?", answer_schema={},
+                                step_sequence=1)
+    return task
+
+
+def rest_edges(task: Task) -> dict[str, tuple[str, str, str]]:
+    """edge → (path, body with @ where the hostile value goes, the field path of @)."""
+    base = f"/runtime/tasks/{task.id}"
+    return {
+        "create": ("/runtime/tasks", '{"agent": "tool_calls", "input": {"calls": [{"tool": "http.request", '
+                                     '"args": {"v": @}}]}}', "input.calls[0].args.v"),
+        "steering": (f"{base}/steering", '{"commandId": "c-1", "type": "adjust_goal", "expectedVersion": 1, '
+                                         '"payload": {"goal": @}}', "payload.goal"),
+        "inputs": (f"{base}/inputs/q", '{"answer": @}', "answer"),
+        "cancel": (f"{base}/cancel", '{"reason": @}', "reason"),
+    }
+
+
+def post_json(path: str, body: bytes | str, token: str, **headers: str) -> Any:
+    return client().post(path, data=body, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}",
+                         **headers)
+
+
+@pytest.mark.parametrize("edge", ["create", "steering", "inputs", "cancel"])
+def test_every_rest_body_edge_refuses_each_hostile_value_naming_the_field(alice, task, edge):
+    path, template, field = rest_edges(task)[edge]
+    before = written()
+    for name, value in HOSTILE.items():
+        error = refusal(post_json(path, template.replace("@", value), alice.token))
+        named = "body" if name in UNPARSEABLE else field
+        assert any(key.startswith(named) for key in error.get("fields", {})), (name, error)
+    for name, body in {"non-UTF-8": template.replace("@", '"\xff\xfe"').encode("latin-1"),
+                       "not JSON": template.replace("@", "'single quotes'")}.items():
+        assert refusal(post_json(path, body, alice.token))["code"] == "invalid_json", name
+    assert written() == before
+    # the process stays healthy: the same edge takes a good body
+    good = post_json(path, template.replace("@", '"fine"' if edge != "create" else "{}"), alice.token)
+    assert good.status_code in (201, 202), good.content
+
+
+def test_a_dashboard_form_with_a_number_beyond_bigint_starts_and_steers_nothing(alice, task):
+    browser = client()
+    browser.force_login(alice.user)
+    before = written()
+    started = browser.post("/dashboard/tasks/new", {
+        "tenant": alice.tenant.slug, "corpus": "corpora/demo", "goal": "g", "limit": str(2**64), "batch_size": "20",
+        "pacing_ms": "0", "priority": "5", "idempotency_key": "dash-k"})
+    assert started.status_code == 303 and started["Location"] == "/dashboard/tasks/new", started
+    steered = browser.post(f"/dashboard/tasks/{task.id}/steer", {
+        "type": "pause", "expected_version": str(2**64), "command_id": "dash-c"})
+    assert steered.status_code == 303, steered
+    assert written() == before
+
+
+# --- the last line: the actions themselves -------------------------------------------------
+
+def test_the_actions_refuse_what_no_edge_may_store(alice, task):
+    """Whatever the caller (an edge, the admin, a script), nothing unstorable reaches a write."""
+    from common.json_safety import UnsafeInput
+    from steering_app.actions import do_answer_input, do_enqueue_command
+    from tasks_app.actions import do_cancel_task
+
+    who = {"tenant": alice.tenant}
+    before = written()
+    calls = {
+        "input with a NUL": lambda: do_create_task(alice.tenant, actor="user:x", agent="tool_calls",
+                                                   input={"calls": [{"tool": "t", "args": {"v": "\x00"}}]}),
+        "a budget beyond bigint": lambda: do_create_task(alice.tenant, actor="user:x", agent="noop",
+                                                         input={"steps": 3}, budget={"maxSteps": 2**70}),
+        "a goal with a surrogate": lambda: do_create_task(alice.tenant, actor="user:x", agent="noop",
+                                                          input={"steps": 3}, goal="\udc00"),
+        "a payload with a NUL": lambda: do_enqueue_command(task.id, **who, command_id="c", type="adjust_goal",
+                                                           payload={"goal": "\x00"}, expected_version=1,
+                                                           requested_by="user:x"),
+        "a reason with a NUL": lambda: do_cancel_task(task.id, **who, actor="user:x", reason="\x00"),
+        "an answer of NaN": lambda: do_answer_input(task.id, **who, key="q", answer=float("nan"),
+                                                    requested_by="user:x"),
+        "a key with a surrogate": lambda: do_answer_input(task.id, **who, key="\ud800", answer=1,
+                                                          requested_by="user:x"),
+    }
+    for name, call in calls.items():
+        with pytest.raises(UnsafeInput):
+            call()
+        assert written() == before, name
