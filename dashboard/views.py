@@ -22,6 +22,7 @@ from uuid import UUID
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.views import redirect_to_login
+from django.core.exceptions import BadRequest
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.shortcuts import render, resolve_url
 from django.urls import Resolver404, resolve, reverse
@@ -95,6 +96,8 @@ def list_row(task: Task) -> dict[str, Any]:
 def _tasks(request: HttpRequest) -> list[Task]:
     tasks = access.visible_tasks(request.user).select_related("tenant").order_by("-created_at", "-id")
     if wanted := request.GET.get("status"):
+        if wanted not in Status.values:
+            raise BadRequest(f"status: unknown status {wanted!r}; one of {', '.join(Status.values)}")
         tasks = tasks.filter(status=wanted)
     return list(tasks[:100])
 

@@ -76,6 +76,10 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     return response
 
 
+def json_400(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
+    return JsonResponse(error_body("bad_request", str(exception or "bad request")), status=400)
+
+
 def json_404(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
     return JsonResponse(error_body("not_found", f"no such resource: {request.path}"), status=404)
 

@@ -7,6 +7,7 @@ answer to bytes (common/json_safety.py is the one check behind every edge)."""
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import pytest
@@ -99,6 +100,60 @@ def test_every_rest_body_edge_refuses_each_hostile_value_naming_the_field(alice,
     assert good.status_code in (201, 202), good.content
 
 
+def test_rest_query_strings_are_checked(alice, task):
+    api = alice.client()
+    cursor = lambda raw: base64.b64encode(raw.encode()).decode()  # noqa: E731
+    cases = {
+        "?status=%00": "query.status",
+        "?status=working%00": "query.status",
+        "?x%00=1": "query",
+        "?cursor=garbage": "cursor",
+        f"?cursor={cursor('p=garbage')}": "cursor",
+        f"?cursor={cursor('p=2026-13-45 10:00:00')}": "cursor",
+        f"?cursor={cursor('o=1&p=' + chr(0))}": "cursor",
+        "?limit=abc": "limit",
+        "?limit=0": "limit",
+        "?limit=-1": "limit",
+        "?limit=" + "9" * 5000: "limit",
+    }
+    before = written()
+    for query, field in cases.items():
+        error = refusal(api.get(f"/runtime/tasks{query}"))
+        assert field in error["message"] or field in str(error.get("fields")), (query, error)
+    assert written() == before
+    assert api.get("/runtime/tasks?limit=1000").status_code == 200  # more than a page holds: a full page
+    page = api.get("/runtime/tasks?limit=1").json()
+    assert page["results"] and api.get(page["next"] or "/runtime/tasks").status_code == 200
+
+
+def test_paths_and_headers_carrying_nul_or_malformed_keys_are_refused(alice, task):
+    before = written()
+    # a NUL in the path: the input key lands in a query on the way to the answer
+    refusal(post_json(f"/runtime/tasks/{task.id}/inputs/q%00", '{"answer": 1}', alice.token))
+    # Authorization: checked before any lookup (a NUL or surrogate in it was a 500)
+    for header in (f"Bearer rt_{chr(0)}_x", "Bearer rt_0123456789ab_" + chr(0xD800) * 20, "Bearer x" * 300):
+        response = client().get("/runtime/tasks", HTTP_AUTHORIZATION=header)
+        assert response.status_code in (400, 401), (header[:30], response.content)
+        refusal(response, response.status_code)
+    # Idempotency-Key: "$" in its pattern let a trailing newline in
+    body = '{"agent": "noop", "input": {"steps": 3}}'
+    for key in ("k\n", "k" + chr(0)):
+        error = refusal(post_json("/runtime/tasks", body, alice.token, HTTP_IDEMPOTENCY_KEY=key))
+        assert "Idempotency-Key" in error["message"], error
+    # a session cookie with a NUL in it (the session lookup queries with it)
+    refusal(client().get("/dashboard/", HTTP_COOKIE="sessionid=" + "a" * 31 + chr(0)))
+    assert written() == before
+
+
+def test_dashboard_query_strings_are_checked(alice, task):
+    browser = client()
+    browser.force_login(alice.user)
+    for path in ("/dashboard/", "/dashboard/tasks.json"):
+        for query, needle in (("?status=%00", "query.status"), ("?status=sleeping", "sleeping")):
+            assert needle in refusal(browser.get(path + query))["message"]
+        assert browser.get(path + "?status=queued").status_code == 200
+
+
 def test_a_dashboard_form_with_a_number_beyond_bigint_starts_and_steers_nothing(alice, task):
     browser = client()
     browser.force_login(alice.user)
@@ -111,6 +166,20 @@ def test_a_dashboard_form_with_a_number_beyond_bigint_starts_and_steers_nothing(
         "type": "pause", "expected_version": str(2**64), "command_id": "dash-c"})
     assert steered.status_code == 303, steered
     assert written() == before
+
+
+def test_the_event_stream_refuses_malformed_last_event_ids(alice, task):
+    events = f"/runtime/tasks/{task.id}/events"
+    stream = lambda query="", **headers: client().get(events + query, HTTP_AUTHORIZATION=f"Bearer {alice.token}",  # noqa: E731
+                                                      **headers)
+    for bad in ("garbage", "a:b:c", "chan:-1", "chan:" + "9" * 30, "chan:1,", ":1", "chan:1" + chr(0)):
+        error = refusal(stream(HTTP_LAST_EVENT_ID=bad))
+        assert "Last-Event-ID" in error["message"] or "Last-Event-Id" in error["message"], (bad, error)
+        assert "lastEventId" in refusal(stream(f"?lastEventId={bad.replace(chr(0), '%00')}"))["message"], bad
+    # django-eventstream's own query parameters are not ours to honour (each was a 500)
+    for query in ("?es-meta=garbage", "?recover=true", "?link=next"):
+        assert stream(query).status_code == 200, query
+    assert stream(HTTP_LAST_EVENT_ID=f"rt.task-{task.id}:3").status_code == 200  # what a browser sends back
 
 
 # --- the last line: the actions themselves -------------------------------------------------
