@@ -8,6 +8,7 @@ answer to bytes (common/json_safety.py is the one check behind every edge)."""
 from __future__ import annotations
 
 import base64
+import json
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from django.test import Client
 
 from steering_app.models import InputRequest, SteeringCommand
 from tasks_app.actions import do_create_task
+from tasks_app.mcp.protocol import MODERN, TASKS_EXT
 from tasks_app.models import AuditRecord, Task, TaskEvent
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the SSE and MCP views close their connections
@@ -180,6 +182,73 @@ def test_the_event_stream_refuses_malformed_last_event_ids(alice, task):
     for query in ("?es-meta=garbage", "?recover=true", "?link=next"):
         assert stream(query).status_code == 200, query
     assert stream(HTTP_LAST_EVENT_ID=f"rt.task-{task.id}:3").status_code == 200  # what a browser sends back
+
+
+# --- /mcp, both wires ----------------------------------------------------------------------
+
+META = {"io.modelcontextprotocol/protocolVersion": MODERN,
+        "io.modelcontextprotocol/clientCapabilities": {"extensions": {TASKS_EXT: {}}}}
+
+
+def mcp(token: str, body: bytes | str, *, modern: str | None = None, **headers: str) -> Any:
+    """POST /mcp; modern: the method, sent as the 2026-07-28 wire's headers."""
+    extra = {"HTTP_ACCEPT": "application/json, text/event-stream", "HTTP_AUTHORIZATION": f"Bearer {token}", **headers}
+    if modern:
+        extra.update(HTTP_MCP_PROTOCOL_VERSION=MODERN, HTTP_MCP_METHOD=modern, HTTP_MCP_NAME="tool_calls")
+    return client().post("/mcp", data=body, content_type="application/json", **extra)
+
+
+def rpc_error(response: Any, code: int, request_id: Any) -> str:
+    assert response.status_code < 500, (response.status_code, response.content[:400])
+    body = response.json()
+    assert (body["jsonrpc"], body["id"], body["error"]["code"]) == ("2.0", request_id, code), body
+    return body["error"]["message"]
+
+
+def tools_call(arguments: str, *, modern: bool) -> str:
+    meta = json.dumps(META) if modern else "{}"
+    task = "" if modern else ', "task": {}'
+    return ('{"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"_meta": ' + meta
+            + ', "name": "tool_calls"' + task + ', "arguments": {"calls": [{"tool": "t", "args": {"v": '
+            + arguments + "}}]}}}")
+
+
+@pytest.mark.parametrize("modern", [True, False], ids=["2026-07-28", "2025-11-25"])
+def test_mcp_refuses_each_hostile_value_echoing_the_request_id(alice, task, modern):
+    before = written()
+    wire = {"modern": "tools/call"} if modern else {}
+    for name, value in HOSTILE.items():
+        response = mcp(alice.token, tools_call(value, modern=modern), **wire)
+        if name in UNPARSEABLE:  # refused as a whole, the id (read without parsing) echoed
+            assert "nested" in rpc_error(response, -32600, 7), name
+        else:
+            assert "params.arguments.calls[0].args.v" in rpc_error(response, -32602, 7), name
+    # so deep it cannot be parsed, the id after it: still read and echoed
+    deep = '{"jsonrpc": "2.0", "method": "tools/call", "params": ' + "[" * 5000 + "]" * 5000 + ', "id": "r-9"}'
+    rpc_error(mcp(alice.token, deep, **wire), -32600, "r-9")
+    rpc_error(mcp(alice.token, tools_call('"\xff"', modern=modern).encode("latin-1"), **wire), -32700, None)
+    rpc_error(mcp(alice.token, '{"jsonrpc": "2.0", "id": NaN, "method": "tools/list"}', **wire), -32600, None)
+    rpc_error(mcp(alice.token, '{"jsonrpc": "2.0", "id": 8, "method": "tools/call\\u0000", "params": {}}',
+                  **wire), -32600, 8)
+    rpc_error(mcp(alice.token, '{"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": [1]}', **wire),
+              -32602, 9)
+    # a hostile header is refused like the body's content, with the id
+    rpc_error(mcp(alice.token, tools_call("1", modern=modern), HTTP_X_NOTE="a" + chr(0), **wire), -32600, 7)
+    # an API key that could not be ours is a 401 before any lookup (a NUL in it was a 500)
+    assert mcp("rt_" + chr(0) + "_x", tools_call("1", modern=modern), **wire).status_code == 401
+    assert written() == before
+    # the process stays healthy: a good call starts a task
+    assert mcp(alice.token, tools_call("{}", modern=modern), **wire).status_code == 200
+    assert Task.objects.count() == before[0] + 1
+
+
+def test_a_legacy_tasks_list_cursor_beyond_bigint_is_invalid_params(alice, task):
+    for offset in ("9" * 30, str(2**63), "-1", "x"):
+        cursor = base64.urlsafe_b64encode(offset.encode()).decode()
+        body = json.dumps({"jsonrpc": "2.0", "id": 3, "method": "tasks/list", "params": {"cursor": cursor}})
+        assert "cursor" in rpc_error(mcp(alice.token, body), -32602, 3)
+    listed = mcp(alice.token, json.dumps({"jsonrpc": "2.0", "id": 4, "method": "tasks/list", "params": {}}))
+    assert [t["taskId"] for t in listed.json()["result"]["tasks"]] == [str(task.id)]
 
 
 # --- the last line: the actions themselves -------------------------------------------------

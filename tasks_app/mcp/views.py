@@ -25,11 +25,13 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions
 
+from common import json_safety
+from runtime_site.middleware import request_texts
 from tasks_app.auth import ApiKeyAuthentication, Principal
 from tasks_app.mcp import handlers
 from tasks_app.mcp.protocol import (
-    INTERNAL_ERROR, INVALID_REQUEST, META_SERVER, SERVER_INFO, Message, RpcError, parse, result_body,
-    validate_modern,
+    INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, META_SERVER, SERVER_INFO, Message, RpcError, parse,
+    result_body, validate_modern,
 )
 from tasks_app.models import Task
 
@@ -220,7 +222,11 @@ async def mcp_endpoint(request: HttpRequest) -> HttpResponse:
     try:
         message = parse(request.body, headers)
     except RpcError as exc:
-        return _error(exc, status=400)
+        return _error(exc, exc.request_id, status=400)
+    try:  # what UnsafeTextMiddleware checks on every other path, answered here with the id
+        json_safety.check(request_texts(request))
+    except json_safety.UnsafeInput as exc:
+        return _error(RpcError(INVALID_REQUEST, f"Invalid Request: {exc}"), message.id, status=400)
     if message.is_response:  # the answer to an elicitation/create sent on a tasks/result stream
         try:
             known = await sync_to_async(_answer)(principal, message)
@@ -243,6 +249,8 @@ async def mcp_endpoint(request: HttpRequest) -> HttpResponse:
     except RpcError as exc:
         # On the 2025 wire a handler's error is an ordinary JSON-RPC answer (HTTP 200).
         return _error(exc, message.id, status=None if message.modern else 200)
+    except json_safety.UnsafeInput as exc:  # an action's last check (parse() already refused the body's)
+        return _error(RpcError(INVALID_PARAMS, f"Invalid params: {exc}"), message.id)
     except Exception:
         logger.exception("mcp: %s failed", message.method)
         return _error(RpcError(INTERNAL_ERROR, "Internal error"), message.id)
