@@ -5,8 +5,10 @@ Domain exceptions are mapped to HTTP here and only here; actions never build res
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
+from django.db import InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -84,5 +86,19 @@ def json_404(request: HttpRequest, exception: Exception | None = None) -> JsonRe
     return JsonResponse(error_body("not_found", f"no such resource: {request.path}"), status=404)
 
 
+# The database is down, restarting or unreachable (a refused or broken connection, a pool
+# that found none in time, a server shutting down): not a bug, and over in seconds.
+DATABASE_UNAVAILABLE = (OperationalError, InterfaceError)
+RETRY_AFTER_SECONDS = 2
+
+
+def unavailable() -> JsonResponse:
+    return JsonResponse(error_body("unavailable", "the database is unavailable; retry shortly"), status=503,
+                        headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+
+
 def json_500(request: HttpRequest) -> JsonResponse:
+    # Django calls this inside its except block, for whatever a view or middleware raised.
+    if isinstance(sys.exc_info()[1], DATABASE_UNAVAILABLE):
+        return unavailable()
     return JsonResponse(error_body("server_error", "internal error"), status=500)

@@ -139,9 +139,19 @@ else:
         # Set by runtime_site/asgi.py: the web process borrows connections from a bounded pool,
         # so a burst of requests (hundreds of SSE streams connecting) waits instead of
         # exhausting PostgreSQL's max_connections. Workers keep one connection per process.
-        DATABASES["default"]["CONN_HEALTH_CHECKS"] = False
-        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
-            "min_size": 1, "max_size": int(os.getenv("RUNTIME_DB_POOL_MAX", "20")), "timeout": 30}
+        # Across a database restart (runtime_site/dbpool.py): every connection is checked before
+        # it is handed out, a failed reconnection is retried for 5 s (then the next request
+        # starts afresh, so the pool is back within seconds of the database), and a request
+        # waits at most `timeout` for a connection before it is answered 503.
+        from runtime_site import dbpool
+
+        DATABASES["default"]["CONN_HEALTH_CHECKS"] = False  # the pool's check does it
+        # A host that drops packets would hold a reconnection attempt for minutes, not fail it.
+        DATABASES["default"].setdefault("OPTIONS", {}).setdefault("connect_timeout", 5)
+        DATABASES["default"]["OPTIONS"]["pool"] = {
+            "min_size": 1, "max_size": int(os.getenv("RUNTIME_DB_POOL_MAX", "20")),
+            "timeout": float(os.getenv("RUNTIME_DB_POOL_TIMEOUT", "5")), "reconnect_timeout": 5.0,
+            "check": dbpool.check_connection}
 
 # --- Runtime knobs (config/runtime.yaml, overridable by environment) ---------------------
 RUNTIME = config.load()

@@ -134,7 +134,7 @@ def task_events(request: HttpRequest, task_id: str) -> HttpResponse:
     from django_eventstream.views import Listener, stream
     from rest_framework.exceptions import AuthenticationFailed
 
-    from runtime_site.errors import error_body, unsafe_input_body
+    from runtime_site.errors import DATABASE_UNAVAILABLE, error_body, unsafe_input_body
     from tasks_app.auth import ApiKeyAuthentication
     from tasks_app.selectors import task_snapshot
 
@@ -177,8 +177,11 @@ def task_events(request: HttpRequest, task_id: str) -> HttpResponse:
 
     async def body() -> AsyncIterator[str]:
         yield first
-        async for chunk in stream(event_request, listener):
-            yield chunk
+        try:
+            async for chunk in stream(event_request, listener):
+                yield chunk
+        except DATABASE_UNAVAILABLE:  # the client reconnects, as SSE does, and gets 503 until it is back
+            logger.warning("the stream of task %s ended: the database is unavailable", task.id)
 
     response = StreamingHttpResponse(body(), content_type="text/event-stream")
     add_default_headers(response, request=request)

@@ -30,10 +30,12 @@ INTERNAL_ERROR = -32603
 HEADER_MISMATCH = -32020
 MISSING_CAPABILITY = -32021
 UNSUPPORTED_VERSION = -32022
+SERVICE_UNAVAILABLE = -32003  # implementation-defined: the database is down; HTTP 503, retry after Retry-After
 
 # HTTP status per JSON-RPC code on the modern wire (as the SDK server maps them).
 HTTP_STATUS = {PARSE_ERROR: 400, INVALID_REQUEST: 400, INVALID_PARAMS: 400, HEADER_MISMATCH: 400,
-               MISSING_CAPABILITY: 400, UNSUPPORTED_VERSION: 400, METHOD_NOT_FOUND: 404, INTERNAL_ERROR: 500}
+               MISSING_CAPABILITY: 400, UNSUPPORTED_VERSION: 400, METHOD_NOT_FOUND: 404, INTERNAL_ERROR: 500,
+               SERVICE_UNAVAILABLE: 503}
 
 # Methods whose Mcp-Name header must equal a param (modern wire).
 NAME_PARAM = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri",
@@ -101,6 +103,15 @@ def readable_id(value: Any) -> Any:
     except json_safety.UnsafeInput:
         return None
     return value
+
+
+def request_id_of(body: bytes) -> Any:
+    """The id of a request answered without being parsed (the database was down), if readable."""
+    try:
+        raw = json_safety.parse(body)
+    except json_safety.UnsafeInput:
+        return readable_id(json_safety.peek_member(body, "id"))
+    return readable_id(raw.get("id")) if isinstance(raw, dict) else None
 
 
 def parse(body: bytes, headers: dict[str, str]) -> Message:
