@@ -104,7 +104,9 @@ def test_every_rest_body_edge_refuses_each_hostile_value_naming_the_field(alice,
 
 def test_rest_query_strings_are_checked(alice, task):
     api = alice.client()
-    cursor = lambda raw: base64.b64encode(raw.encode()).decode()  # noqa: E731
+    def cursor(raw: str) -> str:
+        return base64.b64encode(raw.encode()).decode()
+
     cases = {
         "?status=%00": "query.status",
         "?status=working%00": "query.status",
@@ -171,9 +173,10 @@ def test_a_dashboard_form_with_a_number_beyond_bigint_starts_and_steers_nothing(
 
 
 def test_the_event_stream_refuses_malformed_last_event_ids(alice, task):
-    events = f"/runtime/tasks/{task.id}/events"
-    stream = lambda query="", **headers: client().get(events + query, HTTP_AUTHORIZATION=f"Bearer {alice.token}",  # noqa: E731
-                                                      **headers)
+    def stream(query: str = "", **headers: str) -> Any:
+        return client().get(f"/runtime/tasks/{task.id}/events{query}", HTTP_AUTHORIZATION=f"Bearer {alice.token}",
+                            **headers)
+
     for bad in ("garbage", "a:b:c", "chan:-1", "chan:" + "9" * 30, "chan:1,", ":1", "chan:1" + chr(0)):
         error = refusal(stream(HTTP_LAST_EVENT_ID=bad))
         assert "Last-Event-ID" in error["message"] or "Last-Event-Id" in error["message"], (bad, error)

@@ -52,7 +52,7 @@ class CreatedAtCursor(pagination.CursorPagination):
         if raw is None:
             return self.page_size
         if not re.fullmatch(r"[0-9]{1,18}", raw) or int(raw) == 0:
-            raise ValidationError({"limit": f"must be a whole number of at least 1 (a page holds at most {self.max_page_size})"})
+            raise ValidationError({"limit": f"must be a whole number from 1 (pages hold at most {self.max_page_size})"})
         return min(int(raw), self.max_page_size)
 
     def decode_cursor(self, request: Request) -> pagination.Cursor | None:
