@@ -238,7 +238,8 @@ def test_mcp_refuses_each_hostile_value_echoing_the_request_id(alice, task, mode
     # a hostile header is refused like the body's content, with the id
     rpc_error(mcp(alice.token, tools_call("1", modern=modern), HTTP_X_NOTE="a" + chr(0), **wire), -32600, 7)
     # an API key that could not be ours is a 401 before any lookup (a NUL in it was a 500)
-    assert mcp("rt_" + chr(0) + "_x", tools_call("1", modern=modern), **wire).status_code == 401
+    refused = mcp("rt_" + chr(0) + "_x", tools_call("1", modern=modern), **wire)
+    assert refused.status_code == 401 and refused.json()["id"] == 7, refused.content
     assert written() == before
     # the process stays healthy: a good call starts a task
     assert mcp(alice.token, tools_call("{}", modern=modern), **wire).status_code == 200

@@ -237,7 +237,7 @@ async def _endpoint(request: HttpRequest) -> HttpResponse:
     else:
         reason = "Authorization: Bearer <api key> is required"
     if principal is None:
-        return _error(RpcError(SERVER_ERROR, f"Unauthorized: {reason}"), status=401,
+        return _error(RpcError(SERVER_ERROR, f"Unauthorized: {reason}"), request_id_of(request.body), status=401,
                       headers={"WWW-Authenticate": 'Bearer realm="runtime"'})
     headers = {key.lower(): value for key, value in request.headers.items()}
     try:
