@@ -21,6 +21,7 @@ from uuid import UUID
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.views import redirect_to_login
+from django.core.exceptions import BadRequest
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.shortcuts import render, resolve_url
 from django.urls import Resolver404, resolve, reverse
@@ -30,6 +31,7 @@ from django.views.decorators.http import require_GET, require_POST
 from rest_framework.exceptions import PermissionDenied
 
 from checkpoints_app.models import Checkpoint
+from common.json_safety import UnsafeInput
 from dashboard import access
 from dashboard.forms import AnswerForm, StartReviewForm, SteerForm
 from runtime_site.errors import error_body
@@ -92,6 +94,8 @@ def list_row(task: Task) -> dict[str, Any]:
 def _tasks(request: HttpRequest) -> list[Task]:
     tasks = access.visible_tasks(request.user).select_related("tenant").order_by("-created_at", "-id")
     if wanted := request.GET.get("status"):
+        if wanted not in Status.values:
+            raise BadRequest(f"status: unknown status {wanted!r}; one of {', '.join(Status.values)}")
         tasks = tasks.filter(status=wanted)
     return list(tasks[:100])
 
@@ -150,7 +154,7 @@ def _start_posted(request: HttpRequest, tenants: list[tuple[str, str]]) -> HttpR
                 membership.tenant, actor=f"user:{request.user.pk}", agent="document_review",
                 input=form.agent_input(), goal=form.cleaned_data["goal"], priority=form.cleaned_data["priority"],
                 idempotency_key=form.cleaned_data["idempotency_key"])
-        except SchemaError as exc:
+        except (SchemaError, UnsafeInput) as exc:
             error = str(exc)
         except IdempotencyConflict:
             error = "This form already started a task with other values; check them and start again."
@@ -239,7 +243,7 @@ def steer(request: HttpRequest, task: Task) -> HttpResponse:
             "and try again if it still makes sense.",
             data["type"], data["expected_version"], task.state_version, task.status), extra_tags="conflict")
         return see_other("dashboard:task", task_id=task.id)
-    except (CommandRefused, InvalidCommand) as exc:
+    except (CommandRefused, InvalidCommand, UnsafeInput) as exc:
         return _refused(request, task, f"{data['type']} was not accepted: {exc}")
     messages.success(request, f"{command.type} accepted (version {command.version}, {command.status}).")
     return see_other("dashboard:task", task_id=task.id)

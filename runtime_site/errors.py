@@ -5,13 +5,16 @@ Domain exceptions are mapped to HTTP here and only here; actions never build res
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
+from django.db import InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 
+from common import json_safety
 from steering_app.actions import CommandRefused, InvalidCommand, VersionConflict
 from tasks_app.actions import IdempotencyConflict, IllegalTransition
 from tasks_app.recovery import NoLease
@@ -21,6 +24,13 @@ from tasks_app.agents.base import SchemaError, UnknownAgent
 
 def error_body(code: str, message: str, **extra: Any) -> dict[str, Any]:
     return {"error": {"code": code, "message": message, **extra}}
+
+
+def unsafe_input_body(exc: json_safety.UnsafeInput) -> dict[str, Any]:
+    """Hostile input (common.json_safety) in the one shape, naming where it is."""
+    if isinstance(exc, json_safety.NotJson):
+        return error_body("invalid_json", str(exc))
+    return error_body("invalid_request", str(exc), fields={exc.where or "body": exc.problem})
 
 
 def _first_message(detail: Any) -> str:
@@ -44,6 +54,8 @@ DOMAIN: dict[type[Exception], tuple[int, str]] = {
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, json_safety.UnsafeInput):  # from the body parser, or an action's last check
+        return Response(unsafe_input_body(exc), status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, VersionConflict):
         # The person's view is stale: here is the task as it is now (DESIGN §5).
         return Response(error_body("version_conflict", str(exc), currentVersion=exc.task.state_version,
@@ -66,9 +78,27 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     return response
 
 
+def json_400(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
+    return JsonResponse(error_body("bad_request", str(exception or "bad request")), status=400)
+
+
 def json_404(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
     return JsonResponse(error_body("not_found", f"no such resource: {request.path}"), status=404)
 
 
+# The database is down, restarting or unreachable (a refused or broken connection, a pool
+# that found none in time, a server shutting down): not a bug, and over in seconds.
+DATABASE_UNAVAILABLE = (OperationalError, InterfaceError)
+RETRY_AFTER_SECONDS = 2
+
+
+def unavailable() -> JsonResponse:
+    return JsonResponse(error_body("unavailable", "the database is unavailable; retry shortly"), status=503,
+                        headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+
+
 def json_500(request: HttpRequest) -> JsonResponse:
+    # Django calls this inside its except block, for whatever a view or middleware raised.
+    if isinstance(sys.exc_info()[1], DATABASE_UNAVAILABLE):
+        return unavailable()
     return JsonResponse(error_body("server_error", "internal error"), status=500)

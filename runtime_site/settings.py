@@ -72,6 +72,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "runtime_site.middleware.BodySizeLimitMiddleware",
+    "runtime_site.middleware.UnsafeTextMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Static files (admin, dashboard) from the web process in every profile: uvicorn serves
     # none, and DEBUG is off everywhere but a developer's laptop (whitenoise.readthedocs.io).
@@ -148,9 +149,19 @@ else:
         # Set by runtime_site/asgi.py: the web process borrows connections from a bounded pool,
         # so a burst of requests (hundreds of SSE streams connecting) waits instead of
         # exhausting PostgreSQL's max_connections. Workers keep one connection per process.
-        DATABASES["default"]["CONN_HEALTH_CHECKS"] = False
-        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
-            "min_size": 1, "max_size": int(os.getenv("RUNTIME_DB_POOL_MAX", "20")), "timeout": 30}
+        # Across a database restart (runtime_site/dbpool.py): every connection is checked before
+        # it is handed out, a failed reconnection is retried for 5 s (then the next request
+        # starts afresh, so the pool is back within seconds of the database), and a request
+        # waits at most `timeout` for a connection before it is answered 503.
+        from runtime_site import dbpool
+
+        DATABASES["default"]["CONN_HEALTH_CHECKS"] = False  # the pool's check does it
+        # A host that drops packets would hold a reconnection attempt for minutes, not fail it.
+        DATABASES["default"].setdefault("OPTIONS", {}).setdefault("connect_timeout", 5)
+        DATABASES["default"]["OPTIONS"]["pool"] = {
+            "min_size": 1, "max_size": int(os.getenv("RUNTIME_DB_POOL_MAX", "20")),
+            "timeout": float(os.getenv("RUNTIME_DB_POOL_TIMEOUT", "5")), "reconnect_timeout": 5.0,
+            "check": dbpool.check_connection}
 
 # --- Runtime knobs (config/runtime.yaml, overridable by environment) ---------------------
 RUNTIME = config.load()
@@ -253,7 +264,7 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["tasks_app.auth.ApiKeyAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["runtime_site.parsers.SafeJSONParser"],
     "EXCEPTION_HANDLER": "runtime_site.errors.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,

@@ -21,5 +21,6 @@ urlpatterns = [
     path("", RedirectView.as_view(url="/dashboard/", permanent=False)),
 ]
 
+handler400 = "runtime_site.errors.json_400"
 handler404 = "runtime_site.errors.json_404"
 handler500 = "runtime_site.errors.json_500"

@@ -17,6 +17,7 @@ from django.db import transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 
+from common import json_safety
 from steering_app.models import CommandStatus, CommandType, InputRequest, InputStatus, SteeringCommand
 from tasks_app import events
 from tasks_app.actions import TRANSITION_FIELDS, transition
@@ -123,6 +124,8 @@ def do_enqueue_command(
     """Accept a command (compare-and-set on state_version) and apply it at once when the
     task is at a safe point. Returns (command, created); a known command_id returns the
     original command whatever happened since."""
+    json_safety.check({"commandId": command_id, "type": type, "payload": payload, "expectedVersion": expected_version,
+                       "requestedBy": requested_by, "reason": reason})  # the last line, whatever the edge
     # The row lock orders concurrent commands: exactly one of two with the same expected
     # version sees its version still current.
     task = Task.objects.select_for_update().get(id=task_id, tenant=tenant)
@@ -290,6 +293,7 @@ def do_answer_input(task_id: UUID, *, tenant: Tenant, key: str, answer: Any, req
     and a second answer is refused. Its precondition is the open request (checked when it
     is applied), not the version the person saw: a worker moving the task meanwhile must
     not bounce the answer, so a version conflict is retried against the version now."""
+    json_safety.check({"key": key, "answer": answer})  # before the key is hashed into the command id
     command_id = "input:" + hashlib.sha1(key.encode()).hexdigest()
     for attempt in range(5):
         version = Task.objects.values_list("state_version", flat=True).get(id=task_id)

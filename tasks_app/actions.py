@@ -13,6 +13,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from checkpoints_app.codec import canonical_json
+from common import json_safety
 from ledger_app import policy
 from tasks_app import events
 from tasks_app.agents import base as agents
@@ -75,6 +76,10 @@ def do_create_task(
     Returns (task, created). With an Idempotency-Key, a replay of the same body returns
     the original task; the same key with another body raises IdempotencyConflict.
     """
+    # The last line, whatever the edge (REST, MCP, dashboard, admin, a script): UnsafeInput.
+    json_safety.check({"agent": agent, "input": input, "goal": goal, "checkpointPolicy": checkpoint_policy,
+                       "approvalPolicy": approval_policy, "budget": budget, "priority": priority,
+                       "idempotencyKey": idempotency_key, "ttlSeconds": ttl_seconds, "actor": actor})
     definition = agents.get_agent(agent)  # UnknownAgent
     agents.validate(input, definition.input_schema, "input")  # SchemaError
     agents.validate(checkpoint_policy or {}, CHECKPOINT_POLICY_SCHEMA, "checkpointPolicy")
@@ -120,6 +125,7 @@ def _replay(tenant: Tenant, key: str, fingerprint: str) -> Task | None:
 def do_cancel_task(task_id: UUID, *, tenant: Tenant, actor: str, reason: str = "") -> Task:
     """Cancel now if no worker holds the task; otherwise ask the worker to stop at its
     next safe point (a running step always finishes and commits first)."""
+    json_safety.check({"reason": reason, "actor": actor})  # the last line, whatever the edge
     task = Task.objects.select_for_update().get(id=task_id, tenant=tenant)
     if task.status in TERMINAL:
         raise IllegalTransition(task.status, Status.CANCELLED)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,9 @@ from rest_framework.request import Request
 from tasks_app.models import ROLE_RANK, ApiKey, Role, Tenant
 
 KEY_PREFIX = "rt_"
+# What issue_api_key makes: rt_<12 hex>_<token_urlsafe(32)>. Anything else is refused before
+# the lookup, so no header (a NUL in it, say) ever reaches a query.
+KEY_SHAPE = re.compile(r"rt_([0-9a-f]{12})_([A-Za-z0-9_\-]{16,128})\Z")
 
 
 @dataclass(frozen=True)
@@ -49,9 +53,11 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise exceptions.AuthenticationFailed("Authorization header must be 'Bearer <api key>'")
-        prefix, _, secret = token.strip().removeprefix(KEY_PREFIX).partition("_")
-        key = (ApiKey.objects.select_related("tenant", "user")
-               .filter(prefix=prefix, revoked_at__isnull=True).first() if prefix and secret else None)
+        shape = KEY_SHAPE.match(token.strip())
+        if shape is None:
+            raise exceptions.AuthenticationFailed("malformed API key: expected rt_<prefix>_<secret>")
+        prefix, secret = shape.groups()
+        key = ApiKey.objects.select_related("tenant", "user").filter(prefix=prefix, revoked_at__isnull=True).first()
         # compare_digest even on a miss would not hide much: prefixes are not secret.
         if key is None or not hmac.compare_digest(key.key_hash, _hash(secret)):
             raise exceptions.AuthenticationFailed("invalid or revoked API key")

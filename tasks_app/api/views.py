@@ -7,9 +7,10 @@ from typing import Any
 from uuid import UUID
 
 from django.http import Http404
+from django.utils.dateparse import parse_datetime
 from drf_spectacular.utils import extend_schema
 from rest_framework import pagination, serializers, status
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -22,7 +23,7 @@ from tasks_app.models import AuditRecord, Role, Task
 from tasks_app.selectors import task_snapshot, task_urls
 from tasks_app.states import Status
 
-IDEMPOTENCY_KEY = re.compile(r"^[A-Za-z0-9._:\-]{1,200}$")
+IDEMPOTENCY_KEY = re.compile(r"^[A-Za-z0-9._:\-]{1,200}\Z")  # \Z: "$" would let a trailing newline in
 
 
 def tenant_task(request: Request, task_id: str) -> Task:
@@ -38,10 +39,39 @@ def tenant_task(request: Request, task_id: str) -> Task:
 
 
 class CreatedAtCursor(pagination.CursorPagination):
+    """DRF's cursor pagination, except that a bad ?limit= or ?cursor= is a 400 naming it
+    (DRF quietly ignores the one and answers 404, or 500, to the other)."""
+
     ordering = ("-created_at", "-id")
     page_size = 50
     page_size_query_param = "limit"
     max_page_size = 200
+
+    def get_page_size(self, request: Request) -> int:
+        raw = request.query_params.get("limit")
+        if raw is None:
+            return self.page_size
+        if not re.fullmatch(r"[0-9]{1,18}", raw) or int(raw) == 0:
+            raise ValidationError({"limit": f"must be a whole number from 1 (pages hold at most {self.max_page_size})"})
+        return min(int(raw), self.max_page_size)
+
+    def decode_cursor(self, request: Request) -> pagination.Cursor | None:
+        try:
+            cursor = super().decode_cursor(request)
+        except NotFound:
+            cursor = None
+        else:
+            if cursor is None or cursor.position is None or _is_datetime(cursor.position):
+                return cursor
+        # Its position lands in a created_at comparison, which a non-date would turn into a 500.
+        raise ValidationError({"cursor": "not a cursor this API gave out; follow a page's next or previous link"})
+
+
+def _is_datetime(text: str) -> bool:
+    try:
+        return parse_datetime(text) is not None
+    except ValueError:  # well-formed but impossible, e.g. month 13
+        return False
 
 
 class TaskListCreateApi(APIView):

@@ -19,6 +19,7 @@ from uuid import UUID
 from django.conf import settings
 from django.utils import timezone
 
+from common import json_safety
 from steering_app.actions import (
     CommandRefused, InvalidCommand, VersionConflict, answer_refusal, do_answer_input, do_enqueue_command,
 )
@@ -584,7 +585,7 @@ def _cursor(raw: Any) -> int:
         value = int(base64.urlsafe_b64decode(str(raw).encode()).decode())
     except (ValueError, UnicodeDecodeError):
         raise RpcError(INVALID_PARAMS, "Invalid params: bad cursor") from None
-    if value < 0:
+    if not 0 <= value <= json_safety.MAX_INT:  # it becomes an OFFSET: PostgreSQL's bigint
         raise RpcError(INVALID_PARAMS, "Invalid params: bad cursor")
     return value
 

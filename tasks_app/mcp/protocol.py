@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from dataclasses import dataclass, field
 from typing import Any
+
+from common import json_safety
 
 MODERN = "2026-07-28"
 LEGACY_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
@@ -29,10 +30,12 @@ INTERNAL_ERROR = -32603
 HEADER_MISMATCH = -32020
 MISSING_CAPABILITY = -32021
 UNSUPPORTED_VERSION = -32022
+SERVICE_UNAVAILABLE = -32003  # implementation-defined: the database is down; HTTP 503, retry after Retry-After
 
 # HTTP status per JSON-RPC code on the modern wire (as the SDK server maps them).
 HTTP_STATUS = {PARSE_ERROR: 400, INVALID_REQUEST: 400, INVALID_PARAMS: 400, HEADER_MISMATCH: 400,
-               MISSING_CAPABILITY: 400, UNSUPPORTED_VERSION: 400, METHOD_NOT_FOUND: 404, INTERNAL_ERROR: 500}
+               MISSING_CAPABILITY: 400, UNSUPPORTED_VERSION: 400, METHOD_NOT_FOUND: 404, INTERNAL_ERROR: 500,
+               SERVICE_UNAVAILABLE: 503}
 
 # Methods whose Mcp-Name header must equal a param (modern wire).
 NAME_PARAM = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri",
@@ -40,10 +43,12 @@ NAME_PARAM = {"tools/call": "name", "prompts/get": "name", "resources/read": "ur
 
 
 class RpcError(Exception):
-    def __init__(self, code: int, message: str, data: Any = None, *, http_status: int | None = None) -> None:
+    def __init__(self, code: int, message: str, data: Any = None, *, http_status: int | None = None,
+                 request_id: Any = None) -> None:
         super().__init__(message)
         self.code, self.message, self.data = code, message, data
         self.http_status = http_status or HTTP_STATUS.get(code, 400)
+        self.request_id = request_id  # raised before a Message exists: the id it could read, if any
 
     def body(self, request_id: Any) -> dict[str, Any]:
         error: dict[str, Any] = {"code": self.code, "message": self.message}
@@ -89,19 +94,50 @@ class Message:
         return isinstance(extensions, dict) and isinstance(extensions.get(TASKS_EXT), dict)
 
 
-def parse(body: bytes, headers: dict[str, str]) -> Message:
-    """Decode one JSON-RPC message and pick its era. RpcError on anything malformed."""
+def readable_id(value: Any) -> Any:
+    """A request id fit to echo in an error: a string or an integer with nothing hostile in it."""
+    if not isinstance(value, str | int) or isinstance(value, bool):
+        return None
     try:
-        raw = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        raise RpcError(PARSE_ERROR, "Parse error: the body is not JSON") from None
+        json_safety.check(value)
+    except json_safety.UnsafeInput:
+        return None
+    return value
+
+
+def request_id_of(body: bytes) -> Any:
+    """The id of a request answered without being parsed (the database was down), if readable."""
+    try:
+        raw = json_safety.parse(body)
+    except json_safety.UnsafeInput:
+        return readable_id(json_safety.peek_member(body, "id"))
+    return readable_id(raw.get("id")) if isinstance(raw, dict) else None
+
+
+def parse(body: bytes, headers: dict[str, str]) -> Message:
+    """Decode one JSON-RPC message and pick its era. RpcError on anything malformed or
+    hostile (common.json_safety), carrying the request's id whenever it can be read."""
+    try:
+        raw = json_safety.parse(body)
+    except json_safety.NotJson as exc:
+        raise RpcError(PARSE_ERROR, f"Parse error: {exc}") from None
+    except json_safety.UnsafeInput as exc:  # too deep to parse, but its id may still be read
+        raise RpcError(INVALID_REQUEST, f"Invalid Request: {exc}",
+                       request_id=readable_id(json_safety.peek_member(body, "id"))) from None
     if isinstance(raw, list):
         raise RpcError(INVALID_REQUEST, "Invalid Request: batches are not supported")
+    echo = readable_id(raw.get("id")) if isinstance(raw, dict) else None
     if not isinstance(raw, dict) or raw.get("jsonrpc") != "2.0":
-        raise RpcError(INVALID_REQUEST, "Invalid Request: not a JSON-RPC 2.0 object")
+        raise RpcError(INVALID_REQUEST, "Invalid Request: not a JSON-RPC 2.0 object", request_id=echo)
     request_id = raw.get("id")
     if "id" in raw and (isinstance(request_id, bool) or not isinstance(request_id, str | int)):
         raise RpcError(INVALID_REQUEST, "Invalid Request: id must be a string or an integer")
+    try:
+        json_safety.check(raw)
+    except json_safety.UnsafeInput as exc:
+        if exc.where.startswith("params"):
+            raise RpcError(INVALID_PARAMS, f"Invalid params: {exc}", request_id=echo) from None
+        raise RpcError(INVALID_REQUEST, f"Invalid Request: {exc}", request_id=echo) from None
     params = raw.get("params", {})
     if params is None:
         params = {}
@@ -109,11 +145,11 @@ def parse(body: bytes, headers: dict[str, str]) -> Message:
         if "id" in raw and ("result" in raw or "error" in raw):  # a client's answer to a server request
             return Message(request_id, None, {}, modern=False, is_response=True, raw=raw,
                            session_id=headers.get("mcp-session-id") or None)
-        raise RpcError(INVALID_REQUEST, "Invalid Request: no method")
+        raise RpcError(INVALID_REQUEST, "Invalid Request: no method", request_id=echo)
     if not isinstance(raw["method"], str) or not raw["method"]:
-        raise RpcError(INVALID_REQUEST, "Invalid Request: method must be a non-empty string")
+        raise RpcError(INVALID_REQUEST, "Invalid Request: method must be a non-empty string", request_id=echo)
     if not isinstance(params, dict):
-        raise RpcError(INVALID_PARAMS, "Invalid params: params must be an object")
+        raise RpcError(INVALID_PARAMS, "Invalid params: params must be an object", request_id=echo)
     header_version = headers.get("mcp-protocol-version", "").strip()
     meta = params.get("_meta")
     meta_version = meta.get(META_VERSION) if isinstance(meta, dict) else None

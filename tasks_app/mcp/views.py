@@ -25,11 +25,14 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions
 
+from common import json_safety
+from runtime_site.errors import DATABASE_UNAVAILABLE, RETRY_AFTER_SECONDS
+from runtime_site.middleware import request_texts
 from tasks_app.auth import ApiKeyAuthentication, Principal
 from tasks_app.mcp import handlers
 from tasks_app.mcp.protocol import (
-    INTERNAL_ERROR, INVALID_REQUEST, META_SERVER, SERVER_INFO, Message, RpcError, parse, result_body,
-    validate_modern,
+    INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, META_SERVER, SERVER_INFO, SERVICE_UNAVAILABLE, Message,
+    RpcError, parse, request_id_of, result_body, validate_modern,
 )
 from tasks_app.models import Task
 
@@ -42,6 +45,8 @@ META_SUBSCRIPTION = "io.modelcontextprotocol/subscriptionId"
 TERMINAL_MCP = frozenset({"completed", "failed", "cancelled"})
 SERVER_ERROR = -32000  # implementation-defined: authentication and origin refusals
 SESSION_HEADER = "Mcp-Session-Id"
+UNAVAILABLE = RpcError(SERVICE_UNAVAILABLE, "Service unavailable: the database is unreachable; retry shortly")
+RETRY = {"Retry-After": str(RETRY_AFTER_SECONDS)}
 
 
 def _error(exc: RpcError, request_id: Any = None, *, status: int | None = None,
@@ -118,6 +123,10 @@ async def _waited(message: Message, wait: handlers.Wait) -> AsyncIterator[dict[s
         except RpcError as exc:
             yield exc.body(message.id)
             return
+        except DATABASE_UNAVAILABLE:
+            logger.warning("mcp: the database is unavailable while waiting for task %s", wait.task_id)
+            yield UNAVAILABLE.body(message.id)
+            return
         except Exception:
             logger.exception("mcp: waiting for task %s failed", wait.task_id)
             yield RpcError(INTERNAL_ERROR, "Internal error").body(message.id)
@@ -159,6 +168,10 @@ async def _listened(message: Message, listen: handlers.Listen) -> AsyncIterator[
         if "taskIds" in listen.acknowledged:  # else nothing we honour was asked: keep-alives only
             try:
                 tasks = await sync_to_async(_listen_poll)(listen)
+            except DATABASE_UNAVAILABLE:
+                logger.warning("mcp: the database is unavailable while listening to tasks")
+                yield UNAVAILABLE.body(message.id)
+                return
             except Exception:
                 logger.exception("mcp: listening to tasks failed")
                 yield RpcError(INTERNAL_ERROR, "Internal error").body(message.id)
@@ -193,6 +206,8 @@ def _respond_wait(request: HttpRequest, message: Message, wait: handlers.Wait | 
 async def _respond_wait_json(message: Message, wait: handlers.Wait) -> HttpResponse:
     async for item in _waited(message, wait):
         if item is not None and "method" not in item:
+            if item.get("error", {}).get("code") == SERVICE_UNAVAILABLE:
+                return JsonResponse(item, status=503, headers=RETRY)
             status = 200 if "result" in item or not message.modern else 500
             return JsonResponse(item, status=status)
     raise AssertionError("unreachable: _waited always ends with a response")
@@ -200,6 +215,14 @@ async def _respond_wait_json(message: Message, wait: handlers.Wait) -> HttpRespo
 
 @csrf_exempt
 async def mcp_endpoint(request: HttpRequest) -> HttpResponse:
+    try:
+        return await _endpoint(request)
+    except DATABASE_UNAVAILABLE:  # down or restarting: a JSON-RPC answer the client may retry, not a 500
+        logger.warning("mcp: the database is unavailable", exc_info=True)
+        return _error(UNAVAILABLE, request_id_of(request.body), headers=RETRY)
+
+
+async def _endpoint(request: HttpRequest) -> HttpResponse:
     if request.method != "POST":
         return _error(RpcError(INVALID_REQUEST, "Method Not Allowed: this endpoint accepts POST only"),
                       status=405, headers={"Allow": "POST"})
@@ -214,16 +237,22 @@ async def mcp_endpoint(request: HttpRequest) -> HttpResponse:
     else:
         reason = "Authorization: Bearer <api key> is required"
     if principal is None:
-        return _error(RpcError(SERVER_ERROR, f"Unauthorized: {reason}"), status=401,
+        return _error(RpcError(SERVER_ERROR, f"Unauthorized: {reason}"), request_id_of(request.body), status=401,
                       headers={"WWW-Authenticate": 'Bearer realm="runtime"'})
     headers = {key.lower(): value for key, value in request.headers.items()}
     try:
         message = parse(request.body, headers)
     except RpcError as exc:
-        return _error(exc, status=400)
+        return _error(exc, exc.request_id, status=400)
+    try:  # what UnsafeTextMiddleware checks on every other path, answered here with the id
+        json_safety.check(request_texts(request))
+    except json_safety.UnsafeInput as exc:
+        return _error(RpcError(INVALID_REQUEST, f"Invalid Request: {exc}"), message.id, status=400)
     if message.is_response:  # the answer to an elicitation/create sent on a tasks/result stream
         try:
             known = await sync_to_async(_answer)(principal, message)
+        except DATABASE_UNAVAILABLE:
+            raise
         except Exception:
             logger.exception("mcp: recording the answer to %s failed", message.id)
             return _error(RpcError(INTERNAL_ERROR, "Internal error"), status=500)
@@ -243,6 +272,10 @@ async def mcp_endpoint(request: HttpRequest) -> HttpResponse:
     except RpcError as exc:
         # On the 2025 wire a handler's error is an ordinary JSON-RPC answer (HTTP 200).
         return _error(exc, message.id, status=None if message.modern else 200)
+    except json_safety.UnsafeInput as exc:  # an action's last check (parse() already refused the body's)
+        return _error(RpcError(INVALID_PARAMS, f"Invalid params: {exc}"), message.id)
+    except DATABASE_UNAVAILABLE:
+        raise
     except Exception:
         logger.exception("mcp: %s failed", message.method)
         return _error(RpcError(INTERNAL_ERROR, "Internal error"), message.id)

@@ -1,0 +1,28 @@
+"""The web process's connection pool (psycopg_pool, through Django) across database restarts.
+
+Two psycopg_pool defaults turn a restart into minutes of 500s: a connection is handed out
+without a look (dead ones fail the request that gets them), and a failed reconnection is
+retried with a doubling pause for five minutes (a database back after a minute waits for
+the pool's next try, a minute later). settings.py passes check_connection and a short
+reconnect_timeout; runtime_site.errors answers what still fails meanwhile with a 503.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg_pool import ConnectionPool
+
+
+def check_connection(conn: Any) -> None:
+    """psycopg_pool's check before handing a connection out, and on failure a drain: a
+    connection the server ended is rarely alone (a restart or pg_terminate_backend ends
+    them all), and the pool would otherwise try each dead one in turn, pausing longer
+    (1 s, 2 s, 4 s ...) before each. Drained, the client waits for a fresh connection."""
+    try:
+        ConnectionPool.check_connection(conn)
+    except Exception:
+        from django.db import connections
+
+        connections["default"].pool.drain()
+        raise

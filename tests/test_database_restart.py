@@ -1,0 +1,224 @@
+"""Every endpoint of a real uvicorn process across a database restart (issue 12, defect 3):
+after PostgreSQL ends its connections the next requests are answered normally; while the
+database is down each is a 503 with Retry-After in the edge's error shape (a JSON-RPC error
+on /mcp), never a 500; once it is back, normal answers within seconds.
+
+The outage is real: the web process runs on a private PostgreSQL cluster (initdb in a
+temporary folder, run as the postgres user on a free port) holding a copy of the test
+database, which the test stops and starts. The shared server is never restarted."""
+
+from __future__ import annotations
+
+import getpass
+import shutil
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from django.db import connection
+
+from conftest import Persona, Processes, database_url, free_port, wait_until
+from tasks_app.mcp.protocol import MODERN, TASKS_EXT
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+UP = {"healthz": 200, "list": 200, "detail": 200, "audit": 200, "create": 201, "steer": 202, "cancel": 202,
+      "events": 200, "mcp 2026-07-28": 200, "mcp 2025-11-25": 200, "dashboard": 200}
+
+
+def session_for(persona: Persona) -> str:
+    """A dashboard session, made the way signing in makes one (the web process reads it from the database)."""
+    from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
+    from django.contrib.sessions.backends.db import SessionStore
+
+    session = SessionStore()
+    session[SESSION_KEY] = str(persona.user.pk)
+    session[BACKEND_SESSION_KEY] = "django.contrib.auth.backends.ModelBackend"
+    session[HASH_SESSION_KEY] = persona.user.get_session_auth_hash()
+    session.create()
+    return session.session_key
+
+
+def requests(base: str, persona: Persona, task_id: str, session: str) -> dict[str, Callable[[], httpx.Response]]:
+    """One request per kind of endpoint, each on its own (they run in parallel)."""
+    auth = {"Authorization": f"Bearer {persona.token}"}
+
+    def api(**kwargs: Any) -> httpx.Client:
+        return httpx.Client(base_url=base, headers=auth, timeout=60, **kwargs)
+
+    def fresh_task(client: httpx.Client) -> str:
+        created = client.post("/runtime/tasks", json={"agent": "noop", "input": {"steps": 1}})
+        return created.json()["taskId"] if created.status_code == 201 else task_id
+
+    def steer() -> httpx.Response:
+        with api() as client:
+            return client.post(f"/runtime/tasks/{fresh_task(client)}/steering", json={
+                "commandId": f"c-{uuid.uuid4().hex}", "type": "set_priority", "expectedVersion": 1,
+                "payload": {"priority": 3}})
+
+    def cancel() -> httpx.Response:
+        with api() as client:
+            return client.post(f"/runtime/tasks/{fresh_task(client)}/cancel", json={})
+
+    def events() -> httpx.Response:
+        with api() as client, client.stream("GET", f"/runtime/tasks/{task_id}/events") as response:
+            if response.status_code == 200:  # the first event is the snapshot; then let go
+                assert next(line for line in response.iter_lines() if line.startswith("event:")) \
+                    == "event: task.snapshot"
+            else:
+                response.read()
+            return response
+
+    def mcp_modern() -> httpx.Response:
+        with api() as client:
+            return client.post("/mcp", headers={"MCP-Protocol-Version": MODERN, "Mcp-Method": "tasks/get",
+                                                "Mcp-Name": task_id}, json={
+                "jsonrpc": "2.0", "id": 11, "method": "tasks/get", "params": {"taskId": task_id, "_meta": {
+                    "io.modelcontextprotocol/protocolVersion": MODERN,
+                    "io.modelcontextprotocol/clientCapabilities": {"extensions": {TASKS_EXT: {}}}}}})
+
+    def mcp_legacy() -> httpx.Response:
+        with api() as client:
+            return client.post("/mcp", json={"jsonrpc": "2.0", "id": 12, "method": "tasks/list", "params": {}})
+
+    def get(path: str, **kwargs: Any) -> Callable[[], httpx.Response]:
+        def call() -> httpx.Response:
+            with api(**kwargs) as client:
+                return client.get(path)
+        return call
+
+    def create() -> httpx.Response:
+        with api() as client:
+            return client.post("/runtime/tasks", json={"agent": "noop", "input": {"steps": 1}})
+
+    return {
+        "healthz": get("/healthz"), "list": get("/runtime/tasks"), "detail": get(f"/runtime/tasks/{task_id}"),
+        "audit": get(f"/runtime/tasks/{task_id}/audit"), "create": create, "steer": steer, "cancel": cancel,
+        "events": events, "mcp 2026-07-28": mcp_modern, "mcp 2025-11-25": mcp_legacy,
+        "dashboard": get("/dashboard/tasks.json", cookies={"sessionid": session}),
+    }
+
+
+def probe(calls: dict[str, Callable[[], httpx.Response]]) -> dict[str, httpx.Response]:
+    with ThreadPoolExecutor(max_workers=len(calls)) as pool:
+        futures = {name: pool.submit(call) for name, call in calls.items()}
+        return {name: future.result() for name, future in futures.items()}
+
+
+def statuses(answers: dict[str, httpx.Response]) -> dict[str, int]:
+    return {name: response.status_code for name, response in answers.items()}
+
+
+def assert_unavailable(answers: dict[str, httpx.Response]) -> None:
+    """Down: /healthz (the process is up) answers; everything else is a clean 503."""
+    assert answers["healthz"].status_code == 200
+    for name, response in answers.items():
+        if name == "healthz":
+            continue
+        assert response.status_code == 503, (name, response.status_code, response.text[:300])
+        assert int(response.headers["Retry-After"]) > 0, name
+        body = response.json()
+        if name.startswith("mcp"):
+            assert body["jsonrpc"] == "2.0" and body["id"] == (11 if "2026" in name else 12), (name, body)
+            assert body["error"]["code"] == -32003 and "unavailable" in body["error"]["message"], (name, body)
+        else:
+            assert body["error"]["code"] == "unavailable", (name, body)
+
+
+def start_task(base: str, persona: Persona) -> str:
+    created = httpx.post(f"{base}/runtime/tasks", json={"agent": "noop", "input": {"steps": 1}},
+                         headers={"Authorization": f"Bearer {persona.token}"}, timeout=30)
+    assert created.status_code == 201, created.text
+    return created.json()["taskId"]
+
+
+def test_right_after_postgresql_ends_every_connection_each_endpoint_answers_normally(alice, processes: Processes):
+    port = free_port()
+    web = processes.web(port)
+    base = f"http://127.0.0.1:{port}"
+    calls = requests(base, alice, start_task(base, alice), session_for(alice))
+    for _ in range(2):  # in parallel: the pool holds several connections, all about to die
+        assert statuses(probe(calls)) == UP
+    with connection.cursor() as cursor:  # every backend of the test database but ours: the web process's
+        cursor.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                       "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        assert cursor.fetchone()[0] >= 2
+    assert statuses(probe(calls)) == UP  # not one dead connection handed out
+    assert web.poll() is None
+
+
+class PrivatePostgres:
+    """A PostgreSQL cluster of our own (initdb in a temporary folder, run as the postgres
+    user on a free port), so stopping it disturbs nobody."""
+
+    def __init__(self) -> None:
+        self.bin = Path(subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True,
+                                       check=True).stdout.strip())
+        self.as_postgres = [] if getpass.getuser() == "postgres" else ["runuser", "-u", "postgres", "--"]
+        self.home = Path(tempfile.mkdtemp(prefix="runtime-pg-"))  # not under pytest's tmp: postgres must reach it
+        shutil.chown(self.home, "postgres")
+        self.data, self.port = self.home / "data", free_port()
+        subprocess.run([*self.as_postgres, self.bin / "initdb", "-D", self.data, "-U", "postgres", "-A", "trust",
+                        "--no-sync"], check=True, capture_output=True)
+
+    def _pg_ctl(self, *args: Any) -> None:
+        subprocess.run([*self.as_postgres, self.bin / "pg_ctl", "-D", self.data, "-l", self.home / "log", "-w",
+                        "-t", "60", *args], check=True, capture_output=True)
+
+    def start(self) -> None:
+        self._pg_ctl("-o", f"-p {self.port} -k {self.home} -c listen_addresses=127.0.0.1 -c fsync=off", "start")
+
+    def stop(self, mode: str = "fast") -> None:
+        self._pg_ctl("-m", mode, "stop")  # fast: as a restart does, every session told, then closed
+
+    def copy_of_the_test_database(self) -> str:
+        """The test database as it is now, copied here; its DATABASE_URL."""
+        name = connection.settings_dict["NAME"]
+        target = ["-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres"]
+        subprocess.run([self.bin / "createdb", *target, name], check=True, capture_output=True)
+        dump = subprocess.run([self.bin / "pg_dump", "--no-owner", database_url()], check=True, capture_output=True)
+        subprocess.run([self.bin / "psql", *target, "-q", "-v", "ON_ERROR_STOP=1", "-d", name], input=dump.stdout,
+                       check=True, capture_output=True)
+        return f"postgres://postgres@127.0.0.1:{self.port}/{name}"
+
+
+@pytest.fixture
+def private_postgres() -> Iterator[PrivatePostgres]:
+    cluster = PrivatePostgres()
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        try:
+            cluster.stop("immediate")
+        except subprocess.CalledProcessError:
+            pass  # already stopped
+        shutil.rmtree(cluster.home, ignore_errors=True)
+
+
+def test_while_the_database_is_down_every_endpoint_is_a_503_and_after_it_normal_again(alice, processes,
+                                                                                      private_postgres):
+    session = session_for(alice)  # before the copy, which carries alice, her key and her session
+    port = free_port()
+    web = processes.web(port, DATABASE_URL=private_postgres.copy_of_the_test_database())
+    base = f"http://127.0.0.1:{port}"
+    calls = requests(base, alice, start_task(base, alice), session)
+    assert statuses(probe(calls)) == UP
+
+    private_postgres.stop()
+    assert_unavailable(probe(calls))
+    assert_unavailable(probe(calls))  # and again: nothing was left broken by the first round
+
+    private_postgres.start()
+    back = time.monotonic()
+    wait_until(lambda: statuses(probe(calls)) == UP, timeout=30, interval=0.5,
+               what="every endpoint to answer normally once the database is back")
+    print(f"every endpoint normal {time.monotonic() - back:.1f}s after the database was back")
+    assert web.poll() is None

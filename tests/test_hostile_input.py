@@ -1,0 +1,287 @@
+"""Hostile input on every edge (issue 12): NUL characters, lone surrogates, NaN and Infinity,
+JSON nested thousands deep, integers beyond bigint, non-UTF-8 bodies, malformed query strings,
+headers and event ids. Each is a 4xx in the edge's error shape naming the problem (on /mcp a
+JSON-RPC error echoing the request's id when it can be read), nothing is written, and the
+process answers normally afterwards. Django's test client: the subject is the web process's
+answer to bytes (common/json_safety.py is the one check behind every edge)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from steering_app.models import InputRequest, SteeringCommand
+from tasks_app.actions import do_create_task
+from tasks_app.mcp.protocol import MODERN, TASKS_EXT
+from tasks_app.models import AuditRecord, Task, TaskEvent
+
+pytestmark = pytest.mark.django_db(transaction=True)  # the SSE and MCP views close their connections
+
+# Raw JSON values a client can send and PostgreSQL (or the parser) cannot take.
+HOSTILE = {
+    "NUL in a string": '"a\\u0000b"',
+    "NUL in a key": '{"k\\u0000": 1}',
+    "lone surrogate": '"\\ud800"',
+    "lone surrogate in a key": '{"\\udfff": 1}',
+    "NaN": "NaN",
+    "-Infinity": "-Infinity",
+    "a number beyond a float": "1e400",
+    "an integer beyond bigint": "9223372036854775808",
+    "a 5,000-digit integer": "9" * 5000,
+    "arrays nested 10,000 deep": "[" * 10_000 + "]" * 10_000,
+    "objects nested 2,000 deep": '{"a":' * 2000 + "1" + "}" * 2000,
+    "arrays nested 101 deep": "[" * 101 + "]" * 101,
+}
+# Nested past what the parser itself can take: refused as a whole document, no field to name.
+UNPARSEABLE = {"arrays nested 10,000 deep", "objects nested 2,000 deep"}
+
+
+def written() -> tuple[int, ...]:
+    """Every row a refused request could have half-created."""
+    return (Task.objects.count(), SteeringCommand.objects.count(), AuditRecord.objects.count(),
+            TaskEvent.objects.count(), InputRequest.objects.filter(status="answered").count())
+
+
+def client() -> Client:
+    return Client(raise_request_exception=False)  # a 500 is an answer to assert on, not an exception
+
+
+def refusal(response: Any, status: int = 400) -> dict[str, Any]:
+    """The API's one error shape, with a message, and no 5xx."""
+    assert response.status_code == status, (response.status_code, response.content[:400])
+    error = response.json()["error"]
+    assert set(error) <= {"code", "message", "fields"} and error["code"] and error["message"], error
+    return error
+
+
+@pytest.fixture
+def task(alice) -> Task:
+    """A task with an open question whose answer schema takes anything, so an answer reaches the database."""
+    task, _ = do_create_task(alice.tenant, actor=f"user:{alice.user.pk}", agent="noop", input={"steps": 3})
+    InputRequest.objects.create(tenant=alice.tenant, task=task, key="q", prompt="anything?", answer_schema={},
+                                step_sequence=1)
+    return task
+
+
+def rest_edges(task: Task) -> dict[str, tuple[str, str, str]]:
+    """edge → (path, body with @ where the hostile value goes, the field path of @)."""
+    base = f"/runtime/tasks/{task.id}"
+    return {
+        "create": ("/runtime/tasks", '{"agent": "tool_calls", "input": {"calls": [{"tool": "http.request", '
+                                     '"args": {"v": @}}]}}', "input.calls[0].args.v"),
+        "steering": (f"{base}/steering", '{"commandId": "c-1", "type": "adjust_goal", "expectedVersion": 1, '
+                                         '"payload": {"goal": @}}', "payload.goal"),
+        "inputs": (f"{base}/inputs/q", '{"answer": @}', "answer"),
+        "cancel": (f"{base}/cancel", '{"reason": @}', "reason"),
+    }
+
+
+def post_json(path: str, body: bytes | str, token: str, **headers: str) -> Any:
+    return client().post(path, data=body, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}",
+                         **headers)
+
+
+@pytest.mark.parametrize("edge", ["create", "steering", "inputs", "cancel"])
+def test_every_rest_body_edge_refuses_each_hostile_value_naming_the_field(alice, task, edge):
+    path, template, field = rest_edges(task)[edge]
+    before = written()
+    for name, value in HOSTILE.items():
+        error = refusal(post_json(path, template.replace("@", value), alice.token))
+        named = "body" if name in UNPARSEABLE else field
+        assert any(key.startswith(named) for key in error.get("fields", {})), (name, error)
+    for name, body in {"non-UTF-8": template.replace("@", '"\xff\xfe"').encode("latin-1"),
+                       "not JSON": template.replace("@", "'single quotes'")}.items():
+        assert refusal(post_json(path, body, alice.token))["code"] == "invalid_json", name
+    assert written() == before
+    # the process stays healthy: the same edge takes a good body
+    good = post_json(path, template.replace("@", '"fine"' if edge != "create" else "{}"), alice.token)
+    assert good.status_code in (201, 202), good.content
+
+
+def test_rest_query_strings_are_checked(alice, task):
+    api = alice.client()
+    def cursor(raw: str) -> str:
+        return base64.b64encode(raw.encode()).decode()
+
+    cases = {
+        "?status=%00": "query.status",
+        "?status=working%00": "query.status",
+        "?x%00=1": "query",
+        "?cursor=garbage": "cursor",
+        f"?cursor={cursor('p=garbage')}": "cursor",
+        f"?cursor={cursor('p=2026-13-45 10:00:00')}": "cursor",
+        f"?cursor={cursor('o=1&p=' + chr(0))}": "cursor",
+        "?limit=abc": "limit",
+        "?limit=0": "limit",
+        "?limit=-1": "limit",
+        "?limit=" + "9" * 5000: "limit",
+    }
+    before = written()
+    for query, field in cases.items():
+        error = refusal(api.get(f"/runtime/tasks{query}"))
+        assert field in error["message"] or field in str(error.get("fields")), (query, error)
+    assert written() == before
+    assert api.get("/runtime/tasks?limit=1000").status_code == 200  # more than a page holds: a full page
+    page = api.get("/runtime/tasks?limit=1").json()
+    assert page["results"] and api.get(page["next"] or "/runtime/tasks").status_code == 200
+
+
+def test_paths_and_headers_carrying_nul_or_malformed_keys_are_refused(alice, task):
+    before = written()
+    # a NUL in the path: the input key lands in a query on the way to the answer
+    refusal(post_json(f"/runtime/tasks/{task.id}/inputs/q%00", '{"answer": 1}', alice.token))
+    # Authorization: checked before any lookup (a NUL or surrogate in it was a 500)
+    for header in (f"Bearer rt_{chr(0)}_x", "Bearer rt_0123456789ab_" + chr(0xD800) * 20, "Bearer x" * 300):
+        response = client().get("/runtime/tasks", HTTP_AUTHORIZATION=header)
+        assert response.status_code in (400, 401), (header[:30], response.content)
+        refusal(response, response.status_code)
+    # Idempotency-Key: "$" in its pattern let a trailing newline in
+    body = '{"agent": "noop", "input": {"steps": 3}}'
+    for key in ("k\n", "k" + chr(0)):
+        error = refusal(post_json("/runtime/tasks", body, alice.token, HTTP_IDEMPOTENCY_KEY=key))
+        assert "Idempotency-Key" in error["message"], error
+    # a session cookie with a NUL in it (the session lookup queries with it)
+    refusal(client().get("/dashboard/", HTTP_COOKIE="sessionid=" + "a" * 31 + chr(0)))
+    assert written() == before
+
+
+def test_dashboard_query_strings_are_checked(alice, task):
+    browser = client()
+    browser.force_login(alice.user)
+    for path in ("/dashboard/", "/dashboard/tasks.json"):
+        for query, needle in (("?status=%00", "query.status"), ("?status=sleeping", "sleeping")):
+            assert needle in refusal(browser.get(path + query))["message"]
+        assert browser.get(path + "?status=queued").status_code == 200
+
+
+def test_a_dashboard_form_with_a_number_beyond_bigint_starts_and_steers_nothing(alice, task):
+    browser = client()
+    browser.force_login(alice.user)
+    before = written()
+    started = browser.post("/dashboard/tasks/new", {
+        "tenant": alice.tenant.slug, "corpus": "corpora/demo", "goal": "g", "limit": str(2**64), "batch_size": "20",
+        "pacing_ms": "0", "priority": "5", "idempotency_key": "dash-k"})
+    assert started.status_code == 303 and started["Location"] == "/dashboard/tasks/new", started
+    steered = browser.post(f"/dashboard/tasks/{task.id}/steer", {
+        "type": "pause", "expected_version": str(2**64), "command_id": "dash-c"})
+    assert steered.status_code == 303, steered
+    assert written() == before
+
+
+def test_the_event_stream_refuses_malformed_last_event_ids(alice, task):
+    def stream(query: str = "", **headers: str) -> Any:
+        return client().get(f"/runtime/tasks/{task.id}/events{query}", HTTP_AUTHORIZATION=f"Bearer {alice.token}",
+                            **headers)
+
+    for bad in ("garbage", "a:b:c", "chan:-1", "chan:" + "9" * 30, "chan:1,", ":1", "chan:1" + chr(0)):
+        error = refusal(stream(HTTP_LAST_EVENT_ID=bad))
+        assert "Last-Event-ID" in error["message"] or "Last-Event-Id" in error["message"], (bad, error)
+        assert "lastEventId" in refusal(stream(f"?lastEventId={bad.replace(chr(0), '%00')}"))["message"], bad
+    # django-eventstream's own query parameters are not ours to honour (each was a 500)
+    for query in ("?es-meta=garbage", "?recover=true", "?link=next"):
+        assert stream(query).status_code == 200, query
+    assert stream(HTTP_LAST_EVENT_ID=f"rt.task-{task.id}:3").status_code == 200  # what a browser sends back
+
+
+# --- /mcp, both wires ----------------------------------------------------------------------
+
+META = {"io.modelcontextprotocol/protocolVersion": MODERN,
+        "io.modelcontextprotocol/clientCapabilities": {"extensions": {TASKS_EXT: {}}}}
+
+
+def mcp(token: str, body: bytes | str, *, modern: str | None = None, **headers: str) -> Any:
+    """POST /mcp; modern: the method, sent as the 2026-07-28 wire's headers."""
+    extra = {"HTTP_ACCEPT": "application/json, text/event-stream", "HTTP_AUTHORIZATION": f"Bearer {token}", **headers}
+    if modern:
+        extra.update(HTTP_MCP_PROTOCOL_VERSION=MODERN, HTTP_MCP_METHOD=modern, HTTP_MCP_NAME="tool_calls")
+    return client().post("/mcp", data=body, content_type="application/json", **extra)
+
+
+def rpc_error(response: Any, code: int, request_id: Any) -> str:
+    assert response.status_code < 500, (response.status_code, response.content[:400])
+    body = response.json()
+    assert (body["jsonrpc"], body["id"], body["error"]["code"]) == ("2.0", request_id, code), body
+    return body["error"]["message"]
+
+
+def tools_call(arguments: str, *, modern: bool) -> str:
+    meta = json.dumps(META) if modern else "{}"
+    task = "" if modern else ', "task": {}'
+    return ('{"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"_meta": ' + meta
+            + ', "name": "tool_calls"' + task + ', "arguments": {"calls": [{"tool": "t", "args": {"v": '
+            + arguments + "}}]}}}")
+
+
+@pytest.mark.parametrize("modern", [True, False], ids=["2026-07-28", "2025-11-25"])
+def test_mcp_refuses_each_hostile_value_echoing_the_request_id(alice, task, modern):
+    before = written()
+    wire = {"modern": "tools/call"} if modern else {}
+    for name, value in HOSTILE.items():
+        response = mcp(alice.token, tools_call(value, modern=modern), **wire)
+        if name in UNPARSEABLE:  # refused as a whole, the id (read without parsing) echoed
+            assert "nested" in rpc_error(response, -32600, 7), name
+        else:
+            assert "params.arguments.calls[0].args.v" in rpc_error(response, -32602, 7), name
+    # so deep it cannot be parsed, the id after it: still read and echoed
+    deep = '{"jsonrpc": "2.0", "method": "tools/call", "params": ' + "[" * 5000 + "]" * 5000 + ', "id": "r-9"}'
+    rpc_error(mcp(alice.token, deep, **wire), -32600, "r-9")
+    rpc_error(mcp(alice.token, tools_call('"\xff"', modern=modern).encode("latin-1"), **wire), -32700, None)
+    rpc_error(mcp(alice.token, '{"jsonrpc": "2.0", "id": NaN, "method": "tools/list"}', **wire), -32600, None)
+    rpc_error(mcp(alice.token, '{"jsonrpc": "2.0", "id": 8, "method": "tools/call\\u0000", "params": {}}',
+                  **wire), -32600, 8)
+    rpc_error(mcp(alice.token, '{"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": [1]}', **wire),
+              -32602, 9)
+    # a hostile header is refused like the body's content, with the id
+    rpc_error(mcp(alice.token, tools_call("1", modern=modern), HTTP_X_NOTE="a" + chr(0), **wire), -32600, 7)
+    # an API key that could not be ours is a 401 before any lookup (a NUL in it was a 500)
+    refused = mcp("rt_" + chr(0) + "_x", tools_call("1", modern=modern), **wire)
+    assert refused.status_code == 401 and refused.json()["id"] == 7, refused.content
+    assert written() == before
+    # the process stays healthy: a good call starts a task
+    assert mcp(alice.token, tools_call("{}", modern=modern), **wire).status_code == 200
+    assert Task.objects.count() == before[0] + 1
+
+
+def test_a_legacy_tasks_list_cursor_beyond_bigint_is_invalid_params(alice, task):
+    for offset in ("9" * 30, str(2**63), "-1", "x"):
+        cursor = base64.urlsafe_b64encode(offset.encode()).decode()
+        body = json.dumps({"jsonrpc": "2.0", "id": 3, "method": "tasks/list", "params": {"cursor": cursor}})
+        assert "cursor" in rpc_error(mcp(alice.token, body), -32602, 3)
+    listed = mcp(alice.token, json.dumps({"jsonrpc": "2.0", "id": 4, "method": "tasks/list", "params": {}}))
+    assert [t["taskId"] for t in listed.json()["result"]["tasks"]] == [str(task.id)]
+
+
+# --- the last line: the actions themselves -------------------------------------------------
+
+def test_the_actions_refuse_what_no_edge_may_store(alice, task):
+    """Whatever the caller (an edge, the admin, a script), nothing unstorable reaches a write."""
+    from common.json_safety import UnsafeInput
+    from steering_app.actions import do_answer_input, do_enqueue_command
+    from tasks_app.actions import do_cancel_task
+
+    who = {"tenant": alice.tenant}
+    before = written()
+    calls = {
+        "input with a NUL": lambda: do_create_task(alice.tenant, actor="user:x", agent="tool_calls",
+                                                   input={"calls": [{"tool": "t", "args": {"v": "\x00"}}]}),
+        "a budget beyond bigint": lambda: do_create_task(alice.tenant, actor="user:x", agent="noop",
+                                                         input={"steps": 3}, budget={"maxSteps": 2**70}),
+        "a goal with a surrogate": lambda: do_create_task(alice.tenant, actor="user:x", agent="noop",
+                                                          input={"steps": 3}, goal="\udc00"),
+        "a payload with a NUL": lambda: do_enqueue_command(task.id, **who, command_id="c", type="adjust_goal",
+                                                           payload={"goal": "\x00"}, expected_version=1,
+                                                           requested_by="user:x"),
+        "a reason with a NUL": lambda: do_cancel_task(task.id, **who, actor="user:x", reason="\x00"),
+        "an answer of NaN": lambda: do_answer_input(task.id, **who, key="q", answer=float("nan"),
+                                                    requested_by="user:x"),
+        "a key with a surrogate": lambda: do_answer_input(task.id, **who, key="\ud800", answer=1,
+                                                          requested_by="user:x"),
+    }
+    for name, call in calls.items():
+        with pytest.raises(UnsafeInput):
+            call()
+        assert written() == before, name
