@@ -14,7 +14,7 @@ import pytest
 import redis.exceptions
 from django.db import IntegrityError, InterfaceError, OperationalError, connection, transaction
 
-from tasks_app import engine, faults, recovery, tasks
+from tasks_app import engine, faults, leases, recovery, tasks
 from tasks_app.actions import do_create_task
 from tasks_app.agents.base import Agent, StepContext, register
 from tasks_app.audit import verify_chain
@@ -214,3 +214,29 @@ def test_only_infrastructure_errors_are_classified_as_such(error, infrastructure
 
 def test_the_backoff_grows_with_faults_in_a_row_up_to_a_cap():
     assert [faults.backoff(n) for n in (1, 2, 3, 4, 5, 6, 7, 50)] == [1, 2, 4, 8, 16, 30, 30, 30]
+
+
+def test_a_cancel_after_a_slice_was_abandoned_settles_the_pause_it_left_pending(alice):
+    # A pause is accepted while a worker holds the task (pending: it lands at the safe
+    # point), then the slice is abandoned to an infrastructure fault and gives the lease back.
+    # A cancel over REST now finds nobody holding the task: the task ends, and the pause
+    # must not stay "pending" in the history for ever (a client waiting on it never returns).
+    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 5})
+    lease = leases.claim(task.id, worker_id="w1", ttl=30)
+    engine._start_working(lease, "queued", None)  # the slice is under way
+    client = alice.client()
+    version = client.get(f"/runtime/tasks/{task.id}").json()["stateVersion"]
+    response = client.post(f"/runtime/tasks/{task.id}/steering", {
+        "commandId": "pause-1", "type": "pause", "payload": {}, "expectedVersion": version}, format="json")
+    assert response.status_code == 202 and response.json()["status"] == "pending", response.content
+    engine._abandon(lease, OperationalError("server closed the connection unexpectedly"))
+
+    response = client.post(f"/runtime/tasks/{task.id}/cancel", {"reason": "stop it"}, format="json")
+    assert response.status_code in (200, 202), response.content
+    snapshot = client.get(f"/runtime/tasks/{task.id}").json()
+    assert snapshot["runtimeStatus"] == "cancelled"
+    history = client.get(f"/runtime/tasks/{task.id}/steering").json()["results"]
+    assert [c["status"] for c in history] != ["pending"], history
+    assert all(c["status"] in ("applied", "rejected") for c in history), history
+    assert verify_chain(Task.objects.get(id=task.id)) is None
+
