@@ -240,3 +240,52 @@ def test_a_cancel_after_a_slice_was_abandoned_settles_the_pause_it_left_pending(
     assert all(c["status"] in ("applied", "rejected") for c in history), history
     assert verify_chain(Task.objects.get(id=task.id)) is None
 
+
+@register
+class ForeignStoreAgent(Agent):
+    """Its steps write to the agent's own S3 bucket at an endpoint that does not answer: a
+    mistake of the agent's, that raises what the blob store raises when it is down."""
+
+    name = "test_foreign_store"
+    input_schema = {"type": "object"}
+
+    def start(self, input: dict[str, Any], goal: str) -> dict[str, Any]:
+        return {"done": 0}
+
+    def next_step(self, state: dict[str, Any]) -> str | None:
+        return "upload" if state["done"] < 3 else None
+
+    def run_step(self, ctx: StepContext, state: dict[str, Any]) -> dict[str, Any]:
+        if state["done"] == 1:
+            raise botocore.exceptions.EndpointConnectionError(endpoint_url="http://customer-bucket.invalid")
+        return {"done": state["done"] + 1}
+
+    def result(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {"done": state["done"]}
+
+
+def test_infrastructure_faults_without_progress_are_held_for_an_operator_not_retried_for_ever(alice, settings):
+    # What looks like an infrastructure fault may be the agent's own (its own client to a
+    # wrong endpoint), or a part of ours that stays down: retried with backoff for ever, the
+    # task would show "working" and never end. After max_infra_faults abandoned slices in a
+    # row without a new step, it is held for an operator (dead-lettered, with the diagnosis),
+    # who can redrive it.
+    settings.RUNTIME = {**settings.RUNTIME, "runtime": {**settings.RUNTIME["runtime"], "max_infra_faults": 4}}
+    task, _ = do_create_task(alice.tenant, actor="user:test", agent="test_foreign_store", input={})
+    for n in range(10):
+        tasks.run_task_slice(str(task.id), faults_in_a_row=n)
+        task.refresh_from_db()
+        if task.status != "working":
+            break
+    assert task.status == "dead_lettered", (task.status, task.infra_faults)
+    assert task.infra_faults == 4 and task.recoveries == 0
+    assert task.error["code"] == "infrastructure_faults" and "EndpointConnectionError" in task.error["message"]
+    assert task.lease_owner is None and "infrastructure" in task.status_message
+    assert set(Step.objects.filter(task=task).values_list("sequence", flat=True)) == {1}  # re-runs only
+    assert verify_chain(task) is None
+
+    # The operator sees it, fixes the cause (here: nothing), and redrives: the count starts afresh.
+    recovery.do_redrive_task(task.id, actor="user:ops", reason="endpoint fixed")
+    tasks.run_task_slice(str(task.id))
+    task.refresh_from_db()
+    assert task.status == "working" and task.infra_faults == 5  # retried, not held again at once
