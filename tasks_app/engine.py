@@ -260,6 +260,8 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
             # A JSON round trip both copies the state (a failed step leaves ours intact)
             # and proves the agent's new state can be checkpointed.
             new_state = json.loads(json.dumps(run.agent.run_step(ctx, json.loads(json.dumps(run.state)))))
+            if why := _unstorable(ctx, new_state):  # the agent's failure, not the commit's
+                raise ValueError(f"the step's output cannot be stored: {why}")
         except agents.InputNeeded as need:
             _wait_for_input(run, need)
             return SliceOutcome.DONE
@@ -287,6 +289,32 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
             return SliceOutcome.DONE
         _commit_step(run, ctx, new_state, began, (time.perf_counter() - t0) * 1000)
         steps += 1
+
+
+def _unstorable(ctx: agents.StepContext, new_state: dict[str, Any]) -> str | None:
+    """Why the database would refuse what the step produced (its text and jsonb take no NUL
+    and no lone surrogate; names and phases have a length), or None. Checked before the
+    commit: a refused commit would escape the slice and crash-loop the task into a dead
+    letter that blames the worker. Fetched content carries such characters easily."""
+    for what, value, limit in (("step name", ctx.step_name, Step._meta.get_field("name").max_length),
+                               ("phase", ctx.phase or "", Task._meta.get_field("phase").max_length)):
+        if len(value) > limit:
+            return f"its {what} is longer than {limit} characters"
+    stack: list[Any] = [ctx.step_name, ctx.phase, ctx.message, ctx.logs, ctx.artifacts, ctx.summary, new_state]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack += [*item.keys(), *item.values()]
+        elif isinstance(item, list):
+            stack += item
+        elif isinstance(item, str):
+            if "\x00" in item:
+                return f"a NUL character in {item[:60]!r}"
+            try:
+                item.encode()
+            except UnicodeEncodeError:
+                return f"a lone surrogate in {item[:60]!r}"
+    return None
 
 
 def _over_budget(run: _Run) -> str | None:

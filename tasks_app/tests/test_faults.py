@@ -289,3 +289,50 @@ def test_infrastructure_faults_without_progress_are_held_for_an_operator_not_ret
     tasks.run_task_slice(str(task.id))
     task.refresh_from_db()
     assert task.status == "working" and task.infra_faults == 5  # retried, not held again at once
+
+
+@register
+class HostileOutputAgent(Agent):
+    """Two steps; the first reads a document with a NUL byte or a lone surrogate in it (as
+    fetched content may have) and puts a line of it where the agent puts things: `where`."""
+
+    name = "test_hostile_output"
+    input_schema = {"type": "object"}
+
+    def start(self, input: dict[str, Any], goal: str) -> dict[str, Any]:
+        return {"done": 0, "lines": []}
+
+    def next_step(self, state: dict[str, Any]) -> str | None:
+        return f"read-{state['done'] + 1}" if state["done"] < 2 else None
+
+    def run_step(self, ctx: StepContext, state: dict[str, Any]) -> dict[str, Any]:
+        line = "page 1" + chr(ctx.input["bad"])
+        if state["done"] == 0:
+            match ctx.input["where"]:
+                case "log":
+                    ctx.log(line)
+                case "summary":
+                    ctx.summary["first"] = line
+                case "state":
+                    state = {**state, "lines": [line]}
+        return {**state, "done": state["done"] + 1}
+
+    def result(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {"done": state["done"]}
+
+
+@pytest.mark.parametrize("bad", [0x0, 0xD800], ids=["nul", "lone-surrogate"])
+@pytest.mark.parametrize("where", ["log", "summary", "state"])
+def test_an_agent_output_the_database_cannot_store_fails_the_step_with_a_diagnosis(alice, where, bad):
+    # Not a crash (the worker is fine) and not infrastructure: the agent's own output cannot
+    # be stored. It must fail the step at once, saying why, not escape the slice, hold the
+    # lease until it expires and crash-loop through recoveries into a misleading dead letter.
+    task, _ = do_create_task(alice.tenant, actor="user:test", agent="test_hostile_output",
+                             input={"where": where, "bad": bad})
+    outcome = engine.run_slice(task.id, worker_id="w1")
+    task.refresh_from_db()
+    assert outcome is engine.SliceOutcome.DONE
+    assert task.status == "failed" and task.recoveries == 0 and task.lease_owner is None
+    assert task.error["code"] == "step_failed" and task.error["step"] == "read-1", task.error
+    assert "cannot be stored" in task.error["message"], task.error
+    assert verify_chain(task) is None
