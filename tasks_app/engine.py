@@ -293,11 +293,12 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
 
 def _unstorable(ctx: agents.StepContext, new_state: dict[str, Any]) -> str | None:
     """Why the database would refuse what the step produced (its text and jsonb take no NUL
-    and no lone surrogate; names and phases have a length), or None. Checked before the
+    and no lone surrogate; names, phases and messages have a length), or None. Checked before the
     commit: a refused commit would escape the slice and crash-loop the task into a dead
     letter that blames the worker. Fetched content carries such characters easily."""
     for what, value, limit in (("step name", ctx.step_name, Step._meta.get_field("name").max_length),
-                               ("phase", ctx.phase or "", Task._meta.get_field("phase").max_length)):
+                               ("phase", ctx.phase or "", Task._meta.get_field("phase").max_length),
+                               ("message", ctx.message or "", Task._meta.get_field("status_message").max_length)):
         if len(value) > limit:
             return f"its {what} is longer than {limit} characters"
     stack: list[Any] = [ctx.step_name, ctx.phase, ctx.message, ctx.logs, ctx.artifacts, ctx.summary, new_state]
