@@ -8,7 +8,6 @@ from typing import Any
 from uuid import UUID
 
 from django.db import IntegrityError, transaction
-from django.db.models import F
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -138,11 +137,13 @@ def do_cancel_task(task_id: UUID, *, tenant: Tenant, actor: str, reason: str = "
             task.save(update_fields=["cancel_requested", "cancel_reason", "state_version", "updated_at"])
             record_audit(task, actor=actor, action="cancel_requested", before_version=before, reason=reason)
         return task
-    transition(task, Status.CANCELLED, actor=actor, reason=reason)
-    task.cancel_reason = reason[:500]
-    task.lease_owner, task.lease_expires_at = None, None
-    # A worker whose lease expired may still be running: moving the epoch fences it out.
-    task.lease_epoch = F("lease_epoch") + 1
-    task.save(update_fields=[*TRANSITION_FIELDS, "cancel_reason", "lease_owner", "lease_expires_at", "lease_epoch"])
-    task.refresh_from_db()
+    # Nobody holds the task: a safe point, where steering's one rule applies. What a slice
+    # left pending (a pause accepted while it ran, before it was abandoned or died) settles
+    # first, in accepted order, then the cancel wins; it moves the lease epoch, which fences
+    # out a worker whose lease expired but that may still be running.
+    from steering_app.actions import STEERING_FIELDS, apply_pending  # steering imports this module
+
+    task.cancel_requested, task.cancel_reason = True, reason[:500]
+    apply_pending(task, actor=actor, by_worker=False)
+    task.save(update_fields=STEERING_FIELDS)
     return task

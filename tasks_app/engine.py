@@ -103,15 +103,21 @@ def run_slice(task_id: UUID, *, worker_id: str) -> SliceOutcome:
             if not faults.is_infrastructure_error(exc):
                 raise
             fault = exc
-    _abandon(lease, fault)  # once the heartbeat has stopped: nothing renews the lease we give back
-    return SliceOutcome.RETRY
+    # Once the heartbeat has stopped: nothing renews the lease we give back.
+    return SliceOutcome.DONE if _abandon(lease, fault) else SliceOutcome.RETRY
 
 
-def _abandon(lease: leases.Lease, fault: Exception) -> None:
+def _abandon(lease: leases.Lease, fault: Exception) -> bool:
     """The database, broker or blob store failed under the slice: drop its work in hand
     without writing it, give the lease back and count the fault. The next slice resumes from
     the last checkpoint, as after a crash, but without waiting out the lease and without
-    counting a recovery. Should even this fail, the lease expires and recovery takes over."""
+    counting a recovery. Should even this fail, the lease expires and recovery takes over.
+
+    What looks like infrastructure may be the agent's own doing (its own client to an
+    endpoint that never answers) or a part of ours that stays down: after
+    runtime.max_infra_faults slices in a row abandoned without a new step, the task is held
+    for an operator (dead-lettered with the diagnosis, which a redrive clears) instead of
+    retrying unseen for ever. True: held."""
     logger.warning("task %s: infrastructure fault, slice abandoned: %s: %s", lease.task_id,
                    type(fault).__name__, fault)
     faults.drop_connection()
@@ -119,10 +125,24 @@ def _abandon(lease: leases.Lease, fault: Exception) -> None:
         with transaction.atomic(durable=True):
             task = leases.fenced(lease)
             task.infra_faults += 1
-            record_audit(task, actor=f"worker:{lease.worker_id}", action="infrastructure_fault",
-                         before_version=task.state_version, reason=f"{type(fault).__name__}: {fault}"[:500],
-                         data={"infraFaults": task.infra_faults})
-            task.save(update_fields=["infra_faults", "updated_at", *leases.release_fields(task)])
+            in_a_row = _faults_without_progress(task) + 1
+            diagnosis = f"{type(fault).__name__}: {fault}"
+            actor = f"worker:{lease.worker_id}"
+            record_audit(task, actor=actor, action="infrastructure_fault", before_version=task.state_version,
+                         reason=diagnosis[:500], data={"infraFaults": task.infra_faults, "inARow": in_a_row,
+                                                       "stepsDone": task.steps_done})
+            fields = ["infra_faults", "updated_at", *leases.release_fields(task)]
+            limit = settings.RUNTIME["runtime"]["max_infra_faults"]
+            held = bool(limit) and in_a_row >= limit
+            if held:
+                reason = f"{in_a_row} infrastructure faults in a row without a new step; the last: {diagnosis}"
+                logger.error("task %s: held for operator: %s", lease.task_id, reason)
+                task.error = {"code": "infrastructure_faults", "message": reason[:1000]}
+                task.status_message = "held for operator: infrastructure faults without progress"
+                transition(task, Status.DEAD_LETTERED, actor=actor, reason=reason[:500])
+                fields += [*TRANSITION_FIELDS, "error"]
+            task.save(update_fields=fields)
+            return held
     except leases.LeaseLost:
         pass  # taken over meanwhile: nothing of ours to give back
     except Exception as exc:
@@ -130,6 +150,20 @@ def _abandon(lease: leases.Lease, fault: Exception) -> None:
             raise
         faults.drop_connection()
         logger.warning("task %s: could not give the lease back (%s); it expires", lease.task_id, exc)
+    return False
+
+
+def _faults_without_progress(task: Task) -> int:
+    """The infrastructure faults that ended the task's latest audit records, all at its
+    current high-water mark: a new step raises it, and any other record (a redrive, a
+    steering command) breaks the run. Read from the audit chain: no clock is compared."""
+    limit = settings.RUNTIME["runtime"]["max_infra_faults"] or 1
+    count = 0
+    for action, data in task.audit_records.order_by("-seq").values_list("action", "data")[:limit]:
+        if action != "infrastructure_fault" or data.get("stepsDone") != task.steps_done:
+            break
+        count += 1
+    return count
 
 
 def _load(lease: leases.Lease) -> _Run | None:
@@ -229,6 +263,8 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
             # and proves the agent's new state can be checkpointed.
             with telemetry.step(run.task, step_name, sequence, rerun=sequence <= run.rerun_until):
                 new_state = json.loads(json.dumps(run.agent.run_step(ctx, json.loads(json.dumps(run.state)))))
+            if why := _unstorable(ctx, new_state):  # the agent's failure, not the commit's
+                raise ValueError(f"the step's output cannot be stored: {why}")
         except agents.InputNeeded as need:
             _wait_for_input(run, need)
             return SliceOutcome.DONE
@@ -256,6 +292,33 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
             return SliceOutcome.DONE
         _commit_step(run, ctx, new_state, began, (time.perf_counter() - t0) * 1000)
         steps += 1
+
+
+def _unstorable(ctx: agents.StepContext, new_state: dict[str, Any]) -> str | None:
+    """Why the database would refuse what the step produced (its text and jsonb take no NUL
+    and no lone surrogate; names, phases and messages have a length), or None. Checked before the
+    commit: a refused commit would escape the slice and crash-loop the task into a dead
+    letter that blames the worker. Fetched content carries such characters easily."""
+    for what, value, limit in (("step name", ctx.step_name, Step._meta.get_field("name").max_length),
+                               ("phase", ctx.phase or "", Task._meta.get_field("phase").max_length),
+                               ("message", ctx.message or "", Task._meta.get_field("status_message").max_length)):
+        if len(value) > limit:
+            return f"its {what} is longer than {limit} characters"
+    stack: list[Any] = [ctx.step_name, ctx.phase, ctx.message, ctx.logs, ctx.artifacts, ctx.summary, new_state]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack += [*item.keys(), *item.values()]
+        elif isinstance(item, list):
+            stack += item
+        elif isinstance(item, str):
+            if "\x00" in item:
+                return f"a NUL character in {item[:60]!r}"
+            try:
+                item.encode()
+            except UnicodeEncodeError:
+                return f"a lone surrogate in {item[:60]!r}"
+    return None
 
 
 def _over_budget(run: _Run) -> str | None:

@@ -14,7 +14,7 @@ import pytest
 import redis.exceptions
 from django.db import IntegrityError, InterfaceError, OperationalError, connection, transaction
 
-from tasks_app import engine, faults, recovery, tasks
+from tasks_app import engine, faults, leases, recovery, tasks
 from tasks_app.actions import do_create_task
 from tasks_app.agents.base import Agent, StepContext, register
 from tasks_app.audit import verify_chain
@@ -214,3 +214,125 @@ def test_only_infrastructure_errors_are_classified_as_such(error, infrastructure
 
 def test_the_backoff_grows_with_faults_in_a_row_up_to_a_cap():
     assert [faults.backoff(n) for n in (1, 2, 3, 4, 5, 6, 7, 50)] == [1, 2, 4, 8, 16, 30, 30, 30]
+
+
+def test_a_cancel_after_a_slice_was_abandoned_settles_the_pause_it_left_pending(alice):
+    # A pause is accepted while a worker holds the task (pending: it lands at the safe
+    # point), then the slice is abandoned to an infrastructure fault and gives the lease back.
+    # A cancel over REST now finds nobody holding the task: the task ends, and the pause
+    # must not stay "pending" in the history for ever (a client waiting on it never returns).
+    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 5})
+    lease = leases.claim(task.id, worker_id="w1", ttl=30)
+    engine._start_working(lease, "queued", None)  # the slice is under way
+    client = alice.client()
+    version = client.get(f"/runtime/tasks/{task.id}").json()["stateVersion"]
+    response = client.post(f"/runtime/tasks/{task.id}/steering", {
+        "commandId": "pause-1", "type": "pause", "payload": {}, "expectedVersion": version}, format="json")
+    assert response.status_code == 202 and response.json()["status"] == "pending", response.content
+    engine._abandon(lease, OperationalError("server closed the connection unexpectedly"))
+
+    response = client.post(f"/runtime/tasks/{task.id}/cancel", {"reason": "stop it"}, format="json")
+    assert response.status_code in (200, 202), response.content
+    snapshot = client.get(f"/runtime/tasks/{task.id}").json()
+    assert snapshot["runtimeStatus"] == "cancelled"
+    history = client.get(f"/runtime/tasks/{task.id}/steering").json()["results"]
+    assert [c["status"] for c in history] != ["pending"], history
+    assert all(c["status"] in ("applied", "rejected") for c in history), history
+    assert verify_chain(Task.objects.get(id=task.id)) is None
+
+
+@register
+class ForeignStoreAgent(Agent):
+    """Its steps write to the agent's own S3 bucket at an endpoint that does not answer: a
+    mistake of the agent's, that raises what the blob store raises when it is down."""
+
+    name = "test_foreign_store"
+    input_schema = {"type": "object"}
+
+    def start(self, input: dict[str, Any], goal: str) -> dict[str, Any]:
+        return {"done": 0}
+
+    def next_step(self, state: dict[str, Any]) -> str | None:
+        return "upload" if state["done"] < 3 else None
+
+    def run_step(self, ctx: StepContext, state: dict[str, Any]) -> dict[str, Any]:
+        if state["done"] == 1:
+            raise botocore.exceptions.EndpointConnectionError(endpoint_url="http://customer-bucket.invalid")
+        return {"done": state["done"] + 1}
+
+    def result(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {"done": state["done"]}
+
+
+def test_infrastructure_faults_without_progress_are_held_for_an_operator_not_retried_for_ever(alice, settings):
+    # What looks like an infrastructure fault may be the agent's own (its own client to a
+    # wrong endpoint), or a part of ours that stays down: retried with backoff for ever, the
+    # task would show "working" and never end. After max_infra_faults abandoned slices in a
+    # row without a new step, it is held for an operator (dead-lettered, with the diagnosis),
+    # who can redrive it.
+    settings.RUNTIME = {**settings.RUNTIME, "runtime": {**settings.RUNTIME["runtime"], "max_infra_faults": 4}}
+    task, _ = do_create_task(alice.tenant, actor="user:test", agent="test_foreign_store", input={})
+    for n in range(10):
+        tasks.run_task_slice(str(task.id), faults_in_a_row=n)
+        task.refresh_from_db()
+        if task.status != "working":
+            break
+    assert task.status == "dead_lettered", (task.status, task.infra_faults)
+    assert task.infra_faults == 4 and task.recoveries == 0
+    assert task.error["code"] == "infrastructure_faults" and "EndpointConnectionError" in task.error["message"]
+    assert task.lease_owner is None and "infrastructure" in task.status_message
+    assert set(Step.objects.filter(task=task).values_list("sequence", flat=True)) == {1}  # re-runs only
+    assert verify_chain(task) is None
+
+    # The operator sees it, fixes the cause (here: nothing), and redrives: the count starts afresh.
+    recovery.do_redrive_task(task.id, actor="user:ops", reason="endpoint fixed")
+    tasks.run_task_slice(str(task.id))
+    task.refresh_from_db()
+    assert task.status == "working" and task.infra_faults == 5  # retried, not held again at once
+
+
+@register
+class HostileOutputAgent(Agent):
+    """Two steps; the first reads a document with a NUL byte or a lone surrogate in it (as
+    fetched content may have) and puts a line of it where the agent puts things: `where`."""
+
+    name = "test_hostile_output"
+    input_schema = {"type": "object"}
+
+    def start(self, input: dict[str, Any], goal: str) -> dict[str, Any]:
+        return {"done": 0, "lines": []}
+
+    def next_step(self, state: dict[str, Any]) -> str | None:
+        return f"read-{state['done'] + 1}" if state["done"] < 2 else None
+
+    def run_step(self, ctx: StepContext, state: dict[str, Any]) -> dict[str, Any]:
+        line = "page 1" + chr(ctx.input["bad"])
+        if state["done"] == 0:
+            match ctx.input["where"]:
+                case "log":
+                    ctx.log(line)
+                case "summary":
+                    ctx.summary["first"] = line
+                case "state":
+                    state = {**state, "lines": [line]}
+        return {**state, "done": state["done"] + 1}
+
+    def result(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {"done": state["done"]}
+
+
+@pytest.mark.parametrize("bad", [0x0, 0xD800], ids=["nul", "lone-surrogate"])
+@pytest.mark.parametrize("where", ["log", "summary", "state"])
+def test_an_agent_output_the_database_cannot_store_fails_the_step_with_a_diagnosis(alice, where, bad):
+    # Not a crash (the worker is fine) and not infrastructure: the agent's own output cannot
+    # be stored. It must fail the step at once, saying why, not escape the slice, hold the
+    # lease until it expires and crash-loop through recoveries into a misleading dead letter.
+    task, _ = do_create_task(alice.tenant, actor="user:test", agent="test_hostile_output",
+                             input={"where": where, "bad": bad})
+    outcome = engine.run_slice(task.id, worker_id="w1")
+    task.refresh_from_db()
+    assert outcome is engine.SliceOutcome.DONE
+    assert task.status == "failed" and task.recoveries == 0 and task.lease_owner is None
+    assert task.error["code"] == "step_failed" and task.error["step"] == "read-1", task.error
+    assert "cannot be stored" in task.error["message"], task.error
+    assert verify_chain(task) is None
