@@ -238,6 +238,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Any:
 
 def pytest_configure(config: pytest.Config) -> None:
     settings.RUNTIME_BLOB_DIR.mkdir(parents=True, exist_ok=True)
+    config.addinivalue_line("markers", "e2e: starts real processes or a browser (the slow tier; bin/test -m 'not e2e' skips it)")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The two tiers: a test that starts processes (through the `processes` fixture) or a
+    browser is e2e; the rest runs in-process and is the fast tier a developer runs on each change."""
+    for item in items:
+        if "processes" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.e2e)
 
 
 class SseClient:

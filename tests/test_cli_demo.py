@@ -7,7 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import ROOT
+
+pytestmark = pytest.mark.e2e  # its own processes: web, two workers and beat
 
 
 def test_the_demo_runs_the_whole_story_on_the_embedded_default(tmp_path):

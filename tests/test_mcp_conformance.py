@@ -18,7 +18,7 @@ from conftest import ROOT, Processes, free_port, wait_until
 from tasks_app.models import Task
 from tests.auth_proxy import AuthProxy
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]  # Node and the suite's own client
 
 GREEN = [
     "tasks-lifecycle", "tasks-capability-negotiation", "tasks-wire-fields", "tasks-request-state-removal",
