@@ -118,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
     stack = Stack(data, args.port or free_port())
     chapter(f"Embedded default: SQLite, a filesystem broker and local blobs under {data}")
     stack.manage("migrate", "-v0")
+    stack.manage("collectstatic", "--noinput", "-v0")  # as bin/run: the web process serves them (whitenoise)
     chapter(f"1. Generate a corpus of {args.count} contracts")
     print(stack.manage("generate_corpus", "--prefix", "corpora/demo", "--count", str(args.count), "--seed", "42",
                        "--if-missing"))

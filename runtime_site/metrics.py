@@ -75,12 +75,13 @@ def _gauge(name: str, documentation: str, labels: list[str] | None = None) -> Ga
 
 
 def _database() -> Iterator[Metric]:
-    from django.db.models import Count, Min
+    from django.db.models import Count, Min, OuterRef, Subquery
+    from django.db.models.functions import Coalesce
     from django.utils import timezone
 
     from ledger_app.models import EffectStatus, LedgerEntry
     from steering_app.models import InputRequest, InputStatus
-    from tasks_app.models import Task
+    from tasks_app.models import AuditRecord, Task
     from tasks_app.states import Status
 
     now = timezone.now()
@@ -95,7 +96,14 @@ def _database() -> Iterator[Metric]:
     yield tasks
     yield GaugeMetricFamily("runtime_dead_letters", "Tasks held for an operator (dead_lettered).",
                             value=counts.get(Status.DEAD_LETTERED, 0))
-    recovering = Task.objects.filter(status=Status.RECOVERING).aggregate(oldest=Min("updated_at"))["oldest"]
+    # Since it became recovering (its audit trail says when), not its updated_at: the lease
+    # scanner touches a runnable task each time it re-enqueues it, so that age never grows.
+    # (updated_at only for a row set to recovering by hand, without a trail.)
+    became_recovering = (AuditRecord.objects.filter(task=OuterRef("pk"), to_status=Status.RECOVERING)
+                         .order_by("-seq").values("created_at")[:1])
+    recovering = Task.objects.filter(status=Status.RECOVERING).annotate(
+        since=Coalesce(Subquery(became_recovering), "updated_at")).aggregate(
+        oldest=Min("since"))["oldest"]
     yield GaugeMetricFamily("runtime_tasks_recovering_oldest_age_seconds",
                             "How long the task recovering the longest has waited for a worker.", value=age(recovering))
     yield GaugeMetricFamily("runtime_tasks_waiting_for_input", "Tasks waiting for a person (input_required).",

@@ -27,6 +27,8 @@ def test_the_demo_runs_the_whole_story_on_the_embedded_default(tmp_path):
     assert "paused at a safe point" in out and "the lease scanner hands the task on" in out
     assert "back to work on the surviving worker from checkpoint" in out
     assert (data / "runtime.sqlite3").exists()  # the embedded database, not the test's PostgreSQL
+    # The dashboard it points people to is styled: its web process serves <data>/static (whitenoise).
+    assert (data / "static" / "dashboard" / "dashboard.css").exists() and (data / "static" / "admin").is_dir()
     published = [line.split("on disk: ", 1)[1] for line in out.splitlines() if "on disk: " in line]
     assert len(published) == 2 and all(Path(p).read_text().startswith("#") for p in published)
     assert "recoveries: 1" in out

@@ -56,3 +56,18 @@ def test_the_web_process_writes_json_lines_too(processes: Processes):
     access = wait_until(lambda: [line for line in lines(web) if line["logger"] == "uvicorn.access"],
                         timeout=15, what="uvicorn's access lines")
     assert any("/healthz" in line["message"] for line in access)
+
+
+def test_a_secret_in_a_urls_query_or_credentials_never_reaches_a_log(alice, processes: Processes):
+    """Tools take URLs that carry secrets (`?api_key=`, `https://user:password@`); a failed
+    call's message names its URL, and the line must not carry what does not look like a token."""
+    secret = "correct-horse-battery-staple"
+    sink = Sink(processes, fail_first=1)
+    worker = processes.worker(**{**FAST, "RUNTIME_LOG_FORMAT": "json"})
+    url = sink.url.replace("http://", f"http://ops:{secret}@") + f"/effects?api_key={secret}&page=2"
+    task = webhook(alice, sink, count=1, reconcile=False, url=url)
+    assert settled(task).status == "completed"
+    retry = wait_until(lambda: next((line for line in lines(worker) if "retrying" in line["message"]), None),
+                       timeout=15, what="the retry's log line")
+    assert secret not in Path(worker.log_path).read_text()
+    assert "api_key=***" in retry["message"] and "page=2" in retry["message"], retry["message"]

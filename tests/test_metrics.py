@@ -138,3 +138,24 @@ def test_alerts_and_the_dashboard_use_only_metrics_we_export():
         name for r in rules for name in re.findall(r"runtime_[a-z_]+", r["expr"])}
     for rule in rules:
         assert rule["labels"]["severity"] in ("warning", "critical") and rule["annotations"]["description"]
+
+
+def test_a_task_recovering_for_long_shows_its_age_although_the_scanner_re_rings_it(alice, processes: Processes):
+    """The lease scanner touches a runnable task it re-enqueues (leases.stalled), every
+    stall_seconds; RuntimeTasksStuckRecovering (> 600 s) must still see how long it has waited."""
+    from tasks_app import leases, recovery
+    from tasks_app.models import AuditRecord
+
+    lost = noop(alice, steps=1)
+    Task.objects.filter(id=lost.id).update(status="working", lease_owner="gone:1", lease_epoch=1,
+                                           lease_expires_at=timezone.now() - timedelta(seconds=5))
+    assert recovery.do_mark_recovering(lost.id, actor="system:reaper").status == "recovering"
+    purge_queues()  # no worker consumes the steps queue
+    long_ago = timezone.now() - timedelta(minutes=20)
+    AuditRecord.objects.filter(task=lost, to_status="recovering").update(created_at=long_ago)
+    Task.objects.filter(id=lost.id).update(updated_at=long_ago)
+    assert [task_id for task_id, _ in leases.stalled(stall_seconds=60)] == [lost.id]  # one scan, re-ringing it
+    port = free_port()
+    processes.web(port)
+    samples = scrape(f"http://127.0.0.1:{port}/metrics")
+    assert value(samples, "runtime_tasks_recovering_oldest_age_seconds") >= 20 * 60

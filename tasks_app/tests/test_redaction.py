@@ -76,3 +76,17 @@ def test_every_process_logs_through_the_filter(settings):
     assert settings.LOGGING["handlers"]["console"]["filters"] == ["redact"]
     assert settings.LOGGING["filters"]["redact"]["()"] == "tasks_app.redaction.RedactingFilter"
 
+
+
+def test_it_masks_secrets_named_inside_strings():
+    """An error message or a URL names a secret by its key: the value goes, the key stays."""
+    for text, masked in [
+        ("GET https://h/x?api_key=plain123&page=2", "GET https://h/x?api_key=***&page=2"),
+        ("https://bob:hunter2@example.com/x", "https://bob:***@example.com/x"),
+        ("{'password': 'hunter 2', 'user': 'bob'}", "{'password': '***', 'user': 'bob'}"),
+        ('{"client_secret": "s3cr3t", "n": 1}', '{"client_secret": "***", "n": 1}'),
+        ("login failed: password=hunter2; retrying", "login failed: password=***; retrying"),
+        ("X-Api-Key: abc123secret", "X-Api-Key: ***"),
+        ("reviewed 40 of 100 (token budget: 3)", "reviewed 40 of 100 (token budget: 3)"),
+    ]:
+        assert redact(text) == masked, text
