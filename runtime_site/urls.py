@@ -1,5 +1,6 @@
 from django.contrib import admin
 from django.urls import include, path
+from django.templatetags.static import static
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView
 
@@ -18,6 +19,8 @@ urlpatterns = [
     path("metrics", metrics_view),
     path("mcp", mcp_endpoint, name="mcp"),
     path("dashboard/", include("dashboard.urls")),
+    # Browsers ask every site for one; a JSON 404 shows as a console error on every first page load.
+    path("favicon.ico", RedirectView.as_view(url=static("dashboard/favicon.svg"), permanent=True)),
     path("", RedirectView.as_view(url="/dashboard/", permanent=False)),
 ]
 

@@ -16,13 +16,14 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 class Requests:
-    """Every stylesheet and script the page asked for, and every request that failed."""
+    """Every stylesheet and script the page asked for, and every request or console line that failed."""
 
     def __init__(self, page) -> None:  # noqa: F811
         self.assets: dict[str, int] = {}
         self.failed: list[str] = []
         page.on("requestfailed", lambda request: self.failed.append(f"{request.url}: {request.failure}"))
         page.on("response", self._response)
+        page.on("console", lambda message: message.type == "error" and self.failed.append(f"console: {message.text}"))
 
     def _response(self, response) -> None:
         if response.status >= 400:
