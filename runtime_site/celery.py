@@ -5,7 +5,7 @@ import os
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_process_init
+from celery.signals import worker_init, worker_process_init
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "runtime_site.settings")
 
@@ -48,6 +48,15 @@ def _survive_broker_loss() -> None:
 
 
 _survive_broker_loss()
+
+
+@worker_init.connect
+def warm_tool_clients(**_: Any) -> None:
+    """In the worker's main process, before the pool forks: every pool process then starts
+    with the remote MCP client loaded instead of loading it inside a leased slice."""
+    from ledger_app import mcp_client
+
+    mcp_client.warm()
 
 
 @worker_process_init.connect

@@ -8,7 +8,10 @@ whose lease was taken over (frozen, partitioned) can never commit again.
 from __future__ import annotations
 
 import logging
+import os
 import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -159,28 +162,37 @@ def stalled(*, stall_seconds: float, limit: int = 500) -> list[tuple[UUID, int]]
 
 
 class Heartbeat:
-    """Renews the lease every `interval` seconds while a slice runs, from its own thread
-    (and so its own DB connection). A failed renewal only raises the `lost` flag: the
-    slice checks it before each step, and the fence stops any write anyway."""
+    """Renews the lease every `interval` seconds while a slice runs, from a thread of its
+    own (and so its own DB connection). A failed renewal only raises the `lost` flag: the
+    slice checks it before each step, and the fence stops any write anyway.
+
+    Renewing must cost as little of the GIL as it can: the slice's thread may hold it for
+    long stretches, and on a CPU-starved worker every handover waits until that thread
+    is scheduled again (issue 12 #4, measured: renewals 7 s late). So a renewal is one
+    UPDATE on a connection kept from slice to slice (the heartbeat threads outlive the
+    slices), with no reconnect or health-check query around it; and beats keep a fixed
+    cadence, so a slow renewal does not push the next one later."""
 
     def __init__(self, lease: Lease, *, ttl: float, interval: float) -> None:
         self.lease, self.ttl, self.interval = lease, ttl, interval
         self.lost = False
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{lease.task_id}", daemon=True)
+        self._beating: Future[None] | None = None
 
     def __enter__(self) -> Heartbeat:
-        self._thread.start()
+        self._beating = _heartbeat_threads().submit(self._run)
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join()
+        assert self._beating is not None
+        self._beating.result()
 
     def _run(self) -> None:
+        beat = time.monotonic()
         try:
-            while not self._stop.wait(self.interval):
-                close_old_connections()
+            while not self._stop.wait(max(beat + self.interval - time.monotonic(), 0)):
+                beat = time.monotonic()
                 try:
                     if not renew(self.lease, ttl=self.ttl):
                         self.lost = True
@@ -188,5 +200,21 @@ class Heartbeat:
                         return
                 except Exception:  # a DB blip: keep trying until the lease runs out
                     logger.exception("heartbeat for task %s failed", self.lease.task_id)
+                    connection.close()  # the next beat connects afresh
         finally:
-            connection.close()
+            # Kept for the next slice where the process keeps connections (workers:
+            # CONN_MAX_AGE), closed elsewhere (tests, the web process).
+            close_old_connections()
+
+
+_executors: dict[int, ThreadPoolExecutor] = {}
+
+
+def _heartbeat_threads() -> ThreadPoolExecutor:
+    """This process's heartbeat threads (made after a pool forks): idle ones are reused,
+    each keeping its database connection."""
+    pid = os.getpid()
+    if pid not in _executors:
+        _executors.clear()
+        _executors[pid] = ThreadPoolExecutor(max_workers=64, thread_name_prefix="heartbeat")
+    return _executors[pid]

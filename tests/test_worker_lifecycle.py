@@ -1,0 +1,79 @@
+"""Leases over a worker's life (issue 12): a CPU-starved worker keeps its lease through a long
+remote call, a hung step is abandoned at its deadline, a thawed zombie never sends, and a
+worker told to stop (SIGTERM) hands its task over at once. Real worker processes; effects
+are counted by independent receivers (tests/mcp_remote.py, tests/sink.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import FAST_LEASES, WORKER, Processes, settled, wait_until
+from ledger_app.models import LedgerEntry
+from steering_app.models import InputRequest
+from tasks_app.actions import do_create_task
+from tasks_app.models import Task
+from tests.test_remote_mcp import Remote
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FAST = {**FAST_LEASES, "SECURITY_HTTP_ALLOWLIST": "127.0.0.1"}
+
+
+def log_of(proc: subprocess.Popen[bytes]) -> str:
+    return Path(proc.log_path).read_text(errors="replace")  # type: ignore[attr-defined]
+
+
+def worker_on(processes: Processes, queue: str, **env: str) -> subprocess.Popen[bytes]:
+    """A worker of one queue (slices: "steps"; the beat's jobs: "maintenance"), once ready."""
+    args = [sys.executable, "-m", *(queue if arg == "steps,maintenance" else arg for arg in WORKER), "1",
+            "-n", f"{queue}-{len(processes.procs)}@%h"]
+    proc = processes.start("worker", args, **env)
+    wait_until(lambda: " ready." in log_of(proc), timeout=60, what="the worker to be ready")
+    return proc
+
+
+@contextlib.contextmanager
+def cpu_starved(processes: Processes, proc: subprocess.Popen[bytes]) -> Iterator[None]:
+    """Starve `proc`'s process group of CPU: busy loops at nice 0 on every core, three per
+    core, while it runs at nice 19. With autogroup scheduling (Linux desktops and many
+    servers) nice only weighs inside a session, so its session is niced too."""
+    burners = [processes.start("burner", [sys.executable, "-c", "while True: pass"])
+               for _ in range(3 * (os.cpu_count() or 1))]
+    os.setpriority(os.PRIO_PGRP, proc.pid, 19)
+    with contextlib.suppress(OSError):  # no autogroup here: the plain nice above is enough
+        Path(f"/proc/{proc.pid}/autogroup").write_text("10")
+    try:
+        yield
+    finally:
+        for burner in burners:
+            processes.kill(burner)
+
+
+def test_a_cpu_starved_worker_keeps_its_lease_through_a_remote_call_of_several_leases(alice, processes):
+    remote = Remote(processes)
+    starved = worker_on(processes, "steps", **FAST)
+    worker_on(processes, "maintenance", **FAST)  # the reaper's scans run at full speed
+    processes.beat(**FAST)
+    with cpu_starved(processes, starved):
+        task, _ = do_create_task(alice.tenant, actor="user:test", agent="tool_calls", input={"calls": [
+            {"tool": "mcp.call", "args": {"server": remote.mcp, "tool": "slow", "arguments": {"seconds": 12},
+                                          "timeoutSeconds": 120}}]})
+        # A lost lease shows as a recovery long before the task settles: stop there.
+        wait_until(lambda: (t := Task.objects.get(id=task.id)).status in ("completed", "failed", "input_required")
+                   or t.recoveries, timeout=240, what="the task to complete or lose its lease")
+    task = settled(task)
+    assert task.recoveries == 0 and task.lease_epoch == 1, "the lease was lost mid-call"
+    assert task.status == "completed", task.error
+    assert not InputRequest.objects.filter(task=task).exists()
+    assert task.result["results"][0]["structuredContent"] == {"result": "slow done"}
+    entry = LedgerEntry.objects.get(task=task)
+    assert entry.status == "succeeded" and entry.attempts == 1
+    assert remote.stats()["effects"] == {"slow_started": 1, "slow": 1}
