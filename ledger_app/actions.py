@@ -130,7 +130,7 @@ def _reconciled(lease: leases.Lease, entry: LedgerEntry, tool: tools.Tool, args:
             logger.warning("reconcile of %s failed: %s", entry.key, exc)
     confirm_key = f"confirm-{entry.key}"
     if verdict is None and confirm_key in answers:
-        verdict = (tools.DONE, None) if answers[confirm_key] == "done" else (tools.NOT_DONE, None)
+        verdict = (tools.DONE, tools.ANSWER_LOST) if answers[confirm_key] == "done" else (tools.NOT_DONE, None)
     if verdict is None:
         with transaction.atomic(durable=True):
             leases.fenced_update(lease)
@@ -233,9 +233,11 @@ def do_resolve_unknown(entry_id: int, *, succeeded: bool, actor: str, reason: st
             raise ToolFailed(f"ledger entry {entry.key} is {entry.status}, not unknown")
         task = Task.objects.select_for_update().get(id=entry.task_id)
         entry.status = EffectStatus.SUCCEEDED if succeeded else EffectStatus.FAILED
-        if not succeeded:
+        if succeeded:
+            entry.result = tools.ANSWER_LOST if entry.result is None else entry.result
+        else:
             entry.error = {"message": f"{entry.tool}: did not take effect (resolved by {actor})", "retryable": False}
-        entry.save(update_fields=["status", "error", "updated_at"])
+        entry.save(update_fields=["status", "result", "error", "updated_at"])
         record_audit(task, actor=actor, action="ledger_resolved", before_version=task.state_version, reason=reason,
                      data={"key": entry.key, "status": entry.status})
     key = f"confirm-{entry.key}"
