@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -41,13 +42,20 @@ class ToolFailed(Exception):
 
 def _crash_here(point: str) -> None:
     """Fault injection for the crash tests (RUNTIME_FAULT_INJECTION="<point>:<marker file>"):
-    the process dies like a kill -9, once (the marker file remembers)."""
+    the process dies like a kill -9, once (the marker file remembers). With "freeze:<point>:
+    <marker file>" it stops itself instead (SIGSTOP, as if the OS paused it) and the marker
+    holds its pid, for the test to thaw it."""
     spec = os.getenv("RUNTIME_FAULT_INJECTION", "")
+    freeze = spec.startswith("freeze:")
+    spec = spec.removeprefix("freeze:")
     if spec.startswith(point + ":"):
         marker = Path(spec[len(point) + 1:])
         if not marker.exists():
-            marker.write_text(point)
-            os._exit(137)
+            marker.write_text(str(os.getpid()) if freeze else point)
+            if freeze:
+                os.kill(os.getpid(), signal.SIGSTOP)
+            else:
+                os._exit(137)
 
 
 def settle_interrupted(task_id: Any) -> int:
@@ -150,6 +158,7 @@ def _call_and_settle(lease: leases.Lease, entry: LedgerEntry, tool: tools.Tool, 
     durations: list[float] = []
     delay = tool.backoff
     for attempt in range(1, tool.retries + 2):
+        leases.confirm(lease)  # still ours, right before the bytes go out
         t0 = time.perf_counter()
         try:
             result = tool.call(args, entry.key, tool.timeout)

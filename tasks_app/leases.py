@@ -116,6 +116,17 @@ def renew(lease: Lease, *, ttl: float) -> bool:
     ) == 1
 
 
+def confirm(lease: Lease) -> None:
+    """Right before an external call: renew the lease on its fence, or LeaseLost. Rows
+    are fenced, the wire is not; a worker frozen past its lease and thawed after a
+    takeover stops here instead of sending. The epoch, not the clock, decides: an
+    expired lease nobody has taken over is still ours, and this renewal keeps it so.
+    What remains is the time between this statement and the bytes on the wire
+    (docs/architecture.md)."""
+    if not renew(lease, ttl=settings.RUNTIME_LEASE_SECONDS):
+        raise LeaseLost(lease.task_id)
+
+
 def fenced(lease: Lease) -> Task:
     """The task row, locked, if we still hold the lease; else LeaseLost (the caller's
     transaction then rolls back whole). Call inside the safe point's transaction."""

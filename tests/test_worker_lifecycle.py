@@ -20,6 +20,7 @@ from ledger_app.models import LedgerEntry
 from steering_app.models import InputRequest
 from tasks_app.actions import do_create_task
 from tasks_app.models import Task
+from tests.test_ledger import Sink, webhook
 from tests.test_remote_mcp import Remote
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -77,3 +78,29 @@ def test_a_cpu_starved_worker_keeps_its_lease_through_a_remote_call_of_several_l
     entry = LedgerEntry.objects.get(task=task)
     assert entry.status == "succeeded" and entry.attempts == 1
     assert remote.stats()["effects"] == {"slow_started": 1, "slow": 1}
+
+
+def stopped(pid: int) -> bool:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def test_a_worker_frozen_right_before_a_call_and_thawed_after_a_takeover_never_sends(alice, processes, tmp_path):
+    sink = Sink(processes)
+    marker = tmp_path / "frozen"
+    processes.worker(**FAST, RUNTIME_FAULT_INJECTION=f"freeze:ledger:before_call:{marker}")
+    processes.beat(**FAST)
+    task = webhook(alice, sink, count=1)
+    wait_until(marker.exists, timeout=60, what="the worker to freeze right before its call")
+    zombie = int(wait_until(marker.read_text, timeout=5, what="the frozen pid"))
+    wait_until(lambda: stopped(zombie), timeout=5, what="the worker to be stopped")
+
+    processes.worker(**FAST)  # takes over once the frozen worker's lease runs out
+    task = settled(task)
+    assert task.status == "completed" and task.recoveries == 1, task.error
+    assert sink.stats()["posts"] == 1  # the new owner asked the sink by key, then made the call
+
+    os.kill(zombie, signal.SIGCONT)  # it wakes where it stopped: about to send
+    wait_until(lambda: not stopped(zombie) and "lease lost, slice abandoned" in processes.logs(), timeout=30,
+               what="the thawed worker to give up its slice")
+    stats = sink.stats()
+    assert stats["posts"] == 1 and list(stats["perKey"].values()) == [1], stats  # the zombie never sent
