@@ -68,3 +68,15 @@ def keep_database_connections(**_: Any) -> None:
 
     for conn in connections.all(initialized_only=False):
         conn.settings_dict["CONN_MAX_AGE"] = 300
+
+
+@worker_process_init.connect
+def recycle_stuck_pool_processes(**_: Any) -> None:
+    """A pool process stuck in a step past its deadline ends itself, and its pool starts a
+    fresh one (tasks_app.leases.Heartbeat). The solo pool runs tasks in the worker itself,
+    which nothing would restart: there the stuck step is only abandoned."""
+    from billiard.process import current_process
+
+    from tasks_app import leases
+
+    leases.recycle_stuck_processes = current_process().name != "MainProcess"

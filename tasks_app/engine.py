@@ -186,6 +186,7 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
                 run.lease, tenant_id=run.task.tenant_id, sequence=sequence, index=index, name=name, args=args,
                 answers=run.answers),
         )
+        heartbeat.watch(step_name, run.agent.step_deadline(step_name) or settings.RUNTIME_STEP_SECONDS)
         began, t0 = timezone.now(), time.perf_counter()
         try:
             # A JSON round trip both copies the state (a failed step leaves ours intact)

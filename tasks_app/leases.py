@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -182,13 +183,17 @@ class Heartbeat:
     is scheduled again (issue 12 #4, measured: renewals 7 s late). So a renewal is one
     UPDATE on a connection kept from slice to slice (the heartbeat threads outlive the
     slices), with no reconnect or health-check query around it; and beats keep a fixed
-    cadence, so a slow renewal does not push the next one later."""
+    cadence, so a slow renewal does not push the next one later.
+
+    It also holds the running step to its deadline (`watch`): renewing forever, it would
+    let a hung step keep its task forever."""
 
     def __init__(self, lease: Lease, *, ttl: float, interval: float) -> None:
         self.lease, self.ttl, self.interval = lease, ttl, interval
         self.lost = False
         self._stop = threading.Event()
         self._beating: Future[None] | None = None
+        self._step: tuple[str, float, float] | None = None  # name, deadline in seconds, started (monotonic)
 
     def __enter__(self) -> Heartbeat:
         self._beating = _heartbeat_threads().submit(self._run)
@@ -199,11 +204,20 @@ class Heartbeat:
         assert self._beating is not None
         self._beating.result()
 
+    def watch(self, step: str, seconds: float) -> None:
+        """The slice starts `step`, which may run `seconds` (0: no limit) until the next
+        watch or the end of the slice."""
+        self._step = (step, seconds, time.monotonic())
+
     def _run(self) -> None:
         beat = time.monotonic()
         try:
             while not self._stop.wait(max(beat + self.interval - time.monotonic(), 0)):
                 beat = time.monotonic()
+                step = self._step  # set by the slice's thread
+                if step and step[1] and beat - step[2] > step[1]:
+                    self._abandon(step[0], step[1])
+                    return
                 try:
                     if not renew(self.lease, ttl=self.ttl):
                         self.lost = True
@@ -216,6 +230,29 @@ class Heartbeat:
             # Kept for the next slice where the process keeps connections (workers:
             # CONN_MAX_AGE), closed elsewhere (tests, the web process).
             close_old_connections()
+
+    def _abandon(self, step: str, seconds: float) -> None:
+        """Past the step's deadline: stop renewing, give the task up as after a crash (the
+        diagnosis audited), and end this process, which is stuck in the step, where its
+        pool replaces it. The stuck thread cannot be stopped from here; should it ever
+        return, the moved epoch stops its writes."""
+        from tasks_app.recovery import do_abandon_step  # recovery is an action module above this one
+
+        self.lost = True
+        logger.error("task %s: step %s ran past its deadline of %gs; abandoned", self.lease.task_id, step, seconds)
+        try:
+            do_abandon_step(self.lease, step=step, seconds=seconds)
+        except Exception:  # the database is away: the lease, no longer renewed, expires instead
+            logger.exception("task %s: could not record the abandoned step", self.lease.task_id)
+        if recycle_stuck_processes:
+            logger.error("process %s ends: its pool starts a fresh one", os.getpid())
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+# True in worker pool processes (runtime_site/celery.py), which their pool replaces when
+# they end: a process stuck in an abandoned step ends itself. Elsewhere (tests calling the
+# engine, a solo pool) the stuck thread is left alone.
+recycle_stuck_processes = False
 
 
 _executors: dict[int, ThreadPoolExecutor] = {}

@@ -104,3 +104,28 @@ def test_a_worker_frozen_right_before_a_call_and_thawed_after_a_takeover_never_s
                what="the thawed worker to give up its slice")
     stats = sink.stats()
     assert stats["posts"] == 1 and list(stats["perKey"].values()) == [1], stats  # the zombie never sent
+
+
+def pool_pids(worker: subprocess.Popen[bytes]) -> set[int]:
+    return {int(pid) for pid in Path(f"/proc/{worker.pid}/task/{worker.pid}/children").read_text().split()}
+
+
+def test_a_step_that_always_hangs_is_abandoned_at_its_deadline_until_it_dead_letters(alice, processes):
+    env = {**FAST, "RUNTIME_STEP_SECONDS": "2"}
+    worker = processes.worker(**env)
+    processes.beat(**env)
+    hanging, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 1, "sleepMs": 600_000})
+    first_pool = wait_until(lambda: pool_pids(worker), timeout=30, what="the pool process")
+    task = wait_until(lambda: (t := Task.objects.get(id=hanging.id)).status == "dead_lettered" and t, timeout=120,
+                      what="the hanging task to be dead-lettered")
+    assert task.recoveries == 4  # max_recoveries is 3: abandoned four times, then held for an operator
+    assert task.error["code"] == "max_recoveries_exceeded"
+    assert task.error["cause"] == {"code": "step_deadline_exceeded", "step": "noop-1", "deadlineSeconds": 2}
+    reasons = list(task.audit_records.filter(actor__startswith="worker:", data__cause__step="noop-1")
+                   .values_list("reason", flat=True))
+    assert len(reasons) == 4 and all("step noop-1 ran past its deadline of 2s" in r for r in reasons)
+
+    # The worker is healthy: its stuck pool processes were replaced, and it runs the next task.
+    assert worker.poll() is None and not pool_pids(worker) & first_pool
+    after = settled(do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 3})[0])
+    assert after.status == "completed" and after.recoveries == 0
