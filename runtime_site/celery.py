@@ -5,7 +5,9 @@ import os
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_init, worker_process_init
+from celery.signals import task_postrun, task_prerun, worker_init, worker_process_init, worker_shutting_down
+
+from tasks_app import shutdown  # here, so its flag is mapped before a worker's pool forks
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "runtime_site.settings")
 
@@ -71,12 +73,35 @@ def keep_database_connections(**_: Any) -> None:
 
 
 @worker_process_init.connect
-def recycle_stuck_pool_processes(**_: Any) -> None:
-    """A pool process stuck in a step past its deadline ends itself, and its pool starts a
-    fresh one (tasks_app.leases.Heartbeat). The solo pool runs tasks in the worker itself,
-    which nothing would restart: there the stuck step is only abandoned."""
+def pool_process_init(**_: Any) -> None:
+    """In a pool process (not in a solo pool, which runs tasks in the worker itself):
+    - stuck in a step past its deadline, it ends itself, and its pool starts a fresh one
+      (tasks_app.leases.Heartbeat); nothing would restart a solo worker, so there the
+      stuck step is only abandoned;
+    - a SIGTERM of its own during a slice makes the slice yield first (tasks_app.shutdown)."""
     from billiard.process import current_process
 
     from tasks_app import leases
 
-    leases.recycle_stuck_processes = current_process().name != "MainProcess"
+    if current_process().name != "MainProcess":
+        leases.recycle_stuck_processes = True
+        shutdown.defer_sigterm()
+
+
+@worker_shutting_down.connect
+def hand_over_running_tasks(how: str, **_: Any) -> None:
+    """Warm shutdown (SIGTERM): running slices yield at their next safe point instead of
+    running out their budget, so other workers take their tasks over at once. (Called in
+    the main process's signal handler: it only sets a flag.)"""
+    if how == "Warm":
+        shutdown.request()
+
+
+@task_prerun.connect
+def task_started(**_: Any) -> None:
+    shutdown.task_started()
+
+
+@task_postrun.connect
+def task_finished(**_: Any) -> None:
+    shutdown.task_finished()

@@ -30,7 +30,7 @@ from ledger_app import actions as ledger
 from ledger_app import policy, tools
 from steering_app import actions as steering
 from runtime_site.blobstore import blob_store
-from tasks_app import events, leases
+from tasks_app import events, leases, shutdown
 from tasks_app.actions import TRANSITION_FIELDS, transition
 from tasks_app.agents import base as agents
 from tasks_app.models import Step, Task
@@ -172,7 +172,8 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
                 return SliceOutcome.DONE
             _stop(run.lease, Status.FAILED, reason=reason, error={"code": "budget_exhausted", "message": reason})
             return SliceOutcome.DONE
-        if steps >= settings.RUNTIME_SLICE_STEPS or time.monotonic() - started >= settings.RUNTIME_SLICE_SECONDS:
+        if (steps >= settings.RUNTIME_SLICE_STEPS or time.monotonic() - started >= settings.RUNTIME_SLICE_SECONDS
+                or shutdown.requested()):  # the worker is stopping: hand the task over now
             _yield(run)
             return SliceOutcome.CONTINUE
         if heartbeat.lost:

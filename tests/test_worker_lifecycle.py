@@ -19,7 +19,7 @@ from conftest import FAST_LEASES, WORKER, Processes, settled, wait_until
 from ledger_app.models import LedgerEntry
 from steering_app.models import InputRequest
 from tasks_app.actions import do_create_task
-from tasks_app.models import Task
+from tasks_app.models import Step, Task
 from tests.test_ledger import Sink, webhook
 from tests.test_remote_mcp import Remote
 
@@ -129,3 +129,40 @@ def test_a_step_that_always_hangs_is_abandoned_at_its_deadline_until_it_dead_let
     assert worker.poll() is None and not pool_pids(worker) & first_pool
     after = settled(do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 3})[0])
     assert after.status == "completed" and after.recoveries == 0
+
+
+def held_by(task: Task, worker: subprocess.Popen[bytes]) -> bool:
+    """True while a pool process of `worker` (its process group) holds the task's lease."""
+    owner = Task.objects.values_list("lease_owner", flat=True).get(id=task.id)
+    with contextlib.suppress(ProcessLookupError):
+        return bool(owner) and os.getpgid(int(owner.rsplit(":", 1)[1])) == worker.pid
+    return False
+
+
+@pytest.mark.parametrize("whole_group", [False, True], ids=["main-process", "process-group"])
+def test_a_worker_told_to_stop_hands_its_task_over_before_its_lease_would_expire(alice, processes, whole_group):
+    # No beat: nothing recovers an expired lease here, so only the stopping worker's own
+    # handover can move the task. Slices that would run a minute and a 6 s lease make the
+    # order below mean something: the handover is not the slice's end or the lease's expiry.
+    env = {**FAST, "RUNTIME_LEASE_SECONDS": "6", "RUNTIME_SLICE_SECONDS": "60", "RUNTIME_SLICE_STEPS": "1000"}
+    stopping = processes.worker(**env)
+    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 150, "sleepMs": 100})
+    wait_until(lambda: Task.objects.get(id=task.id).steps_done >= 5 and held_by(task, stopping), timeout=60,
+               what="the first worker to be under way")
+    other = processes.worker(**env)
+    wait_until(lambda: " ready." in log_of(other), timeout=60, what="the second worker to be ready")
+    at_signal = Task.objects.get(id=task.id)
+
+    # docker stop and Kubernetes signal the main process; systemd (by default) every process.
+    (os.killpg if whole_group else os.kill)(stopping.pid, signal.SIGTERM)
+    assert stopping.wait(timeout=60) == 0  # a warm shutdown that completed
+    wait_until(lambda: held_by(task, other), timeout=30, what="the other worker to take the task over")
+    task = settled(task)
+    assert task.status == "completed" and task.result == {"steps": 150}
+    assert task.recoveries == 0  # handed over, not recovered after a crash
+    steps = list(Step.objects.filter(task=task).order_by("sequence").values_list("sequence", "attempt", "worker",
+                                                                                  "started_at"))
+    assert [(seq, attempt) for seq, attempt, _, _ in steps] == [(n, 1) for n in range(1, 151)]  # nothing re-ran
+    taken_over = next(started for _, _, worker, started in steps if worker != at_signal.lease_owner
+                      and started > at_signal.updated_at)
+    assert taken_over < at_signal.lease_expires_at  # before the stopping worker's lease could have run out
