@@ -24,7 +24,7 @@ from django.db.models import DateTimeField, ExpressionWrapper, F, Q
 from django.db.models.functions import Now
 
 from tasks_app.models import Task, Tenant
-from tasks_app.states import CLAIMABLE
+from tasks_app.states import CLAIMABLE, Status
 
 logger = logging.getLogger(__name__)
 
@@ -158,14 +158,26 @@ def release_fields(task: Task) -> list[str]:
     return ["lease_owner", "lease_expires_at"]
 
 
-def stalled(*, stall_seconds: float, limit: int = 500) -> list[tuple[UUID, int]]:
+def stalled(*, stall_seconds: float, recovering_seconds: float | None = None,
+            limit: int = 500) -> list[tuple[UUID, int]]:
     """Runnable tasks with no lease, untouched for stall_seconds: the broker lost their
     message (or it never left a crashed web process). Not a crash; nothing is counted.
 
+    A recovering task waits only recovering_seconds: its message, rung by the reaper, is
+    claimed at once by any free worker, so one still unclaimed most likely died with the
+    worker (or broker) that held it; and recovering tasks are few, so ringing again
+    early cannot flood a queue whose backlog is merely long. Queued and yielded tasks wait
+    in such backlogs all the time: they keep the long interval.
+
     The rows are touched so the next scan leaves them alone for another interval.
     """
-    cutoff = ExpressionWrapper(Now() - timedelta(seconds=stall_seconds), output_field=DateTimeField())
-    rows = list(Task.objects.filter(status__in=CLAIMABLE, lease_owner__isnull=True, updated_at__lt=cutoff)
+    def before(seconds: float) -> ExpressionWrapper:
+        return ExpressionWrapper(Now() - timedelta(seconds=seconds), output_field=DateTimeField())
+
+    due = Q(updated_at__lt=before(stall_seconds))
+    if recovering_seconds is not None:
+        due |= Q(status=Status.RECOVERING, updated_at__lt=before(recovering_seconds))
+    rows = list(Task.objects.filter(due, status__in=CLAIMABLE, lease_owner__isnull=True)
                 .order_by("priority", "updated_at").values_list("id", "priority")[:limit])
     if rows:
         Task.objects.filter(id__in=[task_id for task_id, _ in rows], lease_owner__isnull=True).update(

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FAST_LEASES, WORKER, Processes, settled, wait_until
+from conftest import FAST_LEASES, WORKER, Processes, purge_queues, settled, wait_until
 from ledger_app.models import LedgerEntry
 from steering_app.models import InputRequest
 from tasks_app.actions import do_create_task
@@ -166,3 +166,33 @@ def test_a_worker_told_to_stop_hands_its_task_over_before_its_lease_would_expire
     taken_over = next(started for _, _, worker, started in steps if worker != at_signal.lease_owner
                       and started > at_signal.updated_at)
     assert taken_over < at_signal.lease_expires_at  # before the stopping worker's lease could have run out
+
+
+def messages_in(queue: str) -> int:
+    """Messages waiting in a queue: its Redis lists, one per priority bucket."""
+    import redis
+    from django.conf import settings
+
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    return sum(client.llen(key) for key in client.keys(f"{settings.RUNTIME_DEPLOYMENT}:{queue}*")
+               if client.type(key) == b"list")
+
+
+def test_a_recovering_task_whose_message_was_lost_is_rung_again_without_waiting_for_the_stall_scan(
+        alice, processes):
+    env = {**FAST, "RUNTIME_STALL_SECONDS": "600"}  # the stall scan alone would take ten minutes
+    crashed = worker_on(processes, "steps", **env)
+    worker_on(processes, "maintenance", **env)  # the reaper keeps scanning; nobody takes slices
+    processes.beat(**env)
+    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 30, "sleepMs": 100})
+    wait_until(lambda: Task.objects.get(id=task.id).steps_done >= 3, timeout=60, what="3 steps")
+    processes.kill(crashed)
+    wait_until(lambda: Task.objects.get(id=task.id).status == "recovering", timeout=30,
+               what="the reaper to mark the task recovering")
+    wait_until(lambda: messages_in("steps"), timeout=10, what="the reaper's message in the queue")
+    purge_queues()  # its message is gone, as with a worker (or broker) that died holding it
+    assert messages_in("steps") == 0
+    worker_on(processes, "steps", **env)
+    task = settled(task)
+    assert task.status == "completed" and task.result == {"steps": 30}
+    assert task.recoveries == 1  # rung again, not recovered again
