@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -41,13 +42,20 @@ class ToolFailed(Exception):
 
 def _crash_here(point: str) -> None:
     """Fault injection for the crash tests (RUNTIME_FAULT_INJECTION="<point>:<marker file>"):
-    the process dies like a kill -9, once (the marker file remembers)."""
+    the process dies like a kill -9, once (the marker file remembers). With "freeze:<point>:
+    <marker file>" it stops itself instead (SIGSTOP, as if the OS paused it) and the marker
+    holds its pid, for the test to thaw it."""
     spec = os.getenv("RUNTIME_FAULT_INJECTION", "")
+    freeze = spec.startswith("freeze:")
+    spec = spec.removeprefix("freeze:")
     if spec.startswith(point + ":"):
         marker = Path(spec[len(point) + 1:])
         if not marker.exists():
-            marker.write_text(point)
-            os._exit(137)
+            marker.write_text(str(os.getpid()) if freeze else point)
+            if freeze:
+                os.kill(os.getpid(), signal.SIGSTOP)
+            else:
+                os._exit(137)
 
 
 def settle_interrupted(task_id: Any) -> int:
@@ -130,7 +138,7 @@ def _reconciled(lease: leases.Lease, entry: LedgerEntry, tool: tools.Tool, args:
             logger.warning("reconcile of %s failed: %s", entry.key, exc)
     confirm_key = f"confirm-{entry.key}"
     if verdict is None and confirm_key in answers:
-        verdict = (tools.DONE, None) if answers[confirm_key] == "done" else (tools.NOT_DONE, None)
+        verdict = (tools.DONE, tools.ANSWER_LOST) if answers[confirm_key] == "done" else (tools.NOT_DONE, None)
     if verdict is None:
         with transaction.atomic(durable=True):
             leases.fenced_update(lease)
@@ -150,6 +158,7 @@ def _call_and_settle(lease: leases.Lease, entry: LedgerEntry, tool: tools.Tool, 
     durations: list[float] = []
     delay = tool.backoff
     for attempt in range(1, tool.retries + 2):
+        leases.confirm(lease)  # still ours, right before the bytes go out
         t0 = time.perf_counter()
         try:
             result = tool.call(args, entry.key, tool.timeout)
@@ -233,9 +242,11 @@ def do_resolve_unknown(entry_id: int, *, succeeded: bool, actor: str, reason: st
             raise ToolFailed(f"ledger entry {entry.key} is {entry.status}, not unknown")
         task = Task.objects.select_for_update().get(id=entry.task_id)
         entry.status = EffectStatus.SUCCEEDED if succeeded else EffectStatus.FAILED
-        if not succeeded:
+        if succeeded:
+            entry.result = tools.ANSWER_LOST if entry.result is None else entry.result
+        else:
             entry.error = {"message": f"{entry.tool}: did not take effect (resolved by {actor})", "retryable": False}
-        entry.save(update_fields=["status", "error", "updated_at"])
+        entry.save(update_fields=["status", "result", "error", "updated_at"])
         record_audit(task, actor=actor, action="ledger_resolved", before_version=task.state_version, reason=reason,
                      data={"key": entry.key, "status": entry.status})
     key = f"confirm-{entry.key}"

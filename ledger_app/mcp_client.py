@@ -133,6 +133,22 @@ def _tls() -> ssl.SSLContext:
     return ssl.create_default_context()
 
 
+def warm() -> None:
+    """Pay the client's one-time costs now; workers call this before their pool forks.
+
+    Paid lazily, they fell in the first call of every new pool process, while its slice
+    held a lease: importing this module and the SDK is ~0.9 s of CPU, the TLS context ~70 ms
+    in one C call, the transport and anyio's backend ~0.1 s more, all of it holding the GIL
+    that the lease's heartbeat thread needs for every renewal. On a CPU-starved worker that
+    stretched to a minute with renewals seconds late, and the lease was lost mid-call
+    (issue 12 #4, measured). After this, a call costs ~10 ms of CPU."""
+    import anyio
+    import httpcore2  # noqa: F401 (httpx2 imports its transport on first use)
+
+    _tls()
+    anyio.run(anyio.sleep, 0, backend="asyncio")  # loads anyio's asyncio backend
+
+
 def _run(server: str, timeout: float, headers: dict[str, str] | None, go: Callable[[Client], Awaitable[T]]) -> T:
     refused: list[int] = []  # the SDK reports an HTTP 401 as a generic error; we need to tell
 

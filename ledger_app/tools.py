@@ -24,6 +24,10 @@ class ToolError(Exception):
 
 # What a reconcile hook may answer about a call made by an earlier run.
 DONE, NOT_DONE = "done", "not_done"
+# What a step gets from a call a person (or an operator) confirmed as done: the remote's
+# answer was lost with the worker that made it, and a null would pass for that answer
+# (a task once completed with `null` where the remote's answer belonged, issue 12 #4).
+ANSWER_LOST = {"reconciled": True, "answerLost": True}
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,10 @@ import os
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_process_init, worker_process_shutdown, worker_ready
+from celery.signals import (task_postrun, task_prerun, worker_init, worker_process_init,
+                            worker_process_shutdown, worker_ready, worker_shutting_down)
+
+from tasks_app import shutdown  # here, so its flag is mapped before a worker's pool forks
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "runtime_site.settings")
 
@@ -92,6 +95,15 @@ def flush_spans(**_: Any) -> None:
         tracing.flush()
 
 
+@worker_init.connect
+def warm_tool_clients(**_: Any) -> None:
+    """In the worker's main process, before the pool forks: every pool process then starts
+    with the remote MCP client loaded instead of loading it inside a leased slice."""
+    from ledger_app import mcp_client
+
+    mcp_client.warm()
+
+
 @worker_process_init.connect
 def keep_database_connections(**_: Any) -> None:
     """Worker processes are long-lived and run one slice at a time: keep their database
@@ -101,3 +113,38 @@ def keep_database_connections(**_: Any) -> None:
 
     for conn in connections.all(initialized_only=False):
         conn.settings_dict["CONN_MAX_AGE"] = 300
+
+
+@worker_process_init.connect
+def pool_process_init(**_: Any) -> None:
+    """In a pool process (not in a solo pool, which runs tasks in the worker itself):
+    - stuck in a step past its deadline, it ends itself, and its pool starts a fresh one
+      (tasks_app.leases.Heartbeat); nothing would restart a solo worker, so there the
+      stuck step is only abandoned;
+    - a SIGTERM of its own during a slice makes the slice yield first (tasks_app.shutdown)."""
+    from billiard.process import current_process
+
+    from tasks_app import leases
+
+    if current_process().name != "MainProcess":
+        leases.recycle_stuck_processes = True
+        shutdown.defer_sigterm()
+
+
+@worker_shutting_down.connect
+def hand_over_running_tasks(how: str, **_: Any) -> None:
+    """Warm shutdown (SIGTERM): running slices yield at their next safe point instead of
+    running out their budget, so other workers take their tasks over at once. (Called in
+    the main process's signal handler: it only sets a flag.)"""
+    if how == "Warm":
+        shutdown.request()
+
+
+@task_prerun.connect
+def task_started(**_: Any) -> None:
+    shutdown.task_started()
+
+
+@task_postrun.connect
+def task_finished(**_: Any) -> None:
+    shutdown.task_finished()

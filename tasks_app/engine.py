@@ -33,7 +33,7 @@ from ledger_app import policy, tools
 from steering_app import actions as steering
 from runtime_site.blobstore import blob_store
 from runtime_site.metrics import LEASE_TAKEOVERS
-from tasks_app import events, faults, leases, telemetry
+from tasks_app import events, faults, leases, shutdown, telemetry
 from tasks_app.actions import TRANSITION_FIELDS, transition
 from tasks_app.agents import base as agents
 from tasks_app.audit import record_audit
@@ -243,7 +243,8 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
                 return SliceOutcome.DONE
             _stop(run.lease, Status.FAILED, reason=reason, error={"code": "budget_exhausted", "message": reason})
             return SliceOutcome.DONE
-        if steps >= settings.RUNTIME_SLICE_STEPS or time.monotonic() - started >= settings.RUNTIME_SLICE_SECONDS:
+        if (steps >= settings.RUNTIME_SLICE_STEPS or time.monotonic() - started >= settings.RUNTIME_SLICE_SECONDS
+                or shutdown.requested()):  # the worker is stopping: hand the task over now
             _yield(run)
             return SliceOutcome.CONTINUE
         if heartbeat.lost:
@@ -257,6 +258,7 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
                 run.lease, tenant_id=run.task.tenant_id, sequence=sequence, index=index, name=name, args=args,
                 answers=run.answers),
         )
+        heartbeat.watch(step_name, run.agent.step_deadline(step_name) or settings.RUNTIME_STEP_SECONDS)
         began, t0 = timezone.now(), time.perf_counter()
         try:
             # A JSON round trip both copies the state (a failed step leaves ours intact)

@@ -8,7 +8,11 @@ whose lease was taken over (frozen, partitioned) can never commit again.
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -20,7 +24,7 @@ from django.db.models import DateTimeField, ExpressionWrapper, F, Q
 from django.db.models.functions import Now
 
 from tasks_app.models import Task, Tenant
-from tasks_app.states import CLAIMABLE
+from tasks_app.states import CLAIMABLE, Status
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +117,17 @@ def renew(lease: Lease, *, ttl: float) -> bool:
     ) == 1
 
 
+def confirm(lease: Lease) -> None:
+    """Right before an external call: renew the lease on its fence, or LeaseLost. Rows
+    are fenced, the wire is not; a worker frozen past its lease and thawed after a
+    takeover stops here instead of sending. The epoch, not the clock, decides: an
+    expired lease nobody has taken over is still ours, and this renewal keeps it so.
+    What remains is the time between this statement and the bytes on the wire
+    (docs/architecture.md)."""
+    if not renew(lease, ttl=settings.RUNTIME_LEASE_SECONDS):
+        raise LeaseLost(lease.task_id)
+
+
 def fenced(lease: Lease) -> Task:
     """The task row, locked, if we still hold the lease; else LeaseLost (the caller's
     transaction then rolls back whole). Call inside the safe point's transaction."""
@@ -143,14 +158,26 @@ def release_fields(task: Task) -> list[str]:
     return ["lease_owner", "lease_expires_at"]
 
 
-def stalled(*, stall_seconds: float, limit: int = 500) -> list[tuple[UUID, int]]:
+def stalled(*, stall_seconds: float, recovering_seconds: float | None = None,
+            limit: int = 500) -> list[tuple[UUID, int]]:
     """Runnable tasks with no lease, untouched for stall_seconds: the broker lost their
     message (or it never left a crashed web process). Not a crash; nothing is counted.
 
+    A recovering task waits only recovering_seconds: its message, rung by the reaper, is
+    claimed at once by any free worker, so one still unclaimed most likely died with the
+    worker (or broker) that held it; and recovering tasks are few, so ringing again
+    early cannot flood a queue whose backlog is merely long. Queued and yielded tasks wait
+    in such backlogs all the time: they keep the long interval.
+
     The rows are touched so the next scan leaves them alone for another interval.
     """
-    cutoff = ExpressionWrapper(Now() - timedelta(seconds=stall_seconds), output_field=DateTimeField())
-    rows = list(Task.objects.filter(status__in=CLAIMABLE, lease_owner__isnull=True, updated_at__lt=cutoff)
+    def before(seconds: float) -> ExpressionWrapper:
+        return ExpressionWrapper(Now() - timedelta(seconds=seconds), output_field=DateTimeField())
+
+    due = Q(updated_at__lt=before(stall_seconds))
+    if recovering_seconds is not None:
+        due |= Q(status=Status.RECOVERING, updated_at__lt=before(recovering_seconds))
+    rows = list(Task.objects.filter(due, status__in=CLAIMABLE, lease_owner__isnull=True)
                 .order_by("priority", "updated_at").values_list("id", "priority")[:limit])
     if rows:
         Task.objects.filter(id__in=[task_id for task_id, _ in rows], lease_owner__isnull=True).update(
@@ -159,28 +186,50 @@ def stalled(*, stall_seconds: float, limit: int = 500) -> list[tuple[UUID, int]]
 
 
 class Heartbeat:
-    """Renews the lease every `interval` seconds while a slice runs, from its own thread
-    (and so its own DB connection). A failed renewal only raises the `lost` flag: the
-    slice checks it before each step, and the fence stops any write anyway."""
+    """Renews the lease every `interval` seconds while a slice runs, from a thread of its
+    own (and so its own DB connection). A failed renewal only raises the `lost` flag: the
+    slice checks it before each step, and the fence stops any write anyway.
+
+    Renewing must cost as little of the GIL as it can: the slice's thread may hold it for
+    long stretches, and on a CPU-starved worker every handover waits until that thread
+    is scheduled again (issue 12 #4, measured: renewals 7 s late). So a renewal is one
+    UPDATE on a connection kept from slice to slice (the heartbeat threads outlive the
+    slices), with no reconnect or health-check query around it; and beats keep a fixed
+    cadence, so a slow renewal does not push the next one later.
+
+    It also holds the running step to its deadline (`watch`): renewing forever, it would
+    let a hung step keep its task forever."""
 
     def __init__(self, lease: Lease, *, ttl: float, interval: float) -> None:
         self.lease, self.ttl, self.interval = lease, ttl, interval
         self.lost = False
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{lease.task_id}", daemon=True)
+        self._beating: Future[None] | None = None
+        self._step: tuple[str, float, float] | None = None  # name, deadline in seconds, started (monotonic)
 
     def __enter__(self) -> Heartbeat:
-        self._thread.start()
+        self._beating = _heartbeat_threads().submit(self._run)
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join()
+        assert self._beating is not None
+        self._beating.result()
+
+    def watch(self, step: str, seconds: float) -> None:
+        """The slice starts `step`, which may run `seconds` (0: no limit) until the next
+        watch or the end of the slice."""
+        self._step = (step, seconds, time.monotonic())
 
     def _run(self) -> None:
+        beat = time.monotonic()
         try:
-            while not self._stop.wait(self.interval):
-                close_old_connections()
+            while not self._stop.wait(max(beat + self.interval - time.monotonic(), 0)):
+                beat = time.monotonic()
+                step = self._step  # set by the slice's thread
+                if step and step[1] and beat - step[2] > step[1]:
+                    self._abandon(step[0], step[1])
+                    return
                 try:
                     if not renew(self.lease, ttl=self.ttl):
                         self.lost = True
@@ -188,5 +237,44 @@ class Heartbeat:
                         return
                 except Exception:  # a DB blip: keep trying until the lease runs out
                     logger.exception("heartbeat for task %s failed", self.lease.task_id)
+                    connection.close()  # the next beat connects afresh
         finally:
-            connection.close()
+            # Kept for the next slice where the process keeps connections (workers:
+            # CONN_MAX_AGE), closed elsewhere (tests, the web process).
+            close_old_connections()
+
+    def _abandon(self, step: str, seconds: float) -> None:
+        """Past the step's deadline: stop renewing, give the task up as after a crash (the
+        diagnosis audited), and end this process, which is stuck in the step, where its
+        pool replaces it. The stuck thread cannot be stopped from here; should it ever
+        return, the moved epoch stops its writes."""
+        from tasks_app.recovery import do_abandon_step  # recovery is an action module above this one
+
+        self.lost = True
+        logger.error("task %s: step %s ran past its deadline of %gs; abandoned", self.lease.task_id, step, seconds)
+        try:
+            do_abandon_step(self.lease, step=step, seconds=seconds)
+        except Exception:  # the database is away: the lease, no longer renewed, expires instead
+            logger.exception("task %s: could not record the abandoned step", self.lease.task_id)
+        if recycle_stuck_processes:
+            logger.error("process %s ends: its pool starts a fresh one", os.getpid())
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+# True in worker pool processes (runtime_site/celery.py), which their pool replaces when
+# they end: a process stuck in an abandoned step ends itself. Elsewhere (tests calling the
+# engine, a solo pool) the stuck thread is left alone.
+recycle_stuck_processes = False
+
+
+_executors: dict[int, ThreadPoolExecutor] = {}
+
+
+def _heartbeat_threads() -> ThreadPoolExecutor:
+    """This process's heartbeat threads (made after a pool forks): idle ones are reused,
+    each keeping its database connection."""
+    pid = os.getpid()
+    if pid not in _executors:
+        _executors.clear()
+        _executors[pid] = ThreadPoolExecutor(max_workers=64, thread_name_prefix="heartbeat")
+    return _executors[pid]

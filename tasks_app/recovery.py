@@ -7,7 +7,7 @@ fails its fence on its next write and can never commit again.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from django.conf import settings
@@ -21,6 +21,9 @@ from tasks_app.audit import record_audit
 from tasks_app.models import Task
 from tasks_app.queue import enqueue_slice_on_commit
 from tasks_app.states import CLAIMABLE, TERMINAL, Status
+
+if TYPE_CHECKING:
+    from tasks_app.leases import Lease
 
 
 class NoLease(Exception):
@@ -54,27 +57,53 @@ def expired_ttl_ids(limit: int = 500) -> list[UUID]:
 def do_mark_recovering(task_id: UUID, *, actor: str, max_recoveries: int | None = None) -> Task | None:
     """A runnable task whose lease expired lost its worker: count a recovery and hand it to
     the next worker, or dead-letter it when it has crashed workers too often."""
-    max_recoveries = settings.RUNTIME["runtime"]["max_recoveries"] if max_recoveries is None else max_recoveries
     task = (Task.objects.select_for_update()
             .filter(id=task_id, status__in=CLAIMABLE, lease_owner__isnull=False, lease_expires_at__lt=Now())
             .first())
     if task is None:
         return None  # renewed, released or already handled by another scan: nothing to do
     lost = _drop_lease(task)
+    return _recover(task, actor=actor, lost=f"lease of {lost} expired", max_recoveries=max_recoveries)
+
+
+@transaction.atomic(durable=True)
+def do_abandon_step(lease: Lease, *, step: str, seconds: float) -> Task | None:
+    """A step ran past its deadline (an agent's step_seconds, else runtime.step_seconds):
+    its worker, still holding the lease, gives the task up as if it had crashed (the epoch
+    moves; a recovery is counted, a dead letter past max_recoveries) and records which
+    step overran which deadline. None: the lease was lost already; its holder decides."""
+    task = Task.objects.select_for_update().filter(
+        id=lease.task_id, lease_epoch=lease.epoch, lease_owner=lease.worker_id).first()
+    if task is None:
+        return None
+    _drop_lease(task)
+    return _recover(task, actor=f"worker:{lease.worker_id}",
+                    lost=f"step {step} ran past its deadline of {seconds:g}s on {lease.worker_id}",
+                    cause={"code": "step_deadline_exceeded", "step": step, "deadlineSeconds": seconds})
+
+
+def _recover(task: Task, *, actor: str, lost: str, max_recoveries: int | None = None,
+             cause: dict[str, Any] | None = None) -> Task:
+    """On a locked row whose lease was just dropped: count the recovery and enqueue the
+    next slice, or dead-letter past max_recoveries. `lost` says what happened, `cause`
+    (audited, and kept in the dead letter's error) what an operator should look at."""
+    max_recoveries = settings.RUNTIME["runtime"]["max_recoveries"] if max_recoveries is None else max_recoveries
     task.recoveries += 1
     fields = [*TRANSITION_FIELDS, *LEASE_FIELDS, "recoveries"]
+    data = {"cause": cause} if cause else None
     if task.recoveries > max_recoveries:
-        reason = f"lease of {lost} expired; recovery {task.recoveries} exceeds max_recoveries={max_recoveries}"
+        reason = f"{lost}; recovery {task.recoveries} exceeds max_recoveries={max_recoveries}"
         task.status_message = "held for operator: too many recoveries"
-        task.error = {"code": "max_recoveries_exceeded", "message": reason}
-        transition(task, Status.DEAD_LETTERED, actor=actor, reason=reason)
+        task.error = {"code": "max_recoveries_exceeded", "message": reason, **(data or {})}
+        transition(task, Status.DEAD_LETTERED, actor=actor, reason=reason, data=data)
         fields.append("error")
     else:
-        reason = f"lease of {lost} expired (recovery {task.recoveries} of at most {max_recoveries})"
+        reason = f"{lost} (recovery {task.recoveries} of at most {max_recoveries})"
         if task.status == Status.RECOVERING:  # the recovering worker died too: no status change
-            record_audit(task, actor=actor, action="recovery", before_version=task.state_version, reason=reason)
+            record_audit(task, actor=actor, action="recovery", before_version=task.state_version, reason=reason,
+                         data=data)
         else:
-            transition(task, Status.RECOVERING, actor=actor, reason=reason)
+            transition(task, Status.RECOVERING, actor=actor, reason=reason, data=data)
         events.emit(task, "recovering", {"recoveries": task.recoveries, "reason": reason})
         enqueue_slice_on_commit(task.id, task.priority)
     task.save(update_fields=fields)

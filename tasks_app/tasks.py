@@ -73,7 +73,8 @@ def scan_leases() -> None:
         if task := recovery.do_mark_recovering(task_id, actor="system:reaper"):
             metrics.RECOVERIES.labels(task.status).inc()
             logger.warning("task %s: worker lost, now %s (recoveries %s)", task_id, task.status, task.recoveries)
-    for task_id, priority in leases.stalled(stall_seconds=settings.RUNTIME_STALL_SECONDS):
+    for task_id, priority in leases.stalled(stall_seconds=settings.RUNTIME_STALL_SECONDS,
+                                            recovering_seconds=settings.RUNTIME_LEASE_SECONDS):
         logger.info("task %s: no lease and no progress, re-enqueued (message lost)", task_id)
         enqueue_slice(task_id, priority)
     for task_id in recovery.expired_ttl_ids():

@@ -135,6 +135,9 @@ class Agent:
     output_schema: ClassVar[dict[str, Any]] = {"type": "object"}
     # JSON schema of the constraints adjust_goal may set; None: the agent cannot be re-aimed.
     constraints_schema: ClassVar[dict[str, Any] | None] = None
+    # How long one step may run, in seconds, before it is abandoned and the task recovered as
+    # after a crash (None: runtime.step_seconds). Override step_deadline() to vary it by step.
+    step_seconds: ClassVar[float | None] = None
 
     def start(self, input: dict[str, Any], goal: str) -> dict[str, Any]:
         """The initial structured state (JSON-serialisable)."""
@@ -151,6 +154,10 @@ class Agent:
     def result(self, state: dict[str, Any]) -> dict[str, Any]:
         """The final output; must validate against output_schema."""
         raise NotImplementedError
+
+    def step_deadline(self, step_name: str) -> float | None:
+        """Seconds the named step may run (None: runtime.step_seconds)."""
+        return self.step_seconds
 
     def replan(self, state: dict[str, Any], goal: str, constraints: dict[str, Any]) -> dict[str, Any]:
         """The state re-aimed at a new goal and constraints. An agent whose plan does not

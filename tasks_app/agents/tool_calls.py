@@ -29,6 +29,8 @@ class ToolCallsAgent(Agent):
         "properties": {"results": {"type": "array"}},
         "required": ["results"],
     }
+    # A step is one call: up to three attempts of mcp.call's longest timeout (600 s).
+    step_seconds = 3 * 600 + 60
 
     def start(self, input: dict[str, Any], goal: str) -> dict[str, Any]:
         return {"results": [], "count": len(input["calls"])}

@@ -1,0 +1,75 @@
+"""A step past its deadline is abandoned by the heartbeat and the task recovered as after a
+crash, with the diagnosis audited (in-process; tests/test_worker_lifecycle.py has the real
+worker, whose stuck pool process is replaced)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from tasks_app import engine
+from tasks_app.actions import do_create_task
+from tasks_app.agents.base import Agent, StepContext, register
+from tasks_app.models import AuditRecord, Step, Task
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@register
+class HangingAgent(Agent):
+    name = "test_hanging"
+    input_schema = {"type": "object", "properties": {"hangSeconds": {"type": "number"}}}
+    step_seconds = 0.3
+
+    def start(self, input: dict[str, Any], goal: str) -> dict[str, Any]:
+        return {"done": False, "hang": input.get("hangSeconds", 1.0)}
+
+    def next_step(self, state: dict[str, Any]) -> str | None:
+        return None if state["done"] else "wait-for-the-remote"
+
+    def run_step(self, ctx: StepContext, state: dict[str, Any]) -> dict[str, Any]:
+        time.sleep(state["hang"])  # stands in for a call that never answers
+        return {**state, "done": True}
+
+    def result(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+
+@pytest.fixture(autouse=True)
+def quick_heartbeat(settings) -> None:
+    settings.RUNTIME_HEARTBEAT_SECONDS = 0.1
+
+
+def test_a_step_past_the_agents_deadline_is_abandoned_and_the_task_recovered_with_the_diagnosis(alice):
+    task, _ = do_create_task(alice.tenant, actor="user:test", agent="test_hanging", input={})
+    assert engine.run_slice(task.id, worker_id="w1") is engine.SliceOutcome.DROPPED  # its late commit is fenced off
+    task.refresh_from_db()
+    assert (task.status, task.recoveries, task.lease_owner, task.lease_epoch) == ("recovering", 1, None, 2)
+    assert not Step.objects.filter(task=task).exists()
+    record = AuditRecord.objects.filter(task=task, to_status="recovering").get()
+    assert record.actor == "worker:w1"
+    assert "step wait-for-the-remote ran past its deadline of 0.3s on w1" in record.reason
+    assert record.data["cause"] == {"code": "step_deadline_exceeded", "step": "wait-for-the-remote",
+                                    "deadlineSeconds": 0.3}
+
+
+def test_without_a_declared_deadline_the_configured_one_holds(alice, settings, monkeypatch):
+    settings.RUNTIME_STEP_SECONDS = 0.3
+    monkeypatch.setattr(HangingAgent, "step_seconds", None)
+    task, _ = do_create_task(alice.tenant, actor="user:test", agent="test_hanging", input={})
+    engine.run_slice(task.id, worker_id="w1")
+    assert Task.objects.get(id=task.id).recoveries == 1
+
+
+def test_a_step_that_always_hangs_is_dead_lettered_after_max_recoveries(alice, settings):
+    settings.RUNTIME = {**settings.RUNTIME, "runtime": {**settings.RUNTIME["runtime"], "max_recoveries": 2}}
+    task, _ = do_create_task(alice.tenant, actor="user:test", agent="test_hanging", input={"hangSeconds": 0.6})
+    for _ in range(3):
+        engine.run_slice(task.id, worker_id="w1")
+    task.refresh_from_db()
+    assert task.status == "dead_lettered" and task.recoveries == 3
+    assert task.error["code"] == "max_recoveries_exceeded"
+    assert task.error["cause"]["step"] == "wait-for-the-remote"
+    assert engine.run_slice(task.id, worker_id="w1") is engine.SliceOutcome.DROPPED  # held for an operator

@@ -1,0 +1,198 @@
+"""Leases over a worker's life (issue 12): a CPU-starved worker keeps its lease through a long
+remote call, a hung step is abandoned at its deadline, a thawed zombie never sends, and a
+worker told to stop (SIGTERM) hands its task over at once. Real worker processes; effects
+are counted by independent receivers (tests/mcp_remote.py, tests/sink.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import FAST_LEASES, WORKER, Processes, purge_queues, settled, wait_until
+from ledger_app.models import LedgerEntry
+from steering_app.models import InputRequest
+from tasks_app.actions import do_create_task
+from tasks_app.models import Step, Task
+from tests.test_ledger import Sink, webhook
+from tests.test_remote_mcp import Remote
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FAST = {**FAST_LEASES, "SECURITY_HTTP_ALLOWLIST": "127.0.0.1"}
+
+
+def log_of(proc: subprocess.Popen[bytes]) -> str:
+    return Path(proc.log_path).read_text(errors="replace")  # type: ignore[attr-defined]
+
+
+def worker_on(processes: Processes, queue: str, **env: str) -> subprocess.Popen[bytes]:
+    """A worker of one queue (slices: "steps"; the beat's jobs: "maintenance"), once ready."""
+    args = [sys.executable, "-m", *(queue if arg == "steps,maintenance" else arg for arg in WORKER), "1",
+            "-n", f"{queue}-{len(processes.procs)}@%h"]
+    proc = processes.start("worker", args, **env)
+    wait_until(lambda: " ready." in log_of(proc), timeout=60, what="the worker to be ready")
+    return proc
+
+
+@contextlib.contextmanager
+def cpu_starved(processes: Processes, proc: subprocess.Popen[bytes]) -> Iterator[None]:
+    """Starve `proc`'s process group of CPU: busy loops at nice 0 on every core, three per
+    core, while it runs at nice 19. With autogroup scheduling (Linux desktops and many
+    servers) nice only weighs inside a session, so its session is niced too."""
+    burners = [processes.start("burner", [sys.executable, "-c", "while True: pass"])
+               for _ in range(3 * (os.cpu_count() or 1))]
+    os.setpriority(os.PRIO_PGRP, proc.pid, 19)
+    with contextlib.suppress(OSError):  # no autogroup here: the plain nice above is enough
+        Path(f"/proc/{proc.pid}/autogroup").write_text("10")
+    try:
+        yield
+    finally:
+        for burner in burners:
+            processes.kill(burner)
+
+
+def test_a_cpu_starved_worker_keeps_its_lease_through_a_remote_call_of_several_leases(alice, processes):
+    remote = Remote(processes)
+    starved = worker_on(processes, "steps", **FAST)
+    worker_on(processes, "maintenance", **FAST)  # the reaper's scans run at full speed
+    processes.beat(**FAST)
+    with cpu_starved(processes, starved):
+        task, _ = do_create_task(alice.tenant, actor="user:test", agent="tool_calls", input={"calls": [
+            {"tool": "mcp.call", "args": {"server": remote.mcp, "tool": "slow", "arguments": {"seconds": 12},
+                                          "timeoutSeconds": 120}}]})
+        # A lost lease shows as a recovery long before the task settles: stop there.
+        wait_until(lambda: (t := Task.objects.get(id=task.id)).status in ("completed", "failed", "input_required")
+                   or t.recoveries, timeout=240, what="the task to complete or lose its lease")
+    task = settled(task)
+    assert task.recoveries == 0 and task.lease_epoch == 1, "the lease was lost mid-call"
+    assert task.status == "completed", task.error
+    assert not InputRequest.objects.filter(task=task).exists()
+    assert task.result["results"][0]["structuredContent"] == {"result": "slow done"}
+    entry = LedgerEntry.objects.get(task=task)
+    assert entry.status == "succeeded" and entry.attempts == 1
+    assert remote.stats()["effects"] == {"slow_started": 1, "slow": 1}
+
+
+def stopped(pid: int) -> bool:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def test_a_worker_frozen_right_before_a_call_and_thawed_after_a_takeover_never_sends(alice, processes, tmp_path):
+    sink = Sink(processes)
+    marker = tmp_path / "frozen"
+    processes.worker(**FAST, RUNTIME_FAULT_INJECTION=f"freeze:ledger:before_call:{marker}")
+    processes.beat(**FAST)
+    task = webhook(alice, sink, count=1)
+    wait_until(marker.exists, timeout=60, what="the worker to freeze right before its call")
+    zombie = int(wait_until(marker.read_text, timeout=5, what="the frozen pid"))
+    wait_until(lambda: stopped(zombie), timeout=5, what="the worker to be stopped")
+
+    processes.worker(**FAST)  # takes over once the frozen worker's lease runs out
+    task = settled(task)
+    assert task.status == "completed" and task.recoveries == 1, task.error
+    assert sink.stats()["posts"] == 1  # the new owner asked the sink by key, then made the call
+
+    os.kill(zombie, signal.SIGCONT)  # it wakes where it stopped: about to send
+    wait_until(lambda: not stopped(zombie) and "lease lost, slice abandoned" in processes.logs(), timeout=30,
+               what="the thawed worker to give up its slice")
+    stats = sink.stats()
+    assert stats["posts"] == 1 and list(stats["perKey"].values()) == [1], stats  # the zombie never sent
+
+
+def pool_pids(worker: subprocess.Popen[bytes]) -> set[int]:
+    return {int(pid) for pid in Path(f"/proc/{worker.pid}/task/{worker.pid}/children").read_text().split()}
+
+
+def test_a_step_that_always_hangs_is_abandoned_at_its_deadline_until_it_dead_letters(alice, processes):
+    env = {**FAST, "RUNTIME_STEP_SECONDS": "2"}
+    worker = processes.worker(**env)
+    processes.beat(**env)
+    hanging, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 1, "sleepMs": 600_000})
+    first_pool = wait_until(lambda: pool_pids(worker), timeout=30, what="the pool process")
+    task = wait_until(lambda: (t := Task.objects.get(id=hanging.id)).status == "dead_lettered" and t, timeout=120,
+                      what="the hanging task to be dead-lettered")
+    assert task.recoveries == 4  # max_recoveries is 3: abandoned four times, then held for an operator
+    assert task.error["code"] == "max_recoveries_exceeded"
+    assert task.error["cause"] == {"code": "step_deadline_exceeded", "step": "noop-1", "deadlineSeconds": 2}
+    reasons = list(task.audit_records.filter(actor__startswith="worker:", data__cause__step="noop-1")
+                   .values_list("reason", flat=True))
+    assert len(reasons) == 4 and all("step noop-1 ran past its deadline of 2s" in r for r in reasons)
+
+    # The worker is healthy: its stuck pool processes were replaced, and it runs the next task.
+    assert worker.poll() is None and not pool_pids(worker) & first_pool
+    after = settled(do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 3})[0])
+    assert after.status == "completed" and after.recoveries == 0
+
+
+def held_by(task: Task, worker: subprocess.Popen[bytes]) -> bool:
+    """True while a pool process of `worker` (its process group) holds the task's lease."""
+    owner = Task.objects.values_list("lease_owner", flat=True).get(id=task.id)
+    with contextlib.suppress(ProcessLookupError):
+        return bool(owner) and os.getpgid(int(owner.rsplit(":", 1)[1])) == worker.pid
+    return False
+
+
+@pytest.mark.parametrize("whole_group", [False, True], ids=["main-process", "process-group"])
+def test_a_worker_told_to_stop_hands_its_task_over_before_its_lease_would_expire(alice, processes, whole_group):
+    # No beat: nothing recovers an expired lease here, so only the stopping worker's own
+    # handover can move the task. Slices that would run a minute and a 6 s lease make the
+    # order below mean something: the handover is not the slice's end or the lease's expiry.
+    env = {**FAST, "RUNTIME_LEASE_SECONDS": "6", "RUNTIME_SLICE_SECONDS": "60", "RUNTIME_SLICE_STEPS": "1000"}
+    stopping = processes.worker(**env)
+    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 150, "sleepMs": 100})
+    wait_until(lambda: Task.objects.get(id=task.id).steps_done >= 5 and held_by(task, stopping), timeout=60,
+               what="the first worker to be under way")
+    other = processes.worker(**env)
+    wait_until(lambda: " ready." in log_of(other), timeout=60, what="the second worker to be ready")
+    at_signal = Task.objects.get(id=task.id)
+
+    # docker stop and Kubernetes signal the main process; systemd (by default) every process.
+    (os.killpg if whole_group else os.kill)(stopping.pid, signal.SIGTERM)
+    assert stopping.wait(timeout=60) == 0  # a warm shutdown that completed
+    wait_until(lambda: held_by(task, other), timeout=30, what="the other worker to take the task over")
+    task = settled(task)
+    assert task.status == "completed" and task.result == {"steps": 150}
+    assert task.recoveries == 0  # handed over, not recovered after a crash
+    steps = list(Step.objects.filter(task=task).order_by("sequence").values_list("sequence", "attempt", "worker",
+                                                                                  "started_at"))
+    assert [(seq, attempt) for seq, attempt, _, _ in steps] == [(n, 1) for n in range(1, 151)]  # nothing re-ran
+    taken_over = next(started for _, _, worker, started in steps if worker != at_signal.lease_owner
+                      and started > at_signal.updated_at)
+    assert taken_over < at_signal.lease_expires_at  # before the stopping worker's lease could have run out
+
+
+def messages_in(queue: str) -> int:
+    """Messages waiting in a queue: its Redis lists, one per priority bucket."""
+    import redis
+    from django.conf import settings
+
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    return sum(client.llen(key) for key in client.keys(f"{settings.RUNTIME_DEPLOYMENT}:{queue}*")
+               if client.type(key) == b"list")
+
+
+def test_a_recovering_task_whose_message_was_lost_is_rung_again_without_waiting_for_the_stall_scan(
+        alice, processes):
+    env = {**FAST, "RUNTIME_STALL_SECONDS": "600"}  # the stall scan alone would take ten minutes
+    crashed = worker_on(processes, "steps", **env)
+    worker_on(processes, "maintenance", **env)  # the reaper keeps scanning; nobody takes slices
+    processes.beat(**env)
+    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 30, "sleepMs": 100})
+    wait_until(lambda: Task.objects.get(id=task.id).steps_done >= 3, timeout=60, what="3 steps")
+    processes.kill(crashed)
+    wait_until(lambda: Task.objects.get(id=task.id).status == "recovering", timeout=30,
+               what="the reaper to mark the task recovering")
+    wait_until(lambda: messages_in("steps"), timeout=10, what="the reaper's message in the queue")
+    purge_queues()  # its message is gone, as with a worker (or broker) that died holding it
+    assert messages_in("steps") == 0
+    worker_on(processes, "steps", **env)
+    task = settled(task)
+    assert task.status == "completed" and task.result == {"steps": 30}
+    assert task.recoveries == 1  # rung again, not recovered again
