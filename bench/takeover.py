@@ -4,9 +4,10 @@
 
 Three workers (prefork, -c 1) and beat against PostgreSQL and Redis (a fresh bench
 database), lease 3 s, heartbeat 1 s, scan 1 s; two endless no-op tasks (200 ms steps), so
-one worker is always free. Each round signals a worker that holds a task and starts a
-replacement; the takeover time runs from the signal to the moment another worker holds
-the task's lease (polled every 10 ms). Modes:
+one worker is always free. Each round signals a worker that holds a task; the takeover
+time runs from the signal to the moment another worker holds the task's lease (polled
+every 10 ms). Then a replacement starts, and the next round waits until it is ready (a
+worker still starting would take messages it cannot run yet). Modes:
 
     kill        SIGKILL to every process of the worker (a crash, OOM, a lost machine)
     term        SIGTERM to the worker's main process (docker stop, Kubernetes)
@@ -59,7 +60,7 @@ def main() -> None:
     logs = Path(tempfile.mkdtemp(prefix="takeover-"))
     beat = _common.start(["celery", "-A", "runtime_site", "beat", "-l", "WARNING", "-s", str(logs / "beat")],
                          logs / "beat.log")
-    workers = [_common.worker(logs / f"worker-{i}.log") for i in range(3)]
+    workers = [ready_worker(logs / f"worker-{i}.log") for i in range(3)]
     ids = [do_create_task(tenant, actor="user:bench", agent="noop",
                           input={"steps": 1_000_000, "sleepMs": 200})[0].id for _ in range(2)]
     results: dict[str, list[float]] = {mode: [] for mode in args.mode}
@@ -72,7 +73,6 @@ def main() -> None:
                 held = {task_id: epoch for task_id, (owner, epoch) in leases.items() if group_of(owner) == victim.pid}
                 signalled = time.monotonic()
                 (os.killpg if whole_group else os.kill)(victim.pid, sig)
-                workers[workers.index(victim)] = _common.worker(logs / f"worker-{time.time():.0f}.log")
                 pending = dict(held)
                 while pending:
                     for task_id, owner, epoch in Task.objects.filter(id__in=pending).values_list(
@@ -84,7 +84,8 @@ def main() -> None:
                         raise SystemExit(f"{mode}: no takeover within 120 s (logs: {logs})")
                     time.sleep(0.01)
                 victim.wait(timeout=60)
-                time.sleep(rng.uniform(1, 2))
+                workers[workers.index(victim)] = ready_worker(logs / f"worker-{time.time():.0f}.log")
+                time.sleep(rng.uniform(0.5, 1.5))
     finally:
         for proc in [*workers, beat]:
             try:
@@ -98,6 +99,12 @@ def main() -> None:
         print(f"  {mode:10s} p50 {statistics.median(times):.2f}s  p99 {_common.percentile(times, 99):.2f}s  "
               f"max {max(times):.2f}s  (n={len(times)})")
     print(f"  logs: {logs}")
+
+
+def ready_worker(log: Path):  # noqa: ANN201
+    proc = _common.worker(log, "-l", "INFO")
+    _common.wait(lambda: b" ready." in log.read_bytes(), timeout=120, interval=0.05)
+    return proc
 
 
 def wait_for_leases(task_model, ids) -> dict:  # noqa: ANN001

@@ -192,7 +192,7 @@ class Heartbeat:
 
     Renewing must cost as little of the GIL as it can: the slice's thread may hold it for
     long stretches, and on a CPU-starved worker every handover waits until that thread
-    is scheduled again (issue 12 #4, measured: renewals 7 s late). So a renewal is one
+    is scheduled again (issue 12 #4, measured: one renewal 6 s late). So a renewal is one
     UPDATE on a connection kept from slice to slice (the heartbeat threads outlive the
     slices), with no reconnect or health-check query around it; and beats keep a fixed
     cadence, so a slow renewal does not push the next one later.
