@@ -7,6 +7,7 @@ whose lease was taken over (frozen, partitioned) can never commit again.
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import signal
@@ -212,6 +213,8 @@ class Heartbeat:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if recycle_stuck_processes:
+            faulthandler.cancel_dump_traceback_later()
         self._stop.set()
         assert self._beating is not None
         self._beating.result()
@@ -220,6 +223,18 @@ class Heartbeat:
         """The slice starts `step`, which may run `seconds` (0: no limit) until the next
         watch or the end of the slice."""
         self._step = (step, seconds, time.monotonic())
+        if not recycle_stuck_processes:
+            return
+        # This thread abandons the step, if it gets the GIL: a step stuck in a C call that
+        # holds it starves both the deadline and the renewals. faulthandler's watchdog is a
+        # C thread that needs no GIL: a lease length past the deadline (the heartbeat had
+        # its chance) it writes where the step is stuck to the log and ends the process,
+        # which its pool replaces; the lease, no longer renewed, has run out, and the
+        # reaper recovers the task as after a crash.
+        if seconds:
+            faulthandler.dump_traceback_later(seconds + self.ttl, exit=True, file=2)
+        else:
+            faulthandler.cancel_dump_traceback_later()
 
     def _run(self) -> None:
         beat = time.monotonic()
