@@ -292,6 +292,8 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
                   error={"code": "step_failed", "step": step_name, "sequence": run.sequence + 1,
                          "message": f"{type(exc).__name__}: {exc}"[:1000]})
             return SliceOutcome.DONE
+        finally:
+            heartbeat.watch(None)  # what follows (commit, checkpoint, yield) is the runtime's, not the step's
         _commit_step(run, ctx, new_state, began, (time.perf_counter() - t0) * 1000)
         steps += 1
 

@@ -107,3 +107,20 @@ def test_a_configured_step_deadline_that_is_no_duration_stops_the_process_at_sta
     run = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, capture_output=True, text=True,
                          env={**os.environ, "RUNTIME_STEP_SECONDS": raw}, timeout=120)
     assert run.returncode != 0 and "step_seconds" in run.stderr, run.stderr[-2000:]
+
+
+@register
+class SlowToSumUpAgent(HangingAgent):
+    """A quick step, then a slow result(): the runtime's work after a step is not the step's."""
+    name = "test_slow_to_sum_up"
+
+    def result(self, state: dict[str, Any]) -> dict[str, Any]:
+        time.sleep(1.5)
+        return {}
+
+
+def test_a_step_that_returned_in_time_is_not_abandoned_for_what_the_slice_does_after_it(alice):
+    task, _ = do_create_task(alice.tenant, actor="user:test", agent="test_slow_to_sum_up", input={"hangSeconds": 0})
+    engine.run_slice(task.id, worker_id="w1")
+    task.refresh_from_db()
+    assert (task.status, task.recoveries) == ("completed", 0)
