@@ -104,8 +104,8 @@ def test_a_configured_step_deadline_that_is_no_duration_stops_the_process_at_sta
 
     from conftest import ROOT
 
-    run = subprocess.run([sys.executable, "manage.py", "check"], check=False, cwd=ROOT, capture_output=True, text=True,
-                         env={**os.environ, "RUNTIME_STEP_SECONDS": raw}, timeout=120)
+    run = subprocess.run([sys.executable, "manage.py", "check"], check=False, cwd=ROOT, capture_output=True,
+                         text=True, env={**os.environ, "RUNTIME_STEP_SECONDS": raw}, timeout=120)
     assert run.returncode != 0 and "step_seconds" in run.stderr, run.stderr[-2000:]
 
 
