@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -44,16 +45,21 @@ def _crash_here(point: str) -> None:
     """Fault injection for the crash tests (RUNTIME_FAULT_INJECTION="<point>:<marker file>"):
     the process dies like a kill -9, once (the marker file remembers). With "freeze:<point>:
     <marker file>" it stops itself instead (SIGSTOP, as if the OS paused it) and the marker
-    holds its pid, for the test to thaw it."""
+    holds its pid, for the test to thaw it. With "hang:<point>:<marker file>" it hangs in
+    a C call that never lets go of the GIL (a regular expression backtracking for ever),
+    as a step stuck in a native library would."""
     spec = os.getenv("RUNTIME_FAULT_INJECTION", "")
-    freeze = spec.startswith("freeze:")
-    spec = spec.removeprefix("freeze:")
-    if spec.startswith(point + ":"):
-        marker = Path(spec[len(point) + 1:])
+    mode, _, rest = spec.partition(":")
+    if mode not in ("freeze", "hang"):
+        mode, rest = "crash", spec
+    if rest.startswith(point + ":"):
+        marker = Path(rest[len(point) + 1:])
         if not marker.exists():
-            marker.write_text(str(os.getpid()) if freeze else point)
-            if freeze:
+            marker.write_text(str(os.getpid()) if mode != "crash" else point)
+            if mode == "freeze":
                 os.kill(os.getpid(), signal.SIGSTOP)
+            elif mode == "hang":
+                re.fullmatch(r"(a+)+b", "a" * 64)  # 2**64 steps in _sre, which holds the GIL throughout
             else:
                 os._exit(137)
 

@@ -177,6 +177,10 @@ RUNTIME_MAX_BODY_BYTES = RUNTIME["api"]["max_body_bytes"]
 DATA_UPLOAD_MAX_MEMORY_SIZE = RUNTIME_MAX_BODY_BYTES
 if RUNTIME_HEARTBEAT_SECONDS * 2 > RUNTIME_LEASE_SECONDS:
     raise ImproperlyConfigured("heartbeat_seconds must be at most half of lease_seconds")
+if not (isinstance(RUNTIME_STEP_SECONDS, int | float) and 0 <= RUNTIME_STEP_SECONDS < float("inf")):
+    # A negative one abandoned every step at its first beat, NaN none ever (0 says "no limit").
+    raise ImproperlyConfigured(f"step_seconds must be a number of seconds, 0 or more (0: no limit), "
+                               f"not {RUNTIME_STEP_SECONDS!r}")
 
 # --- MCP server (/mcp, tasks_app/mcp; docs/mcp.md) ---------------------------------------
 # The conformance suite's fixture tools (tasks_app/agents/conformance.py); on in tests.

@@ -258,9 +258,9 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
                 run.lease, tenant_id=run.task.tenant_id, sequence=sequence, index=index, name=name, args=args,
                 answers=run.answers),
         )
-        heartbeat.watch(step_name, run.agent.step_deadline(step_name) or settings.RUNTIME_STEP_SECONDS)
         began, t0 = timezone.now(), time.perf_counter()
         try:
+            heartbeat.watch(step_name, _step_deadline(run.agent, step_name))
             # A JSON round trip both copies the state (a failed step leaves ours intact)
             # and proves the agent's new state can be checkpointed.
             with telemetry.step(run.task, step_name, sequence, rerun=sequence <= run.rerun_until):
@@ -292,8 +292,23 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
                   error={"code": "step_failed", "step": step_name, "sequence": run.sequence + 1,
                          "message": f"{type(exc).__name__}: {exc}"[:1000]})
             return SliceOutcome.DONE
+        finally:
+            heartbeat.watch(None)  # what follows (commit, checkpoint, yield) is the runtime's, not the step's
         _commit_step(run, ctx, new_state, began, (time.perf_counter() - t0) * 1000)
         steps += 1
+
+
+def _step_deadline(agent: agents.Agent, step_name: str) -> float:
+    """The seconds `step_name` may run (0: no limit). A declaration that is no duration
+    (negative, NaN, infinite) is the agent's bug: its step fails saying so, instead of
+    being abandoned at every beat until dead-lettered, or never."""
+    declared = agent.step_deadline(step_name)
+    if declared is None:
+        return settings.RUNTIME_STEP_SECONDS
+    if not (isinstance(declared, int | float) and 0 <= declared < float("inf")):
+        raise ValueError(f"agent {agent.name} declares step deadline {declared!r} for {step_name}: "
+                         f"it must be a number of seconds, 0 or more (0: no limit)")
+    return declared
 
 
 def _unstorable(ctx: agents.StepContext, new_state: dict[str, Any]) -> str | None:

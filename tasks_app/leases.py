@@ -7,6 +7,7 @@ whose lease was taken over (frozen, partitioned) can never commit again.
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import signal
@@ -212,14 +213,28 @@ class Heartbeat:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if recycle_stuck_processes:
+            faulthandler.cancel_dump_traceback_later()
         self._stop.set()
         assert self._beating is not None
         self._beating.result()
 
-    def watch(self, step: str, seconds: float) -> None:
-        """The slice starts `step`, which may run `seconds` (0: no limit) until the next
-        watch or the end of the slice."""
-        self._step = (step, seconds, time.monotonic())
+    def watch(self, step: str | None, seconds: float = 0) -> None:
+        """The slice starts `step`, which may run `seconds` (0: no limit); None: the step
+        returned, and nothing is watched until the next."""
+        self._step = (step, seconds, time.monotonic()) if step else None
+        if not recycle_stuck_processes:
+            return
+        # This thread abandons the step, if it gets the GIL: a step stuck in a C call that
+        # holds it starves both the deadline and the renewals. faulthandler's watchdog is a
+        # C thread that needs no GIL: a lease length past the deadline (the heartbeat had
+        # its chance) it writes where the step is stuck to the log and ends the process,
+        # which its pool replaces; the lease, no longer renewed, has run out, and the
+        # reaper recovers the task as after a crash.
+        if seconds:
+            faulthandler.dump_traceback_later(seconds + self.ttl, exit=True, file=2)
+        else:
+            faulthandler.cancel_dump_traceback_later()
 
     def _run(self) -> None:
         beat = time.monotonic()
@@ -228,7 +243,7 @@ class Heartbeat:
                 beat = time.monotonic()
                 step = self._step  # set by the slice's thread
                 if step and step[1] and beat - step[2] > step[1]:
-                    self._abandon(step[0], step[1])
+                    self._abandon(step)
                     return
                 try:
                     if not renew(self.lease, ttl=self.ttl):
@@ -243,19 +258,22 @@ class Heartbeat:
             # CONN_MAX_AGE), closed elsewhere (tests, the web process).
             close_old_connections()
 
-    def _abandon(self, step: str, seconds: float) -> None:
+    def _abandon(self, watched: tuple[str, float, float]) -> None:
         """Past the step's deadline: stop renewing, give the task up as after a crash (the
         diagnosis audited), and end this process, which is stuck in the step, where its
         pool replaces it. The stuck thread cannot be stopped from here; should it ever
         return, the moved epoch stops its writes."""
         from tasks_app.recovery import do_abandon_step  # recovery is an action module above this one
 
+        step, seconds, _ = watched
         self.lost = True
         logger.error("task %s: step %s ran past its deadline of %gs; abandoned", self.lease.task_id, step, seconds)
         try:
             do_abandon_step(self.lease, step=step, seconds=seconds)
         except Exception:  # the database is away: the lease, no longer renewed, expires instead
             logger.exception("task %s: could not record the abandoned step", self.lease.task_id)
+        if self._step is not watched:
+            return  # the step returned meanwhile: the process is not stuck (the fence drops its slice)
         if recycle_stuck_processes:
             logger.error("process %s ends: its pool starts a fresh one", os.getpid())
             os.kill(os.getpid(), signal.SIGKILL)

@@ -197,3 +197,23 @@ def test_a_recovering_task_whose_message_was_lost_is_rung_again_without_waiting_
     task = settled(task)
     assert task.status == "completed" and task.result == {"steps": 30}
     assert task.recoveries == 1  # rung again, not recovered again
+
+
+def test_a_step_stuck_in_a_c_call_that_holds_the_gil_still_meets_its_deadline(alice, processes, tmp_path):
+    # The heartbeat thread cannot run while the step holds the GIL: neither the deadline nor
+    # a renewal can come from it. The pool process must still end, and the worker live on.
+    sink = Sink(processes)
+    marker = tmp_path / "hung"
+    env = {**FAST, "RUNTIME_STEP_SECONDS": "2"}
+    stuck = worker_on(processes, "steps", **env, RUNTIME_FAULT_INJECTION=f"hang:ledger:before_call:{marker}")
+    worker_on(processes, "maintenance", **env)  # the reaper runs elsewhere: the stuck worker has one process
+    processes.beat(**env)
+    task = webhook(alice, sink, count=1)
+    hung = int(wait_until(lambda: marker.exists() and marker.read_text(), timeout=60, what="the step to hang"))
+    wait_until(lambda: not Path(f"/proc/{hung}").exists(), timeout=60, what="the stuck pool process to end")
+    task = settled(task, timeout=120)
+    assert task.status == "completed" and task.recoveries == 1, task.error
+    assert sink.stats()["posts"] == 1
+    assert stuck.poll() is None  # the worker lives on, with a fresh pool process that runs the next task
+    after = settled(do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 3})[0])
+    assert after.status == "completed" and after.recoveries == 0

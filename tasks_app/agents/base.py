@@ -136,7 +136,7 @@ class Agent:
     # JSON schema of the constraints adjust_goal may set; None: the agent cannot be re-aimed.
     constraints_schema: ClassVar[dict[str, Any] | None] = None
     # How long one step may run, in seconds, before it is abandoned and the task recovered as
-    # after a crash (None: runtime.step_seconds). Override step_deadline() to vary it by step.
+    # after a crash (None: runtime.step_seconds; 0: no limit). Override step_deadline() to vary it by step.
     step_seconds: ClassVar[float | None] = None
 
     def start(self, input: dict[str, Any], goal: str) -> dict[str, Any]:

@@ -73,3 +73,54 @@ def test_a_step_that_always_hangs_is_dead_lettered_after_max_recoveries(alice, s
     assert task.error["code"] == "max_recoveries_exceeded"
     assert task.error["cause"]["step"] == "wait-for-the-remote"
     assert engine.run_slice(task.id, worker_id="w1") is engine.SliceOutcome.DROPPED  # held for an operator
+
+
+def test_an_agent_declaring_no_deadline_runs_its_step_however_long_it_takes(alice, settings, monkeypatch):
+    settings.RUNTIME_STEP_SECONDS = 0.3
+    monkeypatch.setattr(HangingAgent, "step_seconds", 0)  # 0: no limit, as in runtime.step_seconds
+    task, _ = do_create_task(alice.tenant, actor="user:test", agent="test_hanging", input={"hangSeconds": 0.8})
+    engine.run_slice(task.id, worker_id="w1")
+    task.refresh_from_db()
+    assert (task.status, task.recoveries) == ("completed", 0)
+
+
+@pytest.mark.parametrize("seconds", [-1, float("nan")])
+def test_an_agent_declaring_a_deadline_that_is_no_duration_fails_its_step_with_that_diagnosis(
+        alice, monkeypatch, seconds):
+    # Not abandoned at every beat until dead-lettered (negative), nor never (NaN): the agent's bug, named.
+    monkeypatch.setattr(HangingAgent, "step_seconds", seconds)
+    task, _ = do_create_task(alice.tenant, actor="user:test", agent="test_hanging", input={"hangSeconds": 0.5})
+    engine.run_slice(task.id, worker_id="w1")
+    task.refresh_from_db()
+    assert (task.status, task.recoveries) == ("failed", 0)
+    assert task.error["code"] == "step_failed" and "step deadline" in task.error["message"]
+
+
+@pytest.mark.parametrize("raw", ["-1", "nan", "inf"])
+def test_a_configured_step_deadline_that_is_no_duration_stops_the_process_at_startup(raw):
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    run = subprocess.run([sys.executable, "manage.py", "check"], check=False, cwd=ROOT, capture_output=True,
+                         text=True, env={**os.environ, "RUNTIME_STEP_SECONDS": raw}, timeout=120)
+    assert run.returncode != 0 and "step_seconds" in run.stderr, run.stderr[-2000:]
+
+
+@register
+class SlowToSumUpAgent(HangingAgent):
+    """A quick step, then a slow result(): the runtime's work after a step is not the step's."""
+    name = "test_slow_to_sum_up"
+
+    def result(self, state: dict[str, Any]) -> dict[str, Any]:
+        time.sleep(1.5)
+        return {}
+
+
+def test_a_step_that_returned_in_time_is_not_abandoned_for_what_the_slice_does_after_it(alice):
+    task, _ = do_create_task(alice.tenant, actor="user:test", agent="test_slow_to_sum_up", input={"hangSeconds": 0})
+    engine.run_slice(task.id, worker_id="w1")
+    task.refresh_from_db()
+    assert (task.status, task.recoveries) == ("completed", 0)
