@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, JsonResponse
 from rest_framework import exceptions, status
@@ -99,6 +100,11 @@ def unavailable() -> JsonResponse:
 
 def json_500(request: HttpRequest) -> JsonResponse:
     # Django calls this inside its except block, for whatever a view or middleware raised.
-    if isinstance(sys.exc_info()[1], DATABASE_UNAVAILABLE):
+    exc = sys.exc_info()[1]
+    if isinstance(exc, DATABASE_UNAVAILABLE):
         return unavailable()
+    if isinstance(exc, DjangoValidationError):
+        # A model field refused a value from the request that the view passed on unchecked
+        # (the admin's actions query with whatever ids were posted): the caller's mistake.
+        return JsonResponse(error_body("invalid_request", "; ".join(exc.messages)), status=400)
     return JsonResponse(error_body("server_error", "internal error"), status=500)

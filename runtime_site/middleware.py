@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -51,3 +52,47 @@ class UnsafeTextMiddleware:
             except json_safety.UnsafeInput as exc:
                 return JsonResponse(unsafe_input_body(exc), status=400)
         return self.get_response(request)
+
+
+class ChunkedBodyASGI:
+    """ASGI, around Django: a body sent without a Content-Length (Transfer-Encoding: chunked)
+    is read here, up to the limit, and handed on with its length declared. Django reads any
+    such body whole (spooled to disk) before BodySizeLimitMiddleware sees it, and DRF reads
+    a body with no Content-Length as empty: a chunked create was "agent: required", a
+    chunked 5 MB /mcp call was parsed. Beyond the limit it is the same 413."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        # Without Transfer-Encoding and Content-Length a request has no body (RFC 9112 §6.3).
+        if scope["type"] != "http" or not any(name == b"transfer-encoding" for name, _ in scope["headers"]):
+            return await self.app(scope, receive, send)
+        limit, body, more = settings.RUNTIME_MAX_BODY_BYTES, b"", True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > limit:
+                return await self._too_large(send, limit)
+        headers = [*scope["headers"], (b"content-length", str(len(body)).encode())]
+        sent = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal sent
+            if sent:
+                return await receive()  # after the body: the disconnect, for streams
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        return await self.app({**scope, "headers": headers}, replay, send)
+
+    @staticmethod
+    async def _too_large(send: Any, limit: int) -> None:
+        payload = json.dumps(error_body("body_too_large", f"request body is over the limit of {limit} bytes")).encode()
+        await send({"type": "http.response.start", "status": 413, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
+            (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": payload})

@@ -3,6 +3,8 @@ from datetime import timedelta
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.views.main import ChangeList
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
@@ -107,6 +109,19 @@ class CancelForm(forms.Form):
                              help_text="Recorded in each task's audit chain with you as the actor.")
 
 
+class DateDrillDownChangeList(ChangeList):
+    """Django's date_hierarchy builds its range from ?created_at__year/month/day and only
+    catches part of what a date cannot be: a year of 9999 (its end is year 10,000) or one
+    beyond a C long raise OverflowError or ValueError, a 500. Here each is a bad filter,
+    which the admin answers by going back to the list (?e=1)."""
+
+    def get_filters(self, request):
+        try:
+            return super().get_filters(request)
+        except (OverflowError, ValueError) as exc:
+            raise IncorrectLookupParameters(exc) from exc
+
+
 @admin.register(Task)
 class TaskAdmin(admin.ModelAdmin):
     list_display = ["id", "tenant", "agent", "status", "progress", "phase", "state_version", "lease_owner",
@@ -124,6 +139,9 @@ class TaskAdmin(admin.ModelAdmin):
         # change only through domain functions (actions here, steering in the API), which
         # keep the version, audit chain and events consistent.
         return [*(f.name for f in Task._meta.fields), "steps_link", "dashboard_link"]
+
+    def get_changelist(self, request, **kwargs):
+        return DateDrillDownChangeList
 
     def has_add_permission(self, request):
         return False  # tasks start through do_create_task (API, dashboard, CLI)
