@@ -30,14 +30,9 @@ class Killed(BaseException):  # noqa: N818
     is, holding its lease, and commits nothing more."""
 
 
-CRASHED: Counter[str] = Counter()  # per task: how many of its planned crashes happened
+class CountingAgent(Agent):
+    """`steps` steps named s1, s2, ...: the shape the fault agents below share (not registered)."""
 
-
-@register
-class CrashingAgent(Agent):
-    """`steps` steps; its worker "dies" (Killed) on reaching each sequence of `crashAt` in turn."""
-
-    name = "test_crashing"
     input_schema = {"type": "object"}
 
     def start(self, input: dict[str, Any], goal: str) -> dict[str, Any]:
@@ -45,6 +40,16 @@ class CrashingAgent(Agent):
 
     def next_step(self, state: dict[str, Any]) -> str | None:
         return f"s{state['done'] + 1}" if state["done"] < state["total"] else None
+
+
+CRASHED: Counter[str] = Counter()  # per task: how many of its planned crashes happened
+
+
+@register
+class CrashingAgent(CountingAgent):
+    """`steps` steps; its worker "dies" (Killed) on reaching each sequence of `crashAt` in turn."""
+
+    name = "test_crashing"
 
     def run_step(self, ctx: StepContext, state: dict[str, Any]) -> dict[str, Any]:
         plan, crashed = ctx.input.get("crashAt", []), CRASHED[ctx.task_id]
@@ -132,19 +137,12 @@ FAULTED: Counter[str] = Counter()
 
 
 @register
-class DatabaseFaultAgent(Agent):
+class DatabaseFaultAgent(CountingAgent):
     """`steps` steps; at step `faultAt` (once) the database drops the worker's connection:
     "step" while the step itself still needs it (as a ledger write would), "commit" just
     before the engine commits the step."""
 
     name = "test_db_fault"
-    input_schema = {"type": "object"}
-
-    def start(self, input: dict[str, Any], goal: str) -> dict[str, Any]:
-        return {"done": 0, "total": input["steps"]}
-
-    def next_step(self, state: dict[str, Any]) -> str | None:
-        return f"s{state['done'] + 1}" if state["done"] < state["total"] else None
 
     def run_step(self, ctx: StepContext, state: dict[str, Any]) -> dict[str, Any]:
         if ctx.sequence == ctx.input["faultAt"] and not FAULTED[ctx.task_id]:
