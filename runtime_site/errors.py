@@ -18,7 +18,7 @@ from rest_framework.views import exception_handler as drf_handler
 from common import json_safety
 from steering_app.actions import CommandRefused, InvalidCommand, VersionConflict
 from tasks_app.actions import IdempotencyConflict, IllegalTransition
-from tasks_app.recovery import NoLease
+from tasks_app.operators import NoLease
 from tasks_app.selectors import task_snapshot
 from tasks_app.agents.base import SchemaError, UnknownAgent
 

@@ -13,7 +13,7 @@ from django.utils.html import format_html
 from checkpoints_app.models import Checkpoint
 from ledger_app.models import LedgerEntry
 from steering_app.models import InputRequest, SteeringCommand
-from tasks_app import recovery
+from tasks_app import operators
 from tasks_app.actions import IllegalTransition, do_cancel_task
 from tasks_app.models import ApiKey, AuditRecord, Membership, Step, Task, Tenant
 
@@ -162,12 +162,12 @@ class TaskAdmin(admin.ModelAdmin):
             try:
                 action(task, actor)
                 self.message_user(request, f"{task.id}: {verb}")
-            except (IllegalTransition, recovery.NoLease) as exc:
+            except (IllegalTransition, operators.NoLease) as exc:
                 self.message_user(request, f"{task.id}: {exc}", level=messages.WARNING)
 
     @admin.action(description="Redrive a dead letter from its last good checkpoint")
     def redrive(self, request, queryset):
-        self._each(request, queryset, "redriven", lambda t, actor: recovery.do_redrive_task(
+        self._each(request, queryset, "redriven", lambda t, actor: operators.do_redrive_task(
             t.id, actor=actor, reason="redriven by an operator in admin"))
 
     @admin.action(description="Cancel with a reason (lands at the next safe point)")
@@ -187,12 +187,12 @@ class TaskAdmin(admin.ModelAdmin):
 
     @admin.action(description="Release a stale lease (fences the holder)")
     def release_lease(self, request, queryset):
-        self._each(request, queryset, "lease released", lambda t, actor: recovery.do_release_lease(
+        self._each(request, queryset, "lease released", lambda t, actor: operators.do_release_lease(
             t.id, actor=actor, reason="released by an operator in admin"))
 
     @admin.action(description="Close a dead letter as failed")
     def close(self, request, queryset):
-        self._each(request, queryset, "closed", lambda t, actor: recovery.do_close_task(
+        self._each(request, queryset, "closed", lambda t, actor: operators.do_close_task(
             t.id, actor=actor, reason="closed by an operator in admin"))
 
 

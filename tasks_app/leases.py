@@ -263,7 +263,7 @@ class Heartbeat:
         diagnosis audited), and end this process, which is stuck in the step, where its
         pool replaces it. The stuck thread cannot be stopped from here; should it ever
         return, the moved epoch stops its writes."""
-        from tasks_app.recovery import do_abandon_step  # recovery is an action module above this one
+        from tasks_app.operators import do_abandon_step  # recovery is an action module above this one
 
         step, seconds, _ = watched
         self.lost = True

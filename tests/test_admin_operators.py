@@ -14,7 +14,7 @@ from django.utils import timezone
 from ledger_app import actions as ledger_actions
 from ledger_app.models import LedgerEntry
 from tasks_app import admin as task_admin
-from tasks_app import leases, recovery
+from tasks_app import leases, operators
 from tasks_app.models import AuditRecord, Task
 from tasks_app.tests.test_engine import new_task, run_to_end
 from tasks_app.tests.test_recovery import crash_mid_slice
@@ -33,7 +33,7 @@ def dead_letter(persona) -> Task:
     task = new_task(persona)
     for _ in range(4):
         crash_mid_slice(task)
-        recovery.do_mark_recovering(task.id, actor="system:reaper", max_recoveries=3)
+        operators.do_mark_recovering(task.id, actor="system:reaper", max_recoveries=3)
     assert Task.objects.get(id=task.id).status == "dead_lettered"
     return task
 
@@ -107,7 +107,7 @@ ACTIONS = [
                          ids=[a[0] for a in ACTIONS])
 def test_each_action_changes_state_only_through_its_domain_function_and_is_audited(
         alice, operator, action, function, make, extra, status, audit_action):
-    module = task_admin if function == "do_cancel_task" else recovery
+    module = task_admin if function == "do_cancel_task" else operators
     real = getattr(module, function)
 
     task = make(alice)
