@@ -32,6 +32,7 @@ from rest_framework.exceptions import PermissionDenied
 
 from checkpoints_app.models import Checkpoint
 from common.json_safety import UnsafeInput
+from common.schema import SchemaError
 from dashboard import access
 from dashboard.forms import AnswerForm, StartReviewForm, SteerForm
 from runtime_site.errors import error_body
@@ -39,7 +40,6 @@ from steering_app.actions import CommandRefused, InvalidCommand, VersionConflict
 from steering_app.api.views import answer_input
 from steering_app.models import CommandType, InputRequest, InputStatus, SteeringCommand
 from tasks_app.actions import IdempotencyConflict, do_create_task
-from tasks_app.agents.base import SchemaError
 from tasks_app.models import ROLE_RANK, Role, Task, TaskEvent
 from tasks_app.selectors import task_snapshot
 from tasks_app.states import Status

@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
@@ -26,7 +25,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from checkpoints_app.codec import canonical_json
+from common.canonical import canonical_json, sha256_hex
+from common.schema import validate
 from ledger_app import policy, tools
 from ledger_app.models import EffectStatus, LedgerEntry
 from tasks_app import leases
@@ -75,9 +75,9 @@ def execute_once(lease: leases.Lease, *, tenant_id: int, sequence: int, index: i
     if reason := policy.denial(name):
         raise ToolFailed(reason)
     tool = tools.get_tool(name)
-    agents.validate(args, tool.input_schema, f"{name} arguments")
+    validate(args, tool.input_schema, f"{name} arguments")
     key = f"{lease.task_id}:{sequence}:{index}"
-    fingerprint = hashlib.sha256(canonical_json(args).encode()).hexdigest()
+    fingerprint = sha256_hex(canonical_json(args))
     entry = LedgerEntry.objects.filter(key=key).first()
     if entry is not None:
         if entry.fingerprint != fingerprint:
@@ -231,39 +231,3 @@ def _settle(lease: leases.Lease, entry: LedgerEntry, status: str, *, result: Any
         if attempts is not None:
             fields.update(attempts=entry.attempts + attempts, durations_ms=entry.durations_ms + (durations or []))
         LedgerEntry.objects.filter(id=entry.id).update(**fields)
-
-
-def do_resolve_unknown(entry_id: int, *, succeeded: bool, actor: str, reason: str) -> LedgerEntry:
-    """Operator, after checking the remote by hand: an unknown effect did (or did not)
-    happen. Audited on the task's chain; a task waiting for this confirmation then gets
-    the answer as an ordinary provide_input command (accepted, audited, applied)."""
-    # Imported here: steering_app imports tasks_app, and the engine imports us.
-    from steering_app.actions import CommandRefused, VersionConflict, do_enqueue_command
-    from steering_app.models import CommandType, InputRequest, InputStatus
-    from tasks_app.audit import record_audit
-
-    with transaction.atomic(durable=True):
-        entry = LedgerEntry.objects.select_for_update().get(id=entry_id)
-        if entry.status not in (EffectStatus.UNKNOWN, EffectStatus.STARTED):
-            raise ToolFailed(f"ledger entry {entry.key} is {entry.status}, not unknown")
-        task = Task.objects.select_for_update().get(id=entry.task_id)
-        entry.status = EffectStatus.SUCCEEDED if succeeded else EffectStatus.FAILED
-        if succeeded:
-            entry.result = tools.ANSWER_LOST if entry.result is None else entry.result
-        else:
-            entry.error = {"message": f"{entry.tool}: did not take effect (resolved by {actor})", "retryable": False}
-        entry.save(update_fields=["status", "result", "error", "updated_at"])
-        record_audit(task, actor=actor, action="ledger_resolved", before_version=task.state_version, reason=reason,
-                     data={"key": entry.key, "status": entry.status})
-    key = f"confirm-{entry.key}"
-    if InputRequest.objects.filter(task=task, key=key, status=InputStatus.OPEN).exists():
-        try:
-            do_enqueue_command(task.id, tenant=task.tenant, command_id=f"resolve-{entry.id}",
-                               type=CommandType.PROVIDE_INPUT,
-                               payload={"key": key, "answer": tools.DONE if succeeded else tools.NOT_DONE},
-                               expected_version=Task.objects.values_list("state_version", flat=True).get(id=task.id),
-                               requested_by=actor, reason=reason)
-        except (VersionConflict, CommandRefused) as exc:
-            # The effect itself is resolved above; the request stays open for a person to answer.
-            logger.warning("resolved %s, but could not answer %s for the task: %s", entry.key, key, exc)
-    return entry

@@ -7,7 +7,8 @@ from typing import Any
 
 from django.conf import settings
 
-from tasks_app.agents.base import InputNeeded, SchemaError
+from common.schema import SchemaError
+from tasks_app.agents.base import InputNeeded
 
 ALLOW, DENY, NEEDS_APPROVAL, EXHAUSTED = "allow", "deny", "needs_approval", "exhausted"
 

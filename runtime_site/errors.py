@@ -16,11 +16,12 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 
 from common import json_safety
+from common.schema import SchemaError
 from steering_app.actions import CommandRefused, InvalidCommand, VersionConflict
 from tasks_app.actions import IdempotencyConflict, IllegalTransition
 from tasks_app.operators import NoLease
 from tasks_app.selectors import task_snapshot
-from tasks_app.agents.base import SchemaError, UnknownAgent
+from tasks_app.agents.base import UnknownAgent
 
 
 def error_body(code: str, message: str, **extra: Any) -> dict[str, Any]:

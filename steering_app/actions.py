@@ -18,9 +18,10 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from common import json_safety
+from common.schema import SchemaError, validate
 from steering_app.models import CommandStatus, CommandType, InputRequest, InputStatus, SteeringCommand
 from tasks_app import events
-from tasks_app.actions import TRANSITION_FIELDS, transition
+from tasks_app.actions import TRANSITION_FIELDS, IllegalTransition, transition
 from tasks_app.agents import base as agents
 from tasks_app.audit import record_audit
 from tasks_app.models import Role, Task, Tenant
@@ -74,24 +75,24 @@ STEERING_FIELDS = [*TRANSITION_FIELDS, "goal", "constraints", "plan_version", "p
 
 def _validate(task: Task, type: str, payload: dict[str, Any]) -> None:
     try:
-        agents.validate(payload, PAYLOAD_SCHEMAS[type], "payload")
-    except agents.SchemaError as exc:
+        validate(payload, PAYLOAD_SCHEMAS[type], "payload")
+    except SchemaError as exc:
         raise InvalidCommand(str(exc)) from None
     if type == CommandType.ADJUST_GOAL and "constraints" in payload:
         agent = agents.get_agent(task.agent)
         if agent.constraints_schema is None:
             raise InvalidCommand(f"agent {task.agent!r} cannot be re-aimed with constraints")
         try:
-            agents.validate(payload["constraints"], agent.constraints_schema, "payload constraints")
-        except agents.SchemaError as exc:
+            validate(payload["constraints"], agent.constraints_schema, "payload constraints")
+        except SchemaError as exc:
             raise InvalidCommand(str(exc)) from None
     if type == CommandType.PROVIDE_INPUT:
         request = InputRequest.objects.filter(task=task, key=payload["key"]).first()
         if request is None or request.status != InputStatus.OPEN:
             raise CommandRefused(f"no open input request {payload['key']!r} on this task")
         try:
-            agents.validate(payload["answer"], request.answer_schema, "payload answer")
-        except agents.SchemaError as exc:
+            validate(payload["answer"], request.answer_schema, "payload answer")
+        except SchemaError as exc:
             raise InvalidCommand(str(exc)) from None
 
 
@@ -245,6 +246,33 @@ def _cancel(task: Task, *, actor: str, by_worker: bool) -> None:
     if not by_worker:
         task.lease_owner, task.lease_expires_at = None, None
         task.lease_epoch += 1  # fences any worker that still believes it holds the task
+
+
+@transaction.atomic(durable=True)
+def do_cancel_task(task_id: UUID, *, tenant: Tenant, actor: str, reason: str = "") -> Task:
+    """Cancel now if no worker holds the task; otherwise ask the worker to stop at its
+    next safe point (a running step always finishes and commits first)."""
+    json_safety.check({"reason": reason, "actor": actor})  # the last line, whatever the edge
+    task = Task.objects.select_for_update().get(id=task_id, tenant=tenant)
+    if task.status in TERMINAL:
+        raise IllegalTransition(task.status, Status.CANCELLED)
+    leased = Task.objects.filter(id=task.id, lease_owner__isnull=False, lease_expires_at__gt=Now()).exists()
+    if leased:
+        if not task.cancel_requested:
+            before = task.state_version
+            task.cancel_requested, task.cancel_reason = True, reason[:500]
+            task.state_version += 1
+            task.save(update_fields=["cancel_requested", "cancel_reason", "state_version", "updated_at"])
+            record_audit(task, actor=actor, action="cancel_requested", before_version=before, reason=reason)
+        return task
+    # Nobody holds the task: a safe point, where steering's one rule applies. What a slice
+    # left pending (a pause accepted while it ran, before it was abandoned or died) settles
+    # first, in accepted order, then the cancel wins; it moves the lease epoch, which fences
+    # out a worker whose lease expired but that may still be running.
+    task.cancel_requested, task.cancel_reason = True, reason[:500]
+    apply_pending(task, actor=actor, by_worker=False)
+    task.save(update_fields=STEERING_FIELDS)
+    return task
 
 
 def _settle(task: Task, command: SteeringCommand, status: str, outcome: str, actor: str, before: int) -> None:

@@ -12,9 +12,10 @@ from django.utils.html import format_html
 
 from checkpoints_app.models import Checkpoint
 from ledger_app.models import LedgerEntry
+from steering_app.actions import do_cancel_task
 from steering_app.models import InputRequest, SteeringCommand
 from tasks_app import operators
-from tasks_app.actions import IllegalTransition, do_cancel_task
+from tasks_app.actions import IllegalTransition
 from tasks_app.models import ApiKey, AuditRecord, Membership, Step, Task, Tenant
 
 

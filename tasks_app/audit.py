@@ -6,14 +6,13 @@ the head. Rewriting, deleting or reordering any record breaks the chain at that 
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
 
-from checkpoints_app.codec import canonical_json
+from common.canonical import canonical_json, sha256_hex
 from tasks_app.models import AuditRecord, Task
 from tasks_app.redaction import redact
 
@@ -21,7 +20,7 @@ GENESIS = "0" * 64
 
 
 def _hash(record: AuditRecord) -> str:
-    return hashlib.sha256(canonical_json(record.chained_fields()).encode()).hexdigest()
+    return sha256_hex(canonical_json(record.chained_fields()))
 
 
 def record_audit(

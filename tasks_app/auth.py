@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import re
 import secrets
@@ -13,6 +12,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
 
+from common.canonical import sha256_hex
 from tasks_app.models import ROLE_RANK, ApiKey, Role, Tenant
 
 KEY_PREFIX = "rt_"
@@ -34,7 +34,7 @@ class Principal:
 
 
 def _hash(secret: str) -> str:
-    return hashlib.sha256(secret.encode()).hexdigest()
+    return sha256_hex(secret)
 
 
 def issue_api_key(tenant: Tenant, user: AbstractBaseUser, *, role: str, name: str) -> tuple[ApiKey, str]:

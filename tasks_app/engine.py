@@ -28,12 +28,13 @@ from django.utils import timezone
 
 from checkpoints_app import actions as checkpoints
 from checkpoints_app.codec import CheckpointCorrupt
+from common.schema import SchemaError, validate
 from ledger_app import actions as ledger
 from ledger_app import policy, tools
 from steering_app import actions as steering
 from runtime_site.blobstore import blob_store
 from runtime_site.metrics import LEASE_TAKEOVERS
-from tasks_app import events, faults, leases, shutdown, telemetry
+from tasks_app import events, faults, leases, operators, shutdown, telemetry
 from tasks_app.actions import TRANSITION_FIELDS, transition
 from tasks_app.agents import base as agents
 from tasks_app.audit import record_audit
@@ -89,7 +90,8 @@ def run_slice(task_id: UUID, *, worker_id: str) -> SliceOutcome:
         return SliceOutcome.AT_CAPACITY
     if lease is None:
         return SliceOutcome.DROPPED
-    with leases.Heartbeat(lease, ttl=ttl, interval=settings.RUNTIME_HEARTBEAT_SECONDS) as heartbeat:
+    with leases.Heartbeat(lease, ttl=ttl, interval=settings.RUNTIME_HEARTBEAT_SECONDS,
+                          abandon=operators.do_abandon_step) as heartbeat:
         try:
             run = _load(lease)
             if run is None:
@@ -279,7 +281,7 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
             _stop(run.lease, Status.FAILED, reason=f"step {step_name}: {exc}"[:500],
                   error={"code": "rejected", "step": step_name, "message": str(exc)[:1000]})
             return SliceOutcome.DONE
-        except (ledger.ToolFailed, tools.UnknownTool, agents.SchemaError) as exc:
+        except (ledger.ToolFailed, tools.UnknownTool, SchemaError) as exc:
             _stop(run.lease, Status.FAILED, reason=f"step {step_name}: {exc}"[:500],
                   error={"code": "tool_failed", "step": step_name, "sequence": run.sequence + 1,
                          "message": str(exc)[:1000]})
@@ -490,8 +492,8 @@ def _yield(run: _Run, *, message: str | None = None) -> None:
 def _complete(run: _Run) -> SliceOutcome:
     result = run.agent.result(run.state)
     try:
-        agents.validate(result, run.agent.output_schema, "result")
-    except agents.SchemaError as exc:
+        validate(result, run.agent.output_schema, "result")
+    except SchemaError as exc:
         _stop(run.lease, Status.FAILED, reason=str(exc)[:500],
               error={"code": "invalid_result", "message": str(exc)[:1000]})
         return SliceOutcome.DONE

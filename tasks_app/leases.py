@@ -13,6 +13,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
@@ -199,10 +200,12 @@ class Heartbeat:
     cadence, so a slow renewal does not push the next one later.
 
     It also holds the running step to its deadline (`watch`): renewing forever, it would
-    let a hung step keep its task forever."""
+    let a hung step keep its task forever. Past it, `abandon(lease, step=, seconds=)` gives
+    the task up (operators.do_abandon_step, an action a layer above this module: the engine
+    passes it in)."""
 
-    def __init__(self, lease: Lease, *, ttl: float, interval: float) -> None:
-        self.lease, self.ttl, self.interval = lease, ttl, interval
+    def __init__(self, lease: Lease, *, ttl: float, interval: float, abandon: Callable[..., Any]) -> None:
+        self.lease, self.ttl, self.interval, self.abandon = lease, ttl, interval, abandon
         self.lost = False
         self._stop = threading.Event()
         self._beating: Future[None] | None = None
@@ -263,13 +266,11 @@ class Heartbeat:
         diagnosis audited), and end this process, which is stuck in the step, where its
         pool replaces it. The stuck thread cannot be stopped from here; should it ever
         return, the moved epoch stops its writes."""
-        from tasks_app.operators import do_abandon_step  # recovery is an action module above this one
-
         step, seconds, _ = watched
         self.lost = True
         logger.error("task %s: step %s ran past its deadline of %gs; abandoned", self.lease.task_id, step, seconds)
         try:
-            do_abandon_step(self.lease, step=step, seconds=seconds)
+            self.abandon(self.lease, step=step, seconds=seconds)
         except Exception:  # the database is away: the lease, no longer renewed, expires instead
             logger.exception("task %s: could not record the abandoned step", self.lease.task_id)
         if self._step is not watched:

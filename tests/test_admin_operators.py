@@ -11,7 +11,6 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
-from ledger_app import actions as ledger_actions
 from ledger_app.models import LedgerEntry
 from tasks_app import admin as task_admin
 from tasks_app import leases, operators
@@ -159,7 +158,7 @@ def test_resolving_an_unknown_ledger_entry_goes_through_do_resolve_unknown(alice
     entry = LedgerEntry.objects.create(tenant=alice.tenant, task=task, step_sequence=1, call_index=1,
                                        key=f"{task.id}:1:1", tool="content.publish", fingerprint="f",
                                        status="unknown", lease_epoch=1)
-    with mock.patch("ledger_app.admin.do_resolve_unknown", wraps=ledger_actions.do_resolve_unknown) as spy:
+    with mock.patch("ledger_app.admin.do_resolve_unknown", wraps=operators.do_resolve_unknown) as spy:
         response = operator.post("/admin/ledger_app/ledgerentry/", {
             "action": f"resolve_{resolution}", "_selected_action": [str(entry.id)]})
     assert response.status_code == 302

@@ -261,7 +261,7 @@ def test_the_actions_refuse_what_no_edge_may_store(alice, task):
     """Whatever the caller (an edge, the admin, a script), nothing unstorable reaches a write."""
     from common.json_safety import UnsafeInput
     from steering_app.actions import do_answer_input, do_enqueue_command
-    from tasks_app.actions import do_cancel_task
+    from steering_app.actions import do_cancel_task
 
     who = {"tenant": alice.tenant}
     before = written()

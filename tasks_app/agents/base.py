@@ -12,18 +12,6 @@ import jsonschema
 from runtime_site.blobstore import BlobStore
 
 
-class SchemaError(ValueError):
-    """A document failed a JSON schema; the message names the offending field."""
-
-
-def validate(document: Any, schema: dict[str, Any], what: str) -> None:
-    validator = jsonschema.Draft202012Validator(schema)
-    error = jsonschema.exceptions.best_match(validator.iter_errors(document))
-    if error is not None:
-        where = "/".join(str(p) for p in error.absolute_path) or "(root)"
-        raise SchemaError(f"{what} {where}: {error.message}")
-
-
 class InputNeeded(Exception):  # noqa: N818 (a signal to the engine, not an error)
     """Raised by ctx.ask() (or a guarded tool call): the step cannot go on until a person
     answers. kind "approval" answers need the approver role."""

@@ -17,7 +17,8 @@ from rest_framework.views import APIView
 
 from checkpoints_app.actions import is_valid
 from checkpoints_app.models import Checkpoint
-from tasks_app.actions import do_cancel_task, do_create_task
+from steering_app.actions import do_cancel_task
+from tasks_app.actions import do_create_task
 from tasks_app.auth import principal, require_role
 from tasks_app.models import AuditRecord, Role, Task
 from tasks_app.selectors import task_snapshot, task_urls

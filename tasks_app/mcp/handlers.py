@@ -20,11 +20,13 @@ from django.conf import settings
 from django.utils import timezone
 
 from common import json_safety
+from common.schema import SchemaError
 from steering_app.actions import (
-    CommandRefused, InvalidCommand, VersionConflict, answer_refusal, do_answer_input, do_enqueue_command,
+    CommandRefused, InvalidCommand, VersionConflict, answer_refusal, do_answer_input, do_cancel_task,
+    do_enqueue_command,
 )
 from steering_app.models import InputRequest, InputStatus
-from tasks_app.actions import IdempotencyConflict, IllegalTransition, do_cancel_task, do_create_task
+from tasks_app.actions import IdempotencyConflict, IllegalTransition, do_create_task
 from tasks_app.agents import base as agents
 from tasks_app.auth import Principal
 from tasks_app.mcp import elicit, tools
@@ -164,7 +166,7 @@ def _create(call: Call, agent: agents.Agent, arguments: dict[str, Any], ttl_seco
     try:
         task, _ = do_create_task(who.tenant, actor=who.actor, agent=agent.name, input=arguments,
                                  ttl_seconds=ttl_seconds, priority=INTERACTIVE_PRIORITY if waiting else 5)
-    except agents.SchemaError as exc:
+    except SchemaError as exc:
         return tools.error_result(f"invalid arguments: {exc}")
     except IdempotencyConflict as exc:  # not reachable without a key; kept for completeness
         return tools.error_result(str(exc))

@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
+from common.schema import SchemaError, validate
 from runtime_site.blobstore import LocalBlobStore
 from tasks_app import corpus
 from tasks_app.agents import document_review, get_agent
-from tasks_app.agents.base import SchemaError, StepContext, validate
+from tasks_app.agents.base import StepContext
 from tasks_app.agents.document_review import (
     CATEGORIES,
     RULES,
