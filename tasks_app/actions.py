@@ -12,8 +12,7 @@ from django.utils import timezone
 from common import json_safety
 from common.canonical import canonical_json, sha256_hex
 from common.schema import validate
-from ledger_app import policy
-from tasks_app import events
+from tasks_app import events, policy
 from tasks_app.agents import base as agents
 from tasks_app.audit import record_audit
 from tasks_app.models import Task, Tenant

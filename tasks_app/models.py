@@ -98,7 +98,7 @@ class Task(models.Model):
     priority = models.SmallIntegerField(default=5)
     checkpoint_policy = models.JSONField(default=dict)
     approval_policy = models.JSONField(default=dict)
-    budget = models.JSONField(default=dict)  # ledger_app.policy.LIMITS
+    budget = models.JSONField(default=dict)  # tasks_app.policy.LIMITS
     cost = models.FloatField(default=0.0)  # reported by steps (ctx.report_cost); maxCost compares with it
 
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)
