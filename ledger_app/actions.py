@@ -27,10 +27,10 @@ from django.utils import timezone
 
 from common.canonical import canonical_json, sha256_hex
 from common.schema import validate
-from ledger_app import tools
 from ledger_app.models import EffectStatus, LedgerEntry
 from tasks_app import leases, policy
 from tasks_app.agents import base as agents
+from tasks_app.agents import tools
 from tasks_app.models import Task
 from tasks_app.redaction import redact
 

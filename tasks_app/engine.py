@@ -30,13 +30,13 @@ from checkpoints_app import actions as checkpoints
 from checkpoints_app.codec import CheckpointCorrupt
 from common.schema import SchemaError, validate
 from ledger_app import actions as ledger
-from ledger_app import tools
 from steering_app import actions as steering
 from runtime_site.blobstore import blob_store
 from runtime_site.metrics import LEASE_TAKEOVERS
 from tasks_app import events, faults, leases, operators, policy, shutdown, telemetry
 from tasks_app.actions import TRANSITION_FIELDS, transition
 from tasks_app.agents import base as agents
+from tasks_app.agents import tools
 from tasks_app.audit import record_audit
 from tasks_app.models import Step, Task
 from tasks_app.selectors import task_snapshot

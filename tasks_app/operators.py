@@ -17,13 +17,13 @@ from django.db import transaction
 from django.db.models.functions import Now
 
 from checkpoints_app.actions import discard_back_to_last_good
-from ledger_app import tools
 from ledger_app.actions import ToolFailed
 from ledger_app.models import EffectStatus, LedgerEntry
 from steering_app.actions import CommandRefused, VersionConflict, do_enqueue_command
 from steering_app.models import CommandType, InputRequest, InputStatus
 from tasks_app import events
 from tasks_app.actions import TRANSITION_FIELDS, IllegalTransition, transition
+from tasks_app.agents import tools
 from tasks_app.audit import record_audit
 from tasks_app.models import Task
 from tasks_app.queue import enqueue_slice_on_commit
