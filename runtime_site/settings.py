@@ -182,7 +182,7 @@ if not (isinstance(RUNTIME_STEP_SECONDS, int | float) and 0 <= RUNTIME_STEP_SECO
     raise ImproperlyConfigured(f"step_seconds must be a number of seconds, 0 or more (0: no limit), "
                                f"not {RUNTIME_STEP_SECONDS!r}")
 
-# --- MCP server (/mcp, tasks_app/mcp; docs/mcp.md) ---------------------------------------
+# --- MCP server (/mcp, mcp_server; docs/mcp.md) ---------------------------------------
 # The conformance suite's fixture tools (tasks_app/agents/conformance.py); on in tests.
 RUNTIME_MCP_FIXTURES = env_bool("RUNTIME_MCP_FIXTURES", False)
 # Lifetime of a task created over MCP when the client asks for none (ttlMs on the wire).

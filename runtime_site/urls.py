@@ -6,7 +6,7 @@ from drf_spectacular.views import SpectacularAPIView
 
 from runtime_site.health import healthz, readyz
 from runtime_site.metrics import metrics_view
-from tasks_app.mcp.views import mcp_endpoint
+from mcp_server.views import mcp_endpoint
 
 
 urlpatterns = [

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from mcp_server.protocol import MODERN, TASKS_EXT
 from steering_app.models import InputRequest, SteeringCommand
 from tasks_app.actions import do_create_task
-from tasks_app.mcp.protocol import MODERN, TASKS_EXT
 from tasks_app.models import AuditRecord, Task, TaskEvent
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the SSE and MCP views close their connections

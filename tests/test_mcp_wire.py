@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from tasks_app.mcp.protocol import MODERN, TASKS_EXT
+from mcp_server.protocol import MODERN, TASKS_EXT
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -4,7 +4,7 @@ Registered only when settings.RUNTIME_MCP_FIXTURES is on (tests, the conformance
 they run on the same engine and workers as every other agent, so the suite exercises
 durable creation, input_required, cancellation at a safe point and failure for real.
 
-The `mcp_*` class attributes are read by tasks_app/mcp/tools.py (docs/mcp.md):
+The `mcp_*` class attributes are read by mcp_server/tools.py (docs/mcp.md):
 - mcp_task_support: "forbidden" (answered synchronously), "optional", "required" (default).
 - mcp_client_capabilities: what the calling client must have declared (else -32021).
 - mcp_preflight: questions asked by MRTR before the task exists, and the argument each

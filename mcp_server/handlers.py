@@ -21,6 +21,11 @@ from django.utils import timezone
 
 from common import json_safety
 from common.schema import SchemaError
+from mcp_server import elicit, tools
+from mcp_server.protocol import (
+    INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, LEGACY_VERSIONS, METHOD_NOT_FOUND, MISSING_CAPABILITY, MODERN,
+    RELATED_TASK, SERVER_INFO, TASKS_EXT, Message, RpcError, missing_extension,
+)
 from steering_app.actions import (
     CommandRefused, InvalidCommand, VersionConflict, answer_refusal, do_answer_input, do_cancel_task,
     do_enqueue_command,
@@ -29,11 +34,6 @@ from steering_app.models import InputRequest, InputStatus
 from tasks_app.actions import IdempotencyConflict, IllegalTransition, do_create_task
 from tasks_app.agents import base as agents
 from tasks_app.auth import Principal
-from tasks_app.mcp import elicit, tools
-from tasks_app.mcp.protocol import (
-    INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, LEGACY_VERSIONS, METHOD_NOT_FOUND, MISSING_CAPABILITY, MODERN,
-    RELATED_TASK, SERVER_INFO, TASKS_EXT, Message, RpcError, missing_extension,
-)
 from tasks_app.models import Role, Task
 from tasks_app.states import Status
 

@@ -26,14 +26,14 @@ from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions
 
 from common import json_safety
-from runtime_site.errors import DATABASE_UNAVAILABLE, RETRY_AFTER_SECONDS
-from runtime_site.middleware import request_texts
-from tasks_app.auth import ApiKeyAuthentication, Principal
-from tasks_app.mcp import handlers
-from tasks_app.mcp.protocol import (
+from mcp_server import handlers
+from mcp_server.protocol import (
     INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, META_SERVER, SERVER_INFO, SERVICE_UNAVAILABLE, Message,
     RpcError, parse, request_id_of, result_body, validate_modern,
 )
+from runtime_site.errors import DATABASE_UNAVAILABLE, RETRY_AFTER_SECONDS
+from runtime_site.middleware import request_texts
+from tasks_app.auth import ApiKeyAuthentication, Principal
 from tasks_app.models import Task
 
 logger = logging.getLogger(__name__)
