@@ -1,5 +1,5 @@
 """The tool catalogue: every registered agent is a tool (its runs are Task rows), plus the
-steering tools, which MCP has no verb for. Definitions only; handlers.py runs them."""
+steering tools, which MCP has no verb for. Definitions only; shared.py runs them."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ STEERING_TOOLS = {t.name: t for t in (
 
 
 def task_support(agent: agents.Agent) -> str:
-    return getattr(agent, "mcp_task_support", REQUIRED)
+    return agent.mcp.task_support
 
 
 def agent_tool(agent: agents.Agent, *, legacy: bool) -> dict[str, Any]:
@@ -90,12 +90,11 @@ def list_tools(*, legacy: bool) -> list[dict[str, Any]]:
 
 def call_tool_result(agent_name: str, result: dict[str, Any] | None) -> dict[str, Any]:
     """A completed run's CallToolResult (without resultType): the agent's own content
-    when it defines mcp_tool_result, else its result as JSON text; always structured."""
+    when its mcp_tool_result gives one, else its result as JSON text; always structured."""
     result = result or {}
     agent = agents.get_agent(agent_name)
-    if hasattr(agent, "mcp_tool_result"):
-        fields = agent.mcp_tool_result(result)
-    else:
+    fields = agent.mcp_tool_result(result)
+    if fields is None:
         fields = {"content": [{"type": "text", "text": json.dumps(result, separators=(",", ":"))}],
                   "isError": False}
     return {**fields, "structuredContent": result}

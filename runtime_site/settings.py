@@ -68,6 +68,7 @@ INSTALLED_APPS = [
     "steering_app",
     "ledger_app",
     "dashboard",
+    "mcp_server",
 ]
 
 MIDDLEWARE = [

@@ -4,12 +4,9 @@ Registered only when settings.RUNTIME_MCP_FIXTURES is on (tests, the conformance
 they run on the same engine and workers as every other agent, so the suite exercises
 durable creation, input_required, cancellation at a safe point and failure for real.
 
-The `mcp_*` class attributes are read by mcp_server/tools.py (docs/mcp.md):
-- mcp_task_support: "forbidden" (answered synchronously), "optional", "required" (default).
-- mcp_client_capabilities: what the calling client must have declared (else -32021).
-- mcp_preflight: questions asked by MRTR before the task exists, and the argument each
-  answer fills in.
-- mcp_tool_result(result): the CallToolResult fields (content, isError) for a result.
+Each declares how it shows on /mcp as `mcp = McpOptions(...)` (task support, client
+capabilities, MRTR preflight questions) and its CallToolResult with mcp_tool_result(result)
+(tasks_app/agents/base.py, docs/mcp.md).
 """
 
 from __future__ import annotations
@@ -18,7 +15,7 @@ import math
 import time
 from typing import Any, ClassVar
 
-from tasks_app.agents.base import Agent, StepContext, register
+from tasks_app.agents.base import Agent, McpOptions, StepContext, register
 
 _TEXT_OUTPUT = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
 
@@ -53,7 +50,7 @@ class Greet(_OneStep):
     description = "Greets someone by name (synchronous; never a task)."
     input_schema: ClassVar[dict[str, Any]] = {
         "type": "object", "properties": {"name": {"type": "string", "maxLength": 200}}, "required": ["name"]}
-    mcp_task_support = "forbidden"
+    mcp = McpOptions(task_support="forbidden")
 
     def text(self, ctx: StepContext, input: dict[str, Any]) -> str:
         return f"Hello, {input['name']}!"
@@ -73,7 +70,7 @@ class SlowCompute(Agent):
         "properties": {"text": {"type": "string"}, "seconds": {"type": "number"}, "steps": {"type": "integer"}},
         "required": ["text", "seconds", "steps"],
     }
-    mcp_task_support = "optional"
+    mcp = McpOptions(task_support="optional")
     STEP_SECONDS = 0.25
 
     def start(self, input: dict[str, Any], goal: str) -> dict[str, Any]:
@@ -165,9 +162,9 @@ class ToolWithTask(_OneStep):
     description = "Asks for a name by MRTR before the task exists, then greets it from a task."
     input_schema: ClassVar[dict[str, Any]] = {
         "type": "object", "properties": {"name": {"type": "string", "maxLength": 200}}}
-    mcp_preflight: ClassVar[dict[str, Any]] = {
+    mcp = McpOptions(preflight={
         "user_name": {"message": "What is your name?", "requestedSchema": _NAME, "argument": "name",
-                      "field": "name"}}
+                      "field": "name"}})
 
     def text(self, ctx: StepContext, input: dict[str, Any]) -> str:
         return f"Hello, {input.get('name', 'stranger')}! (from a task)"
@@ -178,8 +175,7 @@ class MissingCapability(_OneStep):
     name = "test_missing_capability"
     description = "Needs the client's sampling capability; without it the call is refused with -32021."
     input_schema: ClassVar[dict[str, Any]] = {"type": "object", "properties": {}}
-    mcp_task_support = "forbidden"
-    mcp_client_capabilities: ClassVar[dict[str, Any]] = {"sampling": {}}
+    mcp = McpOptions(task_support="forbidden", client_capabilities={"sampling": {}})
 
     def text(self, ctx: StepContext, input: dict[str, Any]) -> str:
         return "the client declared sampling"
@@ -191,10 +187,8 @@ class StreamingElicitation(_OneStep):
     description = "Asks for a name through an InputRequiredResult (never a request on the stream)."
     input_schema: ClassVar[dict[str, Any]] = {
         "type": "object", "properties": {"name": {"type": "string", "maxLength": 200}}}
-    mcp_task_support = "forbidden"
-    mcp_client_capabilities: ClassVar[dict[str, Any]] = {"elicitation": {}}
-    mcp_preflight: ClassVar[dict[str, Any]] = {
-        "name": {"message": "What is your name?", "requestedSchema": _NAME, "argument": "name", "field": "name"}}
+    mcp = McpOptions(task_support="forbidden", client_capabilities={"elicitation": {}}, preflight={
+        "name": {"message": "What is your name?", "requestedSchema": _NAME, "argument": "name", "field": "name"}})
 
     def text(self, ctx: StepContext, input: dict[str, Any]) -> str:
         return f"elicited {input.get('name', '')}"
@@ -205,7 +199,7 @@ class LoggingTool(_OneStep):
     name = "test_logging_tool"
     description = "Logs three lines to the task's event stream (never as MCP log notifications)."
     input_schema: ClassVar[dict[str, Any]] = {"type": "object", "properties": {}}
-    mcp_task_support = "forbidden"
+    mcp = McpOptions(task_support="forbidden")
 
     def text(self, ctx: StepContext, input: dict[str, Any]) -> str:
         for n in (1, 2, 3):
