@@ -15,7 +15,7 @@ from runtime_site.blobstore import blob_store
 from steering_app.models import InputRequest
 from tasks_app import policy
 from tasks_app.actions import do_create_task
-from tasks_app.corpus import generate_corpus
+from tasks_app.agents.document_review.corpus import generate_corpus
 from tasks_app.models import AuditRecord, Task
 from tests.test_ledger import FAST, Sink, webhook
 

@@ -24,7 +24,7 @@ from steering_app.actions import do_enqueue_command
 from steering_app.models import SteeringCommand
 from tasks_app import events
 from tasks_app.actions import do_create_task
-from tasks_app.corpus import generate_corpus
+from tasks_app.agents.document_review.corpus import generate_corpus
 from tasks_app.models import Task
 from tasks_app.selectors import task_snapshot
 from tasks_app.tests.test_engine import new_task

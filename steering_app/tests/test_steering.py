@@ -10,8 +10,8 @@ from checkpoints_app.models import Checkpoint
 from runtime_site.blobstore import blob_store
 from steering_app.models import InputRequest, SteeringCommand
 from tasks_app import engine, leases, operators
+from tasks_app.agents.document_review.corpus import generate_corpus
 from tasks_app.audit import verify_chain
-from tasks_app.corpus import generate_corpus
 from tasks_app.models import AuditRecord, Step, Task
 from tasks_app.tests.test_engine import new_task, run_to_end
 

@@ -14,10 +14,11 @@ import pytest
 
 from common.schema import SchemaError, validate
 from runtime_site.blobstore import LocalBlobStore
-from tasks_app import corpus
-from tasks_app.agents import document_review, get_agent
+from tasks_app.agents import get_agent
 from tasks_app.agents.base import StepContext
-from tasks_app.agents.document_review import (
+from tasks_app.agents.document_review import agent as document_review
+from tasks_app.agents.document_review import corpus
+from tasks_app.agents.document_review.agent import (
     CATEGORIES,
     RULES,
     DocumentReviewAgent,
