@@ -184,8 +184,6 @@ if not (isinstance(RUNTIME_STEP_SECONDS, int | float) and 0 <= RUNTIME_STEP_SECO
                                f"not {RUNTIME_STEP_SECONDS!r}")
 
 # --- MCP server (/mcp, mcp_server; docs/mcp.md) ---------------------------------------
-# The conformance suite's fixture tools (tasks_app/agents/conformance.py); on in tests.
-RUNTIME_MCP_FIXTURES = env_bool("RUNTIME_MCP_FIXTURES", False)
 # Lifetime of a task created over MCP when the client asks for none (ttlMs on the wire).
 RUNTIME_MCP_TASK_TTL_SECONDS = int(os.getenv("RUNTIME_MCP_TASK_TTL_SECONDS", str(24 * 3600)))
 # Origins allowed besides the local ones (localhost, 127.0.0.1, [::1]): DNS-rebinding guard.
