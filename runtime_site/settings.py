@@ -254,9 +254,9 @@ CELERY_BEAT_SCHEDULE = {
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / f"celerybeat-schedule-{RUNTIME_DEPLOYMENT}")
 
-# --- Streaming (django-eventstream; tasks_app/streams.py) ---------------------------------
-EVENTSTREAM_STORAGE_CLASS = "tasks_app.streams.TaskEventStorage"
-EVENTSTREAM_CHANNELMANAGER_CLASS = "tasks_app.streams.TaskChannelManager"
+# --- Streaming (django-eventstream; tasks_app/streams/) ---------------------------------
+EVENTSTREAM_STORAGE_CLASS = "tasks_app.streams.publish.TaskEventStorage"
+EVENTSTREAM_CHANNELMANAGER_CLASS = "tasks_app.streams.publish.TaskChannelManager"
 if REDIS_URL:
     # Read at import time by django-eventstream, in every process that publishes (web and workers).
     from redis.connection import parse_url as _parse_redis_url

@@ -7,6 +7,7 @@ class TasksAppConfig(AppConfig):
 
     def ready(self) -> None:
         # Built-in agents register themselves on import.
-        from tasks_app import agents, streams  # noqa: F401
+        from tasks_app import agents  # noqa: F401
+        from tasks_app.streams import publish
 
-        streams.install()
+        publish.install()

@@ -333,7 +333,7 @@ def test_the_page_re_reads_the_snapshot_when_it_sees_a_gap_in_seq(page, processe
 
     # A change whose events never reach the page (stored, but the publish is lost, as
     # pub/sub may lose it) ...
-    with mock.patch("tasks_app.streams.publish"):
+    with mock.patch("tasks_app.streams.publish.publish"):
         do_enqueue_command(task.id, tenant=alice.tenant, command_id="unseen", type="set_priority",
                            payload={"priority": 1}, expected_version=task.state_version, requested_by="user:other")
         log_line("lost in the gap")

@@ -1,7 +1,7 @@
 """GET /runtime/tasks/{id}/events: the SSE edge (docs/streaming.md).
 
 The stream plumbing under it (storage, channel manager, the django-eventstream patches)
-is tasks_app.streams; this module is only the view a client talks to.
+is tasks_app/streams/; this module is only the view a client talks to.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from runtime_site.errors import DATABASE_UNAVAILABLE, error_body, unsafe_input_b
 from tasks_app.auth import ApiKeyAuthentication
 from tasks_app.models import Membership, Task
 from tasks_app.selectors import task_snapshot
-from tasks_app.streams import channel_for
+from tasks_app.streams.publish import channel_for
 
 logger = logging.getLogger(__name__)
 

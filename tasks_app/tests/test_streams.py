@@ -7,7 +7,7 @@ import asyncio
 from django_eventstream.event import Event
 from django_eventstream.views import Listener, ListenerManager
 
-from tasks_app import streams
+from tasks_app.streams import publish as streams
 
 
 def test_a_lagging_stream_queues_up_to_max_pending_then_rereads_storage():
