@@ -91,12 +91,14 @@ def test_a_kill_of_another_tenants_task_is_404(alice, mallory):
     task = new_task(alice)
     assert kill(mallory, task).status_code == 404
     assert Task.objects.get(id=task.id).status == "queued"
+    assert kill(alice, task).status_code == 202  # the same command from its own tenant
 
 
 def test_a_kill_without_the_operator_role_is_403(alice, victor):
     task = new_task(alice)
     assert kill(victor, task).status_code == 403
     assert Task.objects.get(id=task.id).status == "queued"
+    assert kill(alice, task).status_code == 202  # the same command from an operator
 
 
 def test_a_kill_needs_a_reason_and_the_current_version(alice):
