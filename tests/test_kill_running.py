@@ -121,3 +121,15 @@ def test_a_call_cut_by_a_kill_is_confirmed_by_a_person_before_a_redrive_can_send
     stats = sink.stats()
     assert stats["posts"] == 1 and list(stats["perKey"].values()) == [1]
     assert LedgerEntry.objects.get(task=task).status == "succeeded"
+
+
+def test_without_the_doorbell_the_lease_tells_the_worker_at_its_next_beat(alice, processes, settings):
+    sink = Sink(processes)
+    processes.worker(**FAST)  # heartbeat 1 s
+    settings.REDIS_URL = ""  # this side rings no doorbell: as if its message were lost
+    task = calls(alice, f"{sink.url}/effects?hang=600")
+    wait_until(lambda: sink.stats()["hanging"] == 1, timeout=60, what="the call to be in flight")
+    assert kill(alice, task, reason="no doorbell").status_code == 202
+    wait_until(lambda: sink.stats()["dropped"] == 1, timeout=30, what="the worker to drop the connection")
+    assert "killed (lease); cutting its step" in processes.logs()
+    assert LedgerEntry.objects.get(task=task).status == "unknown"
