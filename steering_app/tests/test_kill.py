@@ -125,3 +125,39 @@ def test_a_killed_task_can_be_redriven_by_an_operator_from_its_last_checkpoint(a
     task = Task.objects.get(id=task.id)
     assert task.status == "completed" and task.result == {"steps": 100}
     assert task.steps.filter(sequence__lte=done, worker="w2").count() == 0  # resumed, not restarted
+
+
+def test_a_kill_cuts_a_step_sleeping_in_the_agents_own_code_and_the_slice_returns(alice):
+    import threading
+
+    from django.db import connection
+
+    from conftest import wait_until
+    from steering_app.actions import do_enqueue_command
+
+    from tasks_app.actions import do_create_task
+
+    # A minute in time.sleep, inside the step.
+    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 1, "sleepMs": 60_000})
+    failures: list[BaseException] = []
+
+    def operator() -> None:
+        try:
+            wait_until(lambda: Task.objects.filter(id=task.id, status="working", lease_owner="w1").exists(),
+                       timeout=30, what="the step to run")
+            do_enqueue_command(task.id, tenant=alice.tenant, command_id="k1", type="kill", payload={},
+                               expected_version=Task.objects.get(id=task.id).state_version,
+                               requested_by="user:test", reason="stuck")
+        except BaseException as exc:  # noqa: BLE001 (reported by the test's thread)
+            failures.append(exc)
+        finally:
+            connection.close()
+
+    helper = threading.Thread(target=operator)
+    helper.start()
+    outcome = engine.run_slice(task.id, worker_id="w1")  # here, in the main thread, as in a pool process
+    helper.join()
+    assert not failures, failures
+    assert outcome is engine.SliceOutcome.DROPPED  # cut: the kill had ended the task and fenced the slice
+    assert_killed(task.id, "stuck")
+    assert not Task.objects.get(id=task.id).steps.exists()
