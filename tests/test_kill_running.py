@@ -17,6 +17,7 @@ from tasks_app.actions import do_create_task
 from tasks_app.models import Task
 from tasks_app.recovery import do_redrive_task
 from tests.test_ledger import Sink
+from tests.test_remote_mcp import Remote
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -133,3 +134,22 @@ def test_without_the_doorbell_the_lease_tells_the_worker_at_its_next_beat(alice,
     wait_until(lambda: sink.stats()["dropped"] == 1, timeout=30, what="the worker to drop the connection")
     assert "killed (lease); cutting its step" in processes.logs()
     assert LedgerEntry.objects.get(task=task).status == "unknown"
+
+
+def test_a_kill_cuts_a_call_to_a_tool_on_a_remote_mcp_server_and_the_worker_goes_on(alice, processes):
+    remote = Remote(processes)
+    processes.worker(**FAST)
+    task = do_create_task(alice.tenant, actor="user:test", agent="tool_calls", input={"calls": [
+        {"tool": "mcp.call", "args": {"server": remote.mcp, "tool": "slow", "arguments": {"seconds": 600},
+                                      "timeoutSeconds": 600}}]})[0]
+    wait_until(lambda: remote.stats()["effects"].get("slow_started") == 1, timeout=60,
+               what="the remote tool to be running")
+    pid = holder_pid(task)
+    assert kill(alice, task, reason="remote hung").status_code == 202
+    wait_until(lambda: "its step was cut and nothing of it committed" in processes.logs(), timeout=30,
+               what="the worker to cut the call (the SDK's event loop, in the slice's thread)")
+    assert LedgerEntry.objects.get(task=task).status == "unknown"  # mcp.call cannot be asked: a person confirms
+
+    after = settled(do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 2})[0])
+    assert after.status == "completed" and {int(s.worker.rsplit(":", 1)[1]) for s in after.steps.all()} == {pid}
+    assert remote.stats()["effects"].get("slow", 0) == 0
