@@ -28,7 +28,7 @@ from django.utils import timezone
 from common.canonical import canonical_json, sha256_hex
 from common.schema import validate
 from ledger_app.models import EffectStatus, LedgerEntry
-from tasks_app import leases, policy
+from tasks_app import kills, leases, policy
 from tasks_app.agents import base as agents
 from tasks_app.agents import tools
 from tasks_app.models import Task
@@ -72,6 +72,15 @@ def settle_interrupted(task_id: Any) -> int:
 
 def execute_once(lease: leases.Lease, *, tenant_id: int, sequence: int, index: int, name: str,
                  args: dict[str, Any], answers: dict[str, Any]) -> Any:
+    # A kill cuts the step only inside the remote call itself, where the Kill Policy lets
+    # it (kills.calling); the ledger's own reads and writes run to their end.
+    with kills.shielded():
+        return _execute_once(lease, tenant_id=tenant_id, sequence=sequence, index=index, name=name, args=args,
+                             answers=answers)
+
+
+def _execute_once(lease: leases.Lease, *, tenant_id: int, sequence: int, index: int, name: str,
+                  args: dict[str, Any], answers: dict[str, Any]) -> Any:
     if reason := policy.denial(name):
         raise ToolFailed(reason)
     tool = tools.get_tool(name)
@@ -167,7 +176,8 @@ def _call_and_settle(lease: leases.Lease, entry: LedgerEntry, tool: tools.Tool, 
         leases.confirm(lease)  # still ours, right before the bytes go out
         t0 = time.perf_counter()
         try:
-            result = tool.call(args, entry.key, tool.timeout)
+            with kills.calling(tool.name):
+                result = tool.call(args, entry.key, tool.timeout)
         except tools.ToolError as exc:
             durations.append(round((time.perf_counter() - t0) * 1000, 1))
             if exc.retryable and attempt <= tool.retries:
@@ -207,9 +217,11 @@ def _poll_and_settle(lease: leases.Lease, entry: LedgerEntry, tool: tools.Tool, 
             if time.monotonic() + answer.poll_after > deadline:
                 raise agents.RemoteWait(f"{tool.name}: {answer.message or 'remote task running'} "
                                         f"(task {entry.remote_ref})", poll_after=answer.poll_after)
-            time.sleep(answer.poll_after)
+            with kills.calling(tool.name):
+                time.sleep(answer.poll_after)
         try:
-            answer = tool.poll(args, entry.remote_ref, tool.timeout)
+            with kills.calling(tool.name):
+                answer = tool.poll(args, entry.remote_ref, tool.timeout)
         except tools.ToolError as exc:
             if not exc.retryable:
                 error = {"message": f"{tool.name}: {exc}", "retryable": False, "remoteRef": entry.remote_ref}

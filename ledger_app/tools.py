@@ -50,6 +50,7 @@ def _http() -> httpx.Client:
 def _http_call(args: dict[str, Any], key: str, timeout: float) -> Any:
     _allowed(args["url"])
     try:
+        timeout = args.get("timeoutSeconds", timeout)
         response = _http().request(args.get("method", "POST"), args["url"], json=args.get("json"),
                                  headers={"Idempotency-Key": key}, timeout=timeout)
     except httpx.TimeoutException as exc:
@@ -90,6 +91,8 @@ register(Tool(
             "url": {"type": "string", "pattern": "^https?://"},
             "json": {},
             "reconcileUrl": {"type": "string", "pattern": "^https?://"},
+            # per call, as mcp.call's: the caller knows how long the remote takes to answer
+            "timeoutSeconds": {"type": "number", "exclusiveMinimum": 0, "maximum": 600},
         },
         "required": ["url"],
         "additionalProperties": False,

@@ -28,6 +28,7 @@ from steering_app.actions import (
     CommandRefused, InvalidCommand, VersionConflict, answer_refusal, do_answer_input, do_enqueue_command,
 )
 from steering_app.models import InputRequest, InputStatus
+from tasks_app import kills
 from tasks_app.actions import IdempotencyConflict, do_create_task
 from tasks_app.agents import base as agents
 from tasks_app.auth import Principal
@@ -233,7 +234,7 @@ def steer(call: Call, tool: tools.SteeringTool, arguments: dict[str, Any]) -> di
     task.refresh_from_db()
     body = {"commandId": command.command_id, "type": command.type, "status": command.status,
             "version": command.version, "outcome": command.outcome, "stateVersion": task.state_version,
-            "runtimeStatus": task.status}
+            "runtimeStatus": task.status, **({"killPolicy": kills.policy()} if command.type == "kill" else {})}
     text = f"{command.type} {command.status}; the task is {task.status} at version {task.state_version}"
     return {"content": [{"type": "text", "text": text}], "structuredContent": body, "isError": False}
 

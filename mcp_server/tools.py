@@ -57,6 +57,9 @@ STEERING_TOOLS = {t.name: t for t in (
                  {"goal": {"type": "string", "maxLength": 10_000}, "constraints": {"type": "object"}}),
     SteeringTool("set_priority", "set_priority", "Change a task's priority, 0 (first) to 9 (steering).",
                  {"priority": {"type": "integer", "minimum": 0, "maximum": 9}}, ("priority",)),
+    SteeringTool("kill_task", "kill", "Emergency stop: abort a task's running step now, without waiting for it; "
+                 "a reason is required. Tool calls in flight are cut or finish first as the Kill Policy says "
+                 "(steering).", {}, ("reason",)),
 )}
 
 

@@ -62,6 +62,10 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         # The person's view is stale: here is the task as it is now (DESIGN §5).
         return Response(error_body("version_conflict", str(exc), currentVersion=exc.task.state_version,
                                    snapshot=task_snapshot(exc.task)), status=status.HTTP_409_CONFLICT)
+    if isinstance(exc, CommandRefused) and exc.task is not None:
+        # As for a conflict: the task as it is now, so the caller sees why (finished, held).
+        return Response(error_body("command_refused", str(exc), snapshot=task_snapshot(exc.task)),
+                        status=status.HTTP_409_CONFLICT)
     for kind, (http_status, code) in DOMAIN.items():
         if isinstance(exc, kind):
             message = f"unknown agent {exc.args[0]!r}" if isinstance(exc, UnknownAgent) else str(exc)

@@ -20,7 +20,9 @@ from django.utils import timezone
 from common import json_safety
 from common.schema import SchemaError, validate
 from steering_app.models import CommandStatus, CommandType, InputRequest, InputStatus, SteeringCommand
-from tasks_app import events
+from ledger_app.actions import settle_interrupted
+from ledger_app.models import EffectStatus, LedgerEntry
+from tasks_app import events, kills
 from tasks_app.actions import TRANSITION_FIELDS, IllegalTransition, transition
 from tasks_app.agents import base as agents
 from tasks_app.audit import record_audit
@@ -36,7 +38,11 @@ class VersionConflict(Exception):
 
 
 class CommandRefused(Exception):
-    """The command cannot apply to the task as it is now (HTTP 409)."""
+    """The command cannot apply to the task as it is now (HTTP 409, with the task's snapshot)."""
+
+    def __init__(self, message: str, task: Task | None = None) -> None:
+        super().__init__(message)
+        self.task = task
 
 
 class InvalidCommand(Exception):
@@ -48,6 +54,7 @@ PAYLOAD_SCHEMAS: dict[str, dict[str, Any]] = {
     CommandType.PAUSE: _EMPTY,
     CommandType.RESUME: _EMPTY,
     CommandType.CANCEL: _EMPTY,
+    CommandType.KILL: _EMPTY,  # the reason is the command's own, and required
     CommandType.ADJUST_GOAL: {
         "type": "object",
         "properties": {"goal": {"type": "string", "maxLength": 10_000}, "constraints": {"type": "object"}},
@@ -70,10 +77,13 @@ PAYLOAD_SCHEMAS: dict[str, dict[str, Any]] = {
 
 # Everything apply_command may change on the task row.
 STEERING_FIELDS = [*TRANSITION_FIELDS, "goal", "constraints", "plan_version", "priority", "cancel_requested",
-                   "cancel_reason", "steering_head", "lease_owner", "lease_expires_at", "lease_epoch"]
+                   "cancel_reason", "kill_requested", "steering_head", "lease_owner", "lease_expires_at",
+                   "lease_epoch"]
 
 
-def _validate(task: Task, type: str, payload: dict[str, Any]) -> None:
+def _validate(task: Task, type: str, payload: dict[str, Any], reason: str) -> None:
+    if type == CommandType.KILL and not reason.strip():
+        raise InvalidCommand("reason: a kill needs a reason (it is audited and shown on the task)")
     try:
         validate(payload, PAYLOAD_SCHEMAS[type], "payload")
     except SchemaError as exc:
@@ -100,8 +110,8 @@ def refusal(task: Task, type: str, *, applying: bool = False) -> str | None:
     """Why this command cannot be accepted (or, applying, apply) on the task as it is, or None."""
     if task.status in TERMINAL:
         return f"the task is {task.status}; it takes no more commands"
-    if task.status == Status.DEAD_LETTERED and type != CommandType.CANCEL:
-        return "the task is held for an operator (dead-lettered); only cancel applies"
+    if task.status == Status.DEAD_LETTERED and type not in (CommandType.CANCEL, CommandType.KILL):
+        return "the task is held for an operator (dead-lettered); only cancel or kill applies"
     if type == CommandType.RESUME and task.status not in (Status.PAUSED, Status.PAUSING):
         return f"resume applies to a paused task; this one is {task.status}"
     # An accepted pause leaves the task "pausing" until it is applied.
@@ -133,10 +143,10 @@ def do_enqueue_command(
     if existing := SteeringCommand.objects.filter(task=task, command_id=command_id).first():
         return existing, False
     if refused := refusal(task, type):
-        raise CommandRefused(refused)
+        raise CommandRefused(refused, task)
     if task.state_version != expected_version:
         raise VersionConflict(task)
-    _validate(task, type, payload)
+    _validate(task, type, payload, reason)
 
     before = task.state_version
     task.state_version += 1
@@ -155,6 +165,9 @@ def do_enqueue_command(
     elif type == CommandType.SET_PRIORITY:  # no business change: it may apply mid-step
         command.save()
         enqueue = apply_command(task, command, actor=requested_by)
+    elif type == CommandType.KILL:  # the emergency stop does not wait for the safe point
+        command.save()
+        _kill_running(task, command, actor=requested_by)
     else:
         if type == CommandType.PAUSE:  # acknowledged now; the worker pauses at its safe point
             transition(task, Status.PAUSING, actor=requested_by, reason=reason or "pause requested")
@@ -221,6 +234,13 @@ def apply_command(task: Task, command: SteeringCommand, *, actor: str, by_worker
             task.cancel_requested, task.cancel_reason = True, (command.reason or "cancelled")[:500]
             if not by_worker:  # nobody is mid-step: cancelled now
                 _cancel(task, actor=actor, by_worker=False)
+        case CommandType.KILL:
+            _request_kill(task, command)
+            # Not waiting for the step: cancelled now, the epoch moved (nothing of the step
+            # commits). A call it had in flight was cut, or had not started: unknown until
+            # the remote (by key) or a person says, so nothing re-sends it blindly.
+            _cancel(task, actor=actor, by_worker=by_worker)
+            settle_interrupted(task.id)
         case CommandType.ADJUST_GOAL:
             task.goal = command.payload.get("goal", task.goal)
             task.constraints = {**task.constraints, **command.payload.get("constraints", {})}
@@ -238,6 +258,27 @@ def apply_command(task: Task, command: SteeringCommand, *, actor: str, by_worker
             task.priority = command.payload["priority"]
     _settle(task, command, CommandStatus.APPLIED, "", actor, before)
     return enqueue
+
+
+def _request_kill(task: Task, command: SteeringCommand) -> None:
+    task.kill_requested, task.cancel_requested = True, True
+    task.cancel_reason = task.status_message = f"killed: {command.reason}"[:500]
+    kills.ring_on_commit(task.id)  # the worker holding it cuts its step (its lease also refuses it)
+
+
+def _kill_running(task: Task, command: SteeringCommand, *, actor: str) -> None:
+    """A kill of a task a worker is running: ended now, unless the call in flight must
+    finish (the Kill Policy): then the worker stops the task right after it returns,
+    applying this command (and the lease, refused meanwhile, keeps it from going on)."""
+    finishing = sorted({tool for tool in LedgerEntry.objects.filter(
+        task=task, status=EffectStatus.STARTED, lease_epoch=task.lease_epoch).values_list("tool", flat=True)
+        if kills.must_finish(tool)})
+    if not finishing:
+        apply_command(task, command, actor=actor)
+        return
+    _request_kill(task, command)
+    command.outcome = f"waiting for {', '.join(finishing)} to return (kill.finish_first), then stopping"
+    command.save(update_fields=["outcome"])
 
 
 def _cancel(task: Task, *, actor: str, by_worker: bool) -> None:

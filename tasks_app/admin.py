@@ -1,4 +1,5 @@
 from datetime import timedelta
+from uuid import uuid4
 
 from django import forms
 from django.contrib import admin, messages
@@ -12,9 +13,9 @@ from django.utils.html import format_html
 
 from checkpoints_app.models import Checkpoint
 from ledger_app.models import LedgerEntry
-from steering_app.actions import do_cancel_task
-from steering_app.models import InputRequest, SteeringCommand
-from tasks_app import operators
+from steering_app.actions import CommandRefused, VersionConflict, do_cancel_task, do_enqueue_command
+from steering_app.models import CommandType, InputRequest, SteeringCommand
+from tasks_app import kills, operators
 from tasks_app.actions import IllegalTransition
 from tasks_app.models import ApiKey, AuditRecord, Membership, Step, Task, Tenant
 
@@ -133,7 +134,7 @@ class TaskAdmin(admin.ModelAdmin):
     date_hierarchy = "created_at"
     # Steps can run to thousands: a link to their filtered list rather than an inline.
     inlines = [CheckpointInline, SteeringInline, InputRequestInline, LedgerInline, AuditInline]
-    actions = ["redrive", "cancel", "release_lease", "close"]
+    actions = ["redrive", "cancel", "kill", "release_lease", "close"]
 
     def get_readonly_fields(self, request, obj=None):
         # Every field: status, versions, leases, the audit head and even goal and priority
@@ -163,7 +164,7 @@ class TaskAdmin(admin.ModelAdmin):
             try:
                 action(task, actor)
                 self.message_user(request, f"{task.id}: {verb}")
-            except (IllegalTransition, operators.NoLease) as exc:
+            except (IllegalTransition, operators.NoLease, CommandRefused, VersionConflict) as exc:
                 self.message_user(request, f"{task.id}: {exc}", level=messages.WARNING)
 
     @admin.action(description="Redrive a dead letter from its last good checkpoint")
@@ -173,17 +174,37 @@ class TaskAdmin(admin.ModelAdmin):
 
     @admin.action(description="Cancel with a reason (lands at the next safe point)")
     def cancel(self, request, queryset):
+        return self._with_reason(request, queryset, "cancel", "Cancel", "A task a worker holds stops at its next "
+                                 "safe point; the others stop now.", "cancel requested",
+                                 lambda t, actor, reason: do_cancel_task(t.id, tenant=t.tenant, actor=actor,
+                                                                          reason=reason))
+
+    @admin.action(description="Kill: emergency stop, without waiting for the running step")
+    def kill(self, request, queryset):
+        def kill_one(task: Task, actor: str, reason: str) -> None:
+            # The steering command, as over REST and MCP: audited, with the task's version now.
+            command, _ = do_enqueue_command(task.id, tenant=task.tenant, command_id=f"admin-kill-{uuid4().hex}",
+                                            type=CommandType.KILL, payload={}, expected_version=task.state_version,
+                                            requested_by=actor, reason=reason)
+            if command.outcome:
+                self.message_user(request, f"{task.id}: {command.outcome}", level=messages.WARNING)
+
+        return self._with_reason(request, queryset, "kill", "Kill", "The step a worker runs is aborted now; the "
+                                 "others stop now.", "killed", kill_one, kill_policy=kills.policy())
+
+    def _with_reason(self, request, queryset, action: str, verb: str, explanation: str, done: str, act,
+                     **context):
         form = CancelForm(request.POST if "apply" in request.POST else None)
         if form.is_bound and form.is_valid():
             reason = form.cleaned_data["reason"]
-            self._each(request, queryset, "cancel requested", lambda t, actor: do_cancel_task(
-                t.id, tenant=t.tenant, actor=actor, reason=reason))
+            self._each(request, queryset, done, lambda t, actor: act(t, actor, reason))
             return None
         # First the reason: an intermediate page, then the same POST again with "apply".
-        return TemplateResponse(request, "admin/tasks_app/task/cancel_reason.html", {
-            **self.admin_site.each_context(request), "title": "Cancel tasks", "opts": self.model._meta,
+        return TemplateResponse(request, "admin/tasks_app/task/steer_reason.html", {
+            **self.admin_site.each_context(request), "title": f"{verb} tasks", "opts": self.model._meta,
             "tasks": queryset, "form": form, "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
-            "select_across": request.POST.get("select_across", "0"),
+            "select_across": request.POST.get("select_across", "0"), "action": action, "verb": verb,
+            "explanation": explanation, **context,
         })
 
     @admin.action(description="Release a stale lease (fences the holder)")

@@ -33,7 +33,7 @@ from ledger_app import actions as ledger
 from steering_app import actions as steering
 from runtime_site.blobstore import blob_store
 from runtime_site.metrics import LEASE_TAKEOVERS
-from tasks_app import events, faults, leases, operators, policy, shutdown, telemetry
+from tasks_app import events, faults, kills, leases, operators, policy, shutdown, telemetry
 from tasks_app.actions import TRANSITION_FIELDS, transition
 from tasks_app.agents import base as agents
 from tasks_app.agents import tools
@@ -90,8 +90,9 @@ def run_slice(task_id: UUID, *, worker_id: str) -> SliceOutcome:
         return SliceOutcome.AT_CAPACITY
     if lease is None:
         return SliceOutcome.DROPPED
-    with leases.Heartbeat(lease, ttl=ttl, interval=settings.RUNTIME_HEARTBEAT_SECONDS,
-                          abandon=operators.do_abandon_step) as heartbeat:
+    with (kills.guarding(task_id) as guard,
+          leases.Heartbeat(lease, ttl=ttl, interval=settings.RUNTIME_HEARTBEAT_SECONDS,
+                           abandon=operators.do_abandon_step, guard=guard) as heartbeat):
         try:
             run = _load(lease)
             if run is None:
@@ -265,7 +266,8 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
             heartbeat.watch(step_name, _step_deadline(run.agent, step_name))
             # A JSON round trip both copies the state (a failed step leaves ours intact)
             # and proves the agent's new state can be checkpointed.
-            with telemetry.step(run.task, step_name, sequence, rerun=sequence <= run.rerun_until):
+            with (telemetry.step(run.task, step_name, sequence, rerun=sequence <= run.rerun_until),
+                  kills.step(heartbeat.guard)):
                 new_state = json.loads(json.dumps(run.agent.run_step(ctx, json.loads(json.dumps(run.state)))))
             if why := _unstorable(ctx, new_state):  # the agent's failure, not the commit's
                 raise ValueError(f"the step's output cannot be stored: {why}")
@@ -275,6 +277,8 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
         except agents.RemoteWait as wait:
             _yield(run, message=wait.message)
             return SliceOutcome.POLL
+        except kills.StepKilled:
+            return _killed(run)
         except leases.LeaseLost:
             raise
         except agents.ToolRejected as exc:
@@ -298,6 +302,19 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
             heartbeat.watch(None)  # what follows (commit, checkpoint, yield) is the runtime's, not the step's
         _commit_step(run, ctx, new_state, began, (time.perf_counter() - t0) * 1000)
         steps += 1
+
+
+def _killed(run: _Run) -> SliceOutcome:
+    """The step was cut by a kill (tasks_app.kills) and nothing of it is kept. Mostly the
+    kill has ended the task already and moved the epoch: the fence drops the slice. If the
+    kill waited for a call that had to finish, the lease is still ours and the kill
+    applies here, at the safe point the step's end makes (a terminal checkpoint)."""
+    try:
+        _apply_steering(run)
+    except leases.LeaseLost:
+        logger.warning("task %s: killed; its step was cut and nothing of it committed", run.task.id)
+        return SliceOutcome.DROPPED
+    return SliceOutcome.DONE
 
 
 def _step_deadline(agent: agents.Agent, step_name: str) -> float:

@@ -93,6 +93,9 @@ class Task(models.Model):
     waiting_turn_since = models.DateTimeField(null=True, blank=True)
     cancel_requested = models.BooleanField(default=False)
     cancel_reason = models.CharField(max_length=500, blank=True)
+    # A kill was accepted (tasks_app.kills): leases refuse to renew, so its worker sends and
+    # writes nothing more of the step; cleared by a redrive.
+    kill_requested = models.BooleanField(default=False)
     steering_head = models.BigIntegerField(default=0)  # version of the newest accepted steering command
 
     priority = models.SmallIntegerField(default=5)

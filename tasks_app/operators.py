@@ -144,16 +144,22 @@ def _locked(task_id: UUID, tenant: Any | None) -> Task:
 @transaction.atomic(durable=True)
 def do_redrive_task(task_id: UUID, *, actor: str, reason: str, tenant: Any | None = None) -> Task:
     """Operator: run a dead-lettered task again from its last good checkpoint (or from the
-    start when none verifies). Newer, failing checkpoints are discarded, never loaded."""
+    start when none verifies). Newer, failing checkpoints are discarded, never loaded.
+    A killed task too, if the kill was a mistake (issue 18): its effects cut mid-call are
+    unknown in the ledger and are reconciled before its step can call them again."""
     task = _locked(task_id, tenant)
-    if task.status != Status.DEAD_LETTERED:
+    killed = task.status == Status.CANCELLED and task.kill_requested
+    if task.status != Status.DEAD_LETTERED and not killed:
         raise IllegalTransition(task.status, Status.RECOVERING)
     good, discarded = discard_back_to_last_good(task)
     _drop_lease(task)
     task.recoveries, task.error, task.status_message = 0, None, ""
+    task.kill_requested = task.cancel_requested = False
+    task.cancel_reason, task.finished_at = "", None
     transition(task, Status.RECOVERING, actor=actor, reason=reason, data={
         "redriveFrom": good.sequence if good else None, "discardedCheckpoints": discarded})
-    task.save(update_fields=[*TRANSITION_FIELDS, *LEASE_FIELDS, "recoveries", "error"])
+    task.save(update_fields=[*TRANSITION_FIELDS, *LEASE_FIELDS, "recoveries", "error", "kill_requested",
+                             "cancel_requested", "cancel_reason"])
     enqueue_slice_on_commit(task.id, task.priority)
     return task
 

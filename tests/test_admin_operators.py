@@ -175,3 +175,19 @@ def test_people_without_staff_status_do_not_reach_the_admin(alice, client):
     client.login(username="alice", password="pw")
     response = client.get("/admin/tasks_app/task/")
     assert response.status_code == 302 and "/admin/login/" in response["Location"]
+
+
+def test_kill_asks_for_the_reason_then_goes_through_the_steering_command_and_shows_the_kill_policy(
+        alice, operator):
+    task = new_task(alice)
+    page = post_action(operator, "kill", task)
+    assert page.status_code == 200 and 'name="reason"' in page.content.decode()
+    assert "Kill Policy" in page.content.decode() and "payment.create" in page.content.decode()
+    assert Task.objects.get(id=task.id).status == "queued"
+    assert post_action(operator, "kill", task, apply="1", reason="runaway agent").status_code == 302
+    task = Task.objects.get(id=task.id)
+    assert task.status == "cancelled" and task.status_message == "killed: runaway agent"
+    command = task.steering_commands.get()
+    assert (command.type, command.status, command.requested_by) == ("kill", "applied", "admin:opal")
+    assert AuditRecord.objects.filter(task=task, action="steering_accepted", actor="admin:opal",
+                                      reason="runaway agent").exists()

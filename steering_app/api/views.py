@@ -11,6 +11,7 @@ from rest_framework.views import APIView
 from steering_app.actions import answer_refusal, do_answer_input, do_enqueue_command
 from steering_app.models import CommandType, InputRequest, SteeringCommand
 from tasks_app.api.views import IDEMPOTENCY_KEY, tenant_task
+from tasks_app import kills
 from tasks_app.auth import Principal, principal, require_role
 from tasks_app.models import Role, Task
 
@@ -22,6 +23,8 @@ def command_body(command: SteeringCommand) -> dict[str, Any]:
         "requestedBy": command.requested_by, "reason": command.reason, "outcome": command.outcome,
         "createdAt": command.created_at.isoformat(),
         "appliedAt": command.applied_at.isoformat() if command.applied_at else None,
+        # What the kill does to a call in flight, so the operator knows what to reconcile.
+        **({"killPolicy": kills.policy()} if command.type == CommandType.KILL else {}),
     }
 
 
