@@ -277,13 +277,14 @@ def answer_refusal(who: Any, task: Task, kind: str) -> str | None:
     """Why `who` (a Principal) may not answer an input request of this kind, or None. One
     rule for every edge (REST, dashboard, MCP): approvals need the approver role (and, if
     configured, someone other than the task's creator); other questions an operator."""
-    if not who.has_role(Role.OPERATOR):
-        return f"this needs the {Role.OPERATOR} role or above"
     if kind == "approval":
+        # The approver role outranks the operator's; an approve-scoped key needs no operate scope.
         if not who.has_role(Role.APPROVER):
             return "answering an approval needs the approver role"
         if settings.RUNTIME["security"].get("approver_not_creator") and who.actor == task.created_by:
             return "the task's creator may not approve its own guarded calls"
+    elif not who.has_role(Role.OPERATOR):
+        return f"this needs the {Role.OPERATOR} role or above"
     return None
 
 
