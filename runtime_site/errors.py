@@ -16,7 +16,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 
 from common import json_safety
-from steering_app.actions import CommandRefused, InvalidCommand, VersionConflict
+from steering_app.actions import AnswerConflict, CommandRefused, InvalidCommand, VersionConflict
 from tasks_app.actions import IdempotencyConflict, IllegalTransition
 from tasks_app.recovery import NoLease
 from tasks_app.selectors import task_snapshot
@@ -61,6 +61,11 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         # The person's view is stale: here is the task as it is now (DESIGN §5).
         return Response(error_body("version_conflict", str(exc), currentVersion=exc.task.state_version,
                                    snapshot=task_snapshot(exc.task)), status=status.HTTP_409_CONFLICT)
+    if isinstance(exc, AnswerConflict):
+        # The answer that stands, so the client can tell "mine won" from "someone else's did".
+        return Response(error_body("answer_conflict", str(exc), key=exc.key, answer=exc.answer,
+                                   answeredBy=exc.command.requested_by, commandId=exc.command.command_id),
+                        status=status.HTTP_409_CONFLICT)
     for kind, (http_status, code) in DOMAIN.items():
         if isinstance(exc, kind):
             message = f"unknown agent {exc.args[0]!r}" if isinstance(exc, UnknownAgent) else str(exc)
