@@ -14,11 +14,16 @@ import httpx
 from django.conf import settings
 
 from runtime_site.tracing import trace_headers
+from tasks_app.redaction import tool_text
 
 
 class ToolError(Exception):
+    """A tool's failure. Its message often quotes the remote (an error body echoing the
+    payload), so it is masked and bounded here, before it becomes a reason, a ledger
+    error, an event or a log line."""
+
     def __init__(self, message: str, *, retryable: bool) -> None:
-        super().__init__(message)
+        super().__init__(tool_text(message))
         self.retryable = retryable
 
 
@@ -121,7 +126,7 @@ def _http_call(args: dict[str, Any], key: str, timeout: float) -> Any:
     if response.status_code >= 500 or response.status_code == 429:
         raise ToolError(f"HTTP {response.status_code} from {args['url']}", retryable=True)
     if response.status_code >= 400:
-        raise ToolError(f"HTTP {response.status_code} from {args['url']}: {response.text[:200]}", retryable=False)
+        raise ToolError(f"HTTP {response.status_code} from {args['url']}: {response.text[:4000]}", retryable=False)
     try:
         body: Any = response.json()
     except ValueError:
@@ -239,7 +244,7 @@ def _remote(fn: Callable[[], Any]) -> Any:
     except mcp_client.RemoteError as exc:
         raise ToolError(str(exc), retryable=exc.retryable) from exc
     if isinstance(answer, mcp_client.RemoteTask):
-        return Pending(answer.task_id, f"remote task {answer.status}: {answer.message}".strip(": "),
+        return Pending(answer.task_id, tool_text(f"remote task {answer.status}: {answer.message}".strip(": ")),
                        (answer.poll_interval_ms or 1000) / 1000)
     return answer
 
