@@ -17,7 +17,7 @@ from rest_framework.views import exception_handler as drf_handler
 
 from common import json_safety
 from steering_app.actions import AnswerConflict, CommandRefused, InvalidCommand, VersionConflict
-from tasks_app.actions import IdempotencyConflict, IllegalTransition
+from tasks_app.actions import IdempotencyConflict, IllegalTransition, QuotaExceeded
 from tasks_app.recovery import NoLease
 from tasks_app.selectors import task_snapshot
 from tasks_app.agents.base import SchemaError, UnknownAgent
@@ -51,6 +51,7 @@ DOMAIN: dict[type[Exception], tuple[int, str]] = {
     CommandRefused: (status.HTTP_409_CONFLICT, "command_refused"),
     InvalidCommand: (status.HTTP_422_UNPROCESSABLE_ENTITY, "invalid_payload"),
     NoLease: (status.HTTP_409_CONFLICT, "no_lease"),
+    QuotaExceeded: (status.HTTP_429_TOO_MANY_REQUESTS, "quota_exceeded"),
 }
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -68,6 +69,8 @@ INSTALLED_APPS = [
     "steering_app",
     "ledger_app",
     "dashboard",
+    # sign-in throttling and lockout for the dashboard and admin (runtime_site/security.py)
+    "axes",
 ]
 
 MIDDLEWARE = [
@@ -83,6 +86,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: answers a locked-out sign-in with its lockout response.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "runtime_site.urls"
@@ -117,6 +122,7 @@ STORAGES = {
 }
 # The dashboard (dashboard/): people sign in with a Django session.
 LOGIN_URL = "/dashboard/login/"
+
 LOGIN_REDIRECT_URL = "/dashboard/"
 # A dashboard form from a page older than the session goes to sign-in, not to a bare 403.
 CSRF_FAILURE_VIEW = "dashboard.views.csrf_failure"
@@ -174,6 +180,25 @@ RUNTIME_STEP_SECONDS = RUNTIME["runtime"]["step_seconds"]
 RUNTIME_SCAN_SECONDS = RUNTIME["runtime"]["scan_seconds"]
 RUNTIME_STALL_SECONDS = RUNTIME["runtime"]["stall_seconds"]
 RUNTIME_MAX_BODY_BYTES = RUNTIME["api"]["max_body_bytes"]
+
+# --- Sign-in throttling (django-axes, https://django-axes.readthedocs.io) ------------------
+# The dashboard and the admin share Django's sign-in: after limits.login_failures wrong
+# passwords a username is locked out for limits.login_lockout_minutes, even with the right
+# one (429 with the lockout page). By username, not address: behind a proxy every address is
+# the proxy's. An operator lifts a lockout early with `manage.py axes_reset_username NAME`.
+AUTHENTICATION_BACKENDS = [
+    "runtime_site.security.SignInThrottleBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = RUNTIME["limits"]["login_failures"]
+AXES_COOLOFF_TIME = timedelta(minutes=RUNTIME["limits"]["login_lockout_minutes"])
+AXES_LOCKOUT_PARAMETERS = ["username"]
+AXES_RESET_ON_SUCCESS = True
+AXES_HTTP_RESPONSE_CODE = 429
+# axes.W006 asks for the address too; by address, one guesser behind the same proxy as
+# everyone else would lock everyone out. The username lock is what stops the guessing.
+SILENCED_SYSTEM_CHECKS = ["axes.W006"]
+
 DATA_UPLOAD_MAX_MEMORY_SIZE = RUNTIME_MAX_BODY_BYTES
 if RUNTIME_HEARTBEAT_SECONDS * 2 > RUNTIME_LEASE_SECONDS:
     raise ImproperlyConfigured("heartbeat_seconds must be at most half of lease_seconds")

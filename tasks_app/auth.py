@@ -18,6 +18,7 @@ from django.utils import timezone
 from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
 
+from runtime_site import ratelimit
 from tasks_app.models import ROLE_RANK, ROLE_SCOPES, ApiKey, Membership, Role, Scope, Tenant, scopes_within
 
 KEY_PREFIX = "rt_"
@@ -42,6 +43,7 @@ class Principal:
     role: str
     actor: str  # the audit actor string
     scopes: frozenset[str] | None = None
+    key: str | None = None  # the API key's prefix (its public id); None for a person's session
 
     def has_role(self, minimum: str) -> bool:
         """The role's rank, and for a key the scope that power needs: every role check of
@@ -145,7 +147,7 @@ def authenticate_key(token: str) -> tuple[Any, Principal]:
          .filter(Q(last_used_at__isnull=True) | Q(last_used_at__lte=now - LAST_USED_EVERY))
          .update(last_used_at=now))
     return key.user, Principal(tenant=key.tenant, role=role, actor=f"user:{key.user_id}",
-                               scopes=effective_scopes(key.role, key.scopes))
+                               scopes=effective_scopes(key.role, key.scopes), key=key.prefix)
 
 
 class ApiKeyAuthentication(authentication.BaseAuthentication):
@@ -156,7 +158,12 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise exceptions.AuthenticationFailed("Authorization header must be 'Bearer <api key>'")
-        return authenticate_key(token)
+        user, who = authenticate_key(token)
+        # Counted once the key is proven: a stranger who knows a key's (public) prefix
+        # cannot spend its owner's allowance. RateLimited is DRF's 429 with Retry-After;
+        # /mcp and the SSE view turn it into their own 429s.
+        ratelimit.enforce(who, ratelimit.surface_of(request.path))
+        return user, who
 
     def authenticate_header(self, request: Request) -> str:
         return 'Bearer realm="runtime"'  # makes DRF answer 401, not 403

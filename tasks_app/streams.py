@@ -135,6 +135,7 @@ def task_events(request: HttpRequest, task_id: str) -> HttpResponse:
     from rest_framework.exceptions import AuthenticationFailed
 
     from runtime_site.errors import DATABASE_UNAVAILABLE, error_body, unsafe_input_body
+    from runtime_site.ratelimit import RateLimited
     from tasks_app.auth import ApiKeyAuthentication
     from tasks_app.selectors import task_snapshot
 
@@ -146,6 +147,8 @@ def task_events(request: HttpRequest, task_id: str) -> HttpResponse:
         authenticated = ApiKeyAuthentication().authenticate(request)  # only reads headers
     except AuthenticationFailed as exc:
         return JsonResponse(error_body("authentication_failed", str(exc.detail)), status=401)
+    except RateLimited as exc:
+        return JsonResponse(error_body("throttled", str(exc.detail)), status=429, headers={"Retry-After": str(exc.wait)})
     if authenticated is not None:
         request.user, tenant_ids = authenticated[0], [authenticated[1].tenant.id]
     elif request.user.is_authenticated:

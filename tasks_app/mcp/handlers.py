@@ -24,7 +24,7 @@ from steering_app.actions import (
     CommandRefused, InvalidCommand, VersionConflict, answer_refusal, do_answer_input, do_enqueue_command,
 )
 from steering_app.models import InputRequest, InputStatus
-from tasks_app.actions import IdempotencyConflict, IllegalTransition, do_cancel_task, do_create_task
+from tasks_app.actions import IdempotencyConflict, IllegalTransition, QuotaExceeded, do_cancel_task, do_create_task
 from tasks_app.agents import base as agents
 from tasks_app.auth import Principal
 from tasks_app.mcp import elicit, tools
@@ -166,7 +166,7 @@ def _create(call: Call, agent: agents.Agent, arguments: dict[str, Any], ttl_seco
                                  ttl_seconds=ttl_seconds, priority=INTERACTIVE_PRIORITY if waiting else 5)
     except agents.SchemaError as exc:
         return tools.error_result(f"invalid arguments: {exc}")
-    except IdempotencyConflict as exc:  # not reachable without a key; kept for completeness
+    except (IdempotencyConflict, QuotaExceeded) as exc:  # the first not reachable without a key
         return tools.error_result(str(exc))
     return task
 
