@@ -14,6 +14,7 @@ from pathlib import Path
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+from django.utils.csp import CSP
 
 from runtime_site import config
 
@@ -77,6 +78,7 @@ MIDDLEWARE = [
     "runtime_site.middleware.BodySizeLimitMiddleware",
     "runtime_site.middleware.UnsafeTextMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "django.middleware.csp.ContentSecurityPolicyMiddleware",
     # Static files (admin, dashboard) from the web process in every profile: uvicorn serves
     # none, and DEBUG is off everywhere but a developer's laptop (whitenoise.readthedocs.io).
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -108,6 +110,36 @@ TEMPLATES = [
         },
     }
 ]
+
+# --- Browser security (docs/operations.md, Security) -------------------------------------
+# Content-Security-Policy on every response (the dashboard and the admin are the pages):
+# scripts and styles only from our own static files, no inline script, style attribute or
+# event handler (the dashboard's templates have none; its script starts itself), nothing
+# framed, forms posted only here. Django's own middleware and settings
+# (https://docs.djangoproject.com/en/6.1/ref/csp/).
+SECURE_CSP = {
+    "default-src": [CSP.SELF],
+    "script-src": [CSP.SELF],
+    "style-src": [CSP.SELF],
+    "img-src": [CSP.SELF, "data:"],
+    "connect-src": [CSP.SELF],  # the dashboard's fetches and its SSE stream
+    "object-src": [CSP.NONE],
+    "base-uri": [CSP.NONE],
+    "form-action": [CSP.SELF],
+    "frame-ancestors": [CSP.NONE],
+}
+# Served over HTTPS (RUNTIME_TLS=true): cookies only over TLS, and HSTS (a year unless
+# SECURE_HSTS_SECONDS says otherwise). Django sends HSTS only on requests it sees as secure:
+# behind a TLS-terminating proxy that sets X-Forwarded-Proto (and strips it from clients),
+# also set RUNTIME_TLS_PROXY_HEADER=true.
+RUNTIME_TLS = env_bool("RUNTIME_TLS", False)
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = RUNTIME_TLS
+SECURE_HSTS_SECONDS = int(os.getenv("SECURE_HSTS_SECONDS", str(365 * 86400 if RUNTIME_TLS else 0)))
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
+if env_bool("RUNTIME_TLS_PROXY_HEADER", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 USE_TZ = True
 TIME_ZONE = "UTC"
