@@ -40,7 +40,8 @@ class RateLimited(Throttled):
     """HTTP 429 with Retry-After (DRF sets the header from `wait`)."""
 
     def __init__(self, wait: int, scope: str) -> None:
-        super().__init__(wait=wait, detail=f"rate limit of this {scope} reached; retry in {wait} s")
+        # DRF adds "Expected available in N seconds." to the detail.
+        super().__init__(wait=wait, detail=f"the request rate limit of this {scope} is reached.")
         self.scope = scope
 
 
