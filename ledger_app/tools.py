@@ -60,7 +60,7 @@ def _http_call(args: dict[str, Any], key: str, timeout: float) -> Any:
     if response.status_code >= 500 or response.status_code == 429:
         raise ToolError(f"HTTP {response.status_code} from {args['url']}", retryable=True)
     if response.status_code >= 400:
-        raise ToolError(f"HTTP {response.status_code} from {args['url']}: {response.text[:200]}", retryable=False)
+        raise ToolError(f"HTTP {response.status_code} from {args['url']}: {response.text[:4000]}", retryable=False)
     try:
         body: Any = response.json()
     except ValueError:
@@ -180,7 +180,7 @@ def _remote(fn: Callable[[], Any]) -> Any:
     except mcp_client.RemoteError as exc:
         raise ToolError(str(exc), retryable=exc.retryable) from exc
     if isinstance(answer, mcp_client.RemoteTask):
-        return Pending(answer.task_id, f"remote task {answer.status}: {answer.message}".strip(": "),
+        return Pending(answer.task_id, tool_text(f"remote task {answer.status}: {answer.message}".strip(": ")),
                        (answer.poll_interval_ms or 1000) / 1000)
     return answer
 

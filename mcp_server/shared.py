@@ -29,7 +29,7 @@ from steering_app.actions import (
 )
 from steering_app.models import InputRequest, InputStatus
 from tasks_app import kills
-from tasks_app.actions import IdempotencyConflict, do_create_task
+from tasks_app.actions import IdempotencyConflict, QuotaExceeded, do_create_task
 from tasks_app.agents import base as agents
 from tasks_app.auth import Principal
 from tasks_app.models import Role, Task
@@ -150,7 +150,7 @@ def create(call: Call, agent: agents.Agent, arguments: dict[str, Any], ttl_secon
                                  ttl_seconds=ttl_seconds, priority=INTERACTIVE_PRIORITY if waiting else 5)
     except SchemaError as exc:
         return tools.error_result(f"invalid arguments: {exc}")
-    except IdempotencyConflict as exc:  # not reachable without a key; kept for completeness
+    except (IdempotencyConflict, QuotaExceeded) as exc:  # the first not reachable without a key
         return tools.error_result(str(exc))
     return task
 

@@ -35,6 +35,7 @@ from mcp_server.protocol import (
 from mcp_server.shared import Call, Wait, ping
 from runtime_site.errors import DATABASE_UNAVAILABLE, RETRY_AFTER_SECONDS
 from runtime_site.middleware import request_texts
+from runtime_site.ratelimit import RateLimited
 from tasks_app.auth import ApiKeyAuthentication, Principal
 from tasks_app.models import Task
 
@@ -47,6 +48,7 @@ META_SUBSCRIPTION = "io.modelcontextprotocol/subscriptionId"
 TERMINAL_MCP = frozenset({"completed", "failed", "cancelled"})
 SERVER_ERROR = -32000  # implementation-defined: authentication and origin refusals
 SESSION_HEADER = "Mcp-Session-Id"
+RATE_LIMITED = -32029  # implementation-defined: HTTP 429, retry after Retry-After (runtime_site/ratelimit.py)
 UNAVAILABLE = RpcError(SERVICE_UNAVAILABLE, "Service unavailable: the database is unreachable; retry shortly")
 RETRY = {"Retry-After": str(RETRY_AFTER_SECONDS)}
 
@@ -271,6 +273,9 @@ async def _endpoint(request: HttpRequest) -> HttpResponse:
         principal = await sync_to_async(_authenticate)(request)
     except exceptions.AuthenticationFailed as exc:
         principal, reason = None, str(exc.detail)
+    except RateLimited as exc:  # the JSON-RPC twin of REST's 429
+        return _error(RpcError(RATE_LIMITED, f"Too Many Requests: {exc.detail}"), request_id_of(request.body),
+                      status=429, headers={"Retry-After": str(exc.wait)})
     else:
         reason = "Authorization: Bearer <api key> is required"
     if principal is None:

@@ -17,8 +17,8 @@ from rest_framework.views import exception_handler as drf_handler
 
 from common import json_safety
 from common.schema import SchemaError
-from steering_app.actions import CommandRefused, InvalidCommand, VersionConflict
-from tasks_app.actions import IdempotencyConflict, IllegalTransition
+from steering_app.actions import AnswerConflict, CommandRefused, InvalidCommand, VersionConflict
+from tasks_app.actions import IdempotencyConflict, IllegalTransition, QuotaExceeded
 from tasks_app.operators import NoLease
 from tasks_app.selectors import task_snapshot
 from tasks_app.agents.base import UnknownAgent
@@ -52,6 +52,7 @@ DOMAIN: dict[type[Exception], tuple[int, str]] = {
     CommandRefused: (status.HTTP_409_CONFLICT, "command_refused"),
     InvalidCommand: (status.HTTP_422_UNPROCESSABLE_ENTITY, "invalid_payload"),
     NoLease: (status.HTTP_409_CONFLICT, "no_lease"),
+    QuotaExceeded: (status.HTTP_429_TOO_MANY_REQUESTS, "quota_exceeded"),
 }
 
 
@@ -65,6 +66,11 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, CommandRefused) and exc.task is not None:
         # As for a conflict: the task as it is now, so the caller sees why (finished, held).
         return Response(error_body("command_refused", str(exc), snapshot=task_snapshot(exc.task)),
+                        status=status.HTTP_409_CONFLICT)
+    if isinstance(exc, AnswerConflict):
+        # The answer that stands, so the client can tell "mine won" from "someone else's did".
+        return Response(error_body("answer_conflict", str(exc), key=exc.key, answer=exc.answer,
+                                   answeredBy=exc.command.requested_by, commandId=exc.command.command_id),
                         status=status.HTTP_409_CONFLICT)
     for kind, (http_status, code) in DOMAIN.items():
         if isinstance(exc, kind):

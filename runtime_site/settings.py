@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import os
 import secrets
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+from django.utils.csp import CSP
 
 from runtime_site import config
 
@@ -69,12 +71,15 @@ INSTALLED_APPS = [
     "ledger_app",
     "dashboard",
     "mcp_server",
+    # sign-in throttling and lockout for the dashboard and admin (runtime_site/security.py)
+    "axes",
 ]
 
 MIDDLEWARE = [
     "runtime_site.middleware.BodySizeLimitMiddleware",
     "runtime_site.middleware.UnsafeTextMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "django.middleware.csp.ContentSecurityPolicyMiddleware",
     # Static files (admin, dashboard) from the web process in every profile: uvicorn serves
     # none, and DEBUG is off everywhere but a developer's laptop (whitenoise.readthedocs.io).
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -84,6 +89,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: answers a locked-out sign-in with its lockout response.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "runtime_site.urls"
@@ -105,6 +112,36 @@ TEMPLATES = [
     }
 ]
 
+# --- Browser security (docs/operations.md, Security) -------------------------------------
+# Content-Security-Policy on every response (the dashboard and the admin are the pages):
+# scripts and styles only from our own static files, no inline script, style attribute or
+# event handler (the dashboard's templates have none; its script starts itself), nothing
+# framed, forms posted only here. Django's own middleware and settings
+# (https://docs.djangoproject.com/en/6.1/ref/csp/).
+SECURE_CSP = {
+    "default-src": [CSP.SELF],
+    "script-src": [CSP.SELF],
+    "style-src": [CSP.SELF],
+    "img-src": [CSP.SELF, "data:"],
+    "connect-src": [CSP.SELF],  # the dashboard's fetches and its SSE stream
+    "object-src": [CSP.NONE],
+    "base-uri": [CSP.NONE],
+    "form-action": [CSP.SELF],
+    "frame-ancestors": [CSP.NONE],
+}
+# Served over HTTPS (RUNTIME_TLS=true): cookies only over TLS, and HSTS (a year unless
+# SECURE_HSTS_SECONDS says otherwise). Django sends HSTS only on requests it sees as secure:
+# behind a TLS-terminating proxy that sets X-Forwarded-Proto (and strips it from clients),
+# also set RUNTIME_TLS_PROXY_HEADER=true.
+RUNTIME_TLS = env_bool("RUNTIME_TLS", False)
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = RUNTIME_TLS
+SECURE_HSTS_SECONDS = int(os.getenv("SECURE_HSTS_SECONDS", str(365 * 86400 if RUNTIME_TLS else 0)))
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
+if env_bool("RUNTIME_TLS_PROXY_HEADER", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
 USE_TZ = True
 TIME_ZONE = "UTC"
 STATIC_URL = "static/"
@@ -118,6 +155,7 @@ STORAGES = {
 }
 # The dashboard (dashboard/): people sign in with a Django session.
 LOGIN_URL = "/dashboard/login/"
+
 LOGIN_REDIRECT_URL = "/dashboard/"
 # A dashboard form from a page older than the session goes to sign-in, not to a bare 403.
 CSRF_FAILURE_VIEW = "dashboard.views.csrf_failure"
@@ -175,6 +213,25 @@ RUNTIME_STEP_SECONDS = RUNTIME["runtime"]["step_seconds"]
 RUNTIME_SCAN_SECONDS = RUNTIME["runtime"]["scan_seconds"]
 RUNTIME_STALL_SECONDS = RUNTIME["runtime"]["stall_seconds"]
 RUNTIME_MAX_BODY_BYTES = RUNTIME["api"]["max_body_bytes"]
+
+# --- Sign-in throttling (django-axes, https://django-axes.readthedocs.io) ------------------
+# The dashboard and the admin share Django's sign-in: after limits.login_failures wrong
+# passwords a username is locked out for limits.login_lockout_minutes, even with the right
+# one (429 with the lockout page). By username, not address: behind a proxy every address is
+# the proxy's. An operator lifts a lockout early with `manage.py axes_reset_username NAME`.
+AUTHENTICATION_BACKENDS = [
+    "runtime_site.security.SignInThrottleBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = RUNTIME["limits"]["login_failures"]
+AXES_COOLOFF_TIME = timedelta(minutes=RUNTIME["limits"]["login_lockout_minutes"])
+AXES_LOCKOUT_PARAMETERS = ["username"]
+AXES_RESET_ON_SUCCESS = True
+AXES_HTTP_RESPONSE_CODE = 429
+# axes.W006 asks for the address too; by address, one guesser behind the same proxy as
+# everyone else would lock everyone out. The username lock is what stops the guessing.
+SILENCED_SYSTEM_CHECKS = ["axes.W006"]
+
 DATA_UPLOAD_MAX_MEMORY_SIZE = RUNTIME_MAX_BODY_BYTES
 if RUNTIME_HEARTBEAT_SECONDS * 2 > RUNTIME_LEASE_SECONDS:
     raise ImproperlyConfigured("heartbeat_seconds must be at most half of lease_seconds")

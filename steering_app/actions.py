@@ -9,6 +9,7 @@ engine applies pending commands, in accepted order, at its next safe point.
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any
 from uuid import UUID
 
@@ -47,6 +48,26 @@ class CommandRefused(Exception):
 
 class InvalidCommand(Exception):
     """The payload does not fit the command (HTTP 422)."""
+
+
+class AnswerConflict(CommandRefused):
+    """The input request already has an answer, applied or accepted and pending: it stands,
+    and a different one is refused with it (HTTP 409), on every edge."""
+
+    def __init__(self, key: str, command: SteeringCommand) -> None:
+        shown = json.dumps(command.payload["answer"])
+        super().__init__(f"input request {key!r} already has the answer {shown[:200]} "
+                         f"(from {command.requested_by}); it stands")
+        self.key, self.command = key, command
+
+    @property
+    def answer(self) -> Any:
+        return self.command.payload["answer"]
+
+
+def _same_answer(a: Any, b: Any) -> bool:
+    # As JSON, not as Python: True == 1 in Python, but an approval `true` is not the number 1.
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
 _EMPTY = {"type": "object", "additionalProperties": False}
@@ -97,6 +118,12 @@ def _validate(task: Task, type: str, payload: dict[str, Any], reason: str) -> No
         except SchemaError as exc:
             raise InvalidCommand(str(exc)) from None
     if type == CommandType.PROVIDE_INPUT:
+        # Under the task's row lock: of two answers racing, the second sees the first.
+        standing = SteeringCommand.objects.filter(
+            task=task, type=CommandType.PROVIDE_INPUT, payload__key=payload["key"],
+            status__in=[CommandStatus.PENDING, CommandStatus.APPLIED]).order_by("id").first()
+        if standing is not None:
+            raise AnswerConflict(payload["key"], standing)
         request = InputRequest.objects.filter(task=task, key=payload["key"]).first()
         if request is None or request.status != InputStatus.OPEN:
             raise CommandRefused(f"no open input request {payload['key']!r} on this task")
@@ -346,31 +373,42 @@ def answer_refusal(who: Any, task: Task, kind: str) -> str | None:
     """Why `who` (a Principal) may not answer an input request of this kind, or None. One
     rule for every edge (REST, dashboard, MCP): approvals need the approver role (and, if
     configured, someone other than the task's creator); other questions an operator."""
-    if not who.has_role(Role.OPERATOR):
-        return f"this needs the {Role.OPERATOR} role or above"
     if kind == "approval":
+        # The approver role outranks the operator's; an approve-scoped key needs no operate scope.
         if not who.has_role(Role.APPROVER):
             return "answering an approval needs the approver role"
         if settings.RUNTIME["security"].get("approver_not_creator") and who.actor == task.created_by:
             return "the task's creator may not approve its own guarded calls"
+    elif not who.has_role(Role.OPERATOR):
+        return f"this needs the {Role.OPERATOR} role or above"
     return None
 
 
 def do_answer_input(task_id: UUID, *, tenant: Tenant, key: str, answer: Any, requested_by: str,
                     reason: str = "") -> SteeringCommand:
-    """A provide_input command keyed by the request, so the same answer again is a replay
-    and a second answer is refused. Its precondition is the open request (checked when it
-    is applied), not the version the person saw: a worker moving the task meanwhile must
-    not bounce the answer, so a version conflict is retried against the version now."""
+    """The one way every edge answers (REST, dashboard, MCP): a provide_input command keyed
+    by the request. The same answer again is a replay and returns the command that stands;
+    a different one raises AnswerConflict carrying it. Its precondition is the open request
+    (checked when it is applied), not the version the person saw: a worker moving the task
+    meanwhile must not bounce the answer, so a version conflict is retried against the
+    version now."""
     json_safety.check({"key": key, "answer": answer})  # before the key is hashed into the command id
     command_id = "input:" + hashlib.sha1(key.encode()).hexdigest()
     for attempt in range(5):
         version = Task.objects.values_list("state_version", flat=True).get(id=task_id)
         try:
-            return do_enqueue_command(task_id, tenant=tenant, command_id=command_id, type=CommandType.PROVIDE_INPUT,
-                                      payload={"key": key, "answer": answer}, expected_version=version,
-                                      requested_by=requested_by, reason=reason)[0]
+            command = do_enqueue_command(task_id, tenant=tenant, command_id=command_id,
+                                         type=CommandType.PROVIDE_INPUT, payload={"key": key, "answer": answer},
+                                         expected_version=version, requested_by=requested_by, reason=reason)[0]
+        except AnswerConflict as exc:  # answered through the steering endpoint, under another command id
+            command = exc.command
         except VersionConflict:
             if attempt == 4:
                 raise
+            continue
+        if _same_answer(command.payload["answer"], answer):
+            return command
+        if command.status == CommandStatus.REJECTED:  # this key's earlier answer came too late
+            raise CommandRefused(command.outcome or f"input request {key!r} is no longer open")
+        raise AnswerConflict(key, command)
     raise AssertionError("unreachable")

@@ -6,6 +6,7 @@ from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -31,6 +32,22 @@ class IdempotencyConflict(Exception):
     def __init__(self, task_id: UUID) -> None:
         super().__init__("this Idempotency-Key was already used with a different request body")
         self.task_id = task_id
+
+
+class QuotaExceeded(Exception):
+    """The tenant is at a configured cap (limits.queued_tasks_per_tenant): HTTP 429."""
+
+
+def _check_queue_cap(tenant: Tenant) -> None:
+    """In the creating transaction: the tenant row is locked so two creates cannot both
+    take the last place in the queue."""
+    cap = settings.RUNTIME.get("limits", {}).get("queued_tasks_per_tenant", 0)
+    if not cap:
+        return
+    list(Tenant.objects.select_for_update(no_key=True).filter(pk=tenant.pk).values_list("pk", flat=True))
+    if Task.objects.filter(tenant=tenant, status=Status.QUEUED).count() >= cap:
+        raise QuotaExceeded(f"this tenant already has {cap} queued tasks (limits.queued_tasks_per_tenant); "
+                            "start more once some have started")
 
 
 def transition(task: Task, to: str, *, actor: str, reason: str = "", data: dict[str, Any] | None = None) -> None:
@@ -92,6 +109,7 @@ def do_create_task(
             return existing, False
     try:
         with transaction.atomic(durable=True):
+            _check_queue_cap(tenant)  # after the replay: a retried create is never refused
             task = Task.objects.create(
                 tenant=tenant, created_by=actor, agent=agent, input=input, goal=goal,
                 checkpoint_policy=checkpoint_policy or {}, approval_policy=approval_policy or {},

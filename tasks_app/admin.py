@@ -17,7 +17,8 @@ from steering_app.actions import CommandRefused, VersionConflict, do_cancel_task
 from steering_app.models import CommandType, InputRequest, SteeringCommand
 from tasks_app import kills, operators
 from tasks_app.actions import IllegalTransition
-from tasks_app.models import ApiKey, AuditRecord, Membership, Step, Task, Tenant
+from tasks_app.auth import check_key_grant, issue_api_key, revoke_api_key, rotate_api_key
+from tasks_app.models import ApiKey, AuditRecord, Membership, Scope, Step, Task, Tenant
 
 
 @admin.register(Tenant)
@@ -30,10 +31,68 @@ class MembershipAdmin(admin.ModelAdmin):
     list_display = ["tenant", "user", "role"]
 
 
+class ApiKeyForm(forms.ModelForm):
+    scopes = forms.MultipleChoiceField(choices=Scope.choices, required=False, widget=forms.CheckboxSelectMultiple,
+                                       help_text="none: everything the role allows")
+
+    class Meta:
+        model = ApiKey
+        fields = ["tenant", "user", "role", "name", "scopes", "expires_at"]
+
+    def clean(self):
+        data = super().clean()
+        try:
+            check_key_grant(data.get("role") or "", data.get("scopes"))
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc)) from None
+        return data
+
+
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
-    list_display = ["name", "prefix", "tenant", "role", "created_at", "revoked_at"]
-    readonly_fields = ["prefix", "key_hash"]
+    """Keys are made here with the token shown once (in the message after saving), rotated
+    (the old key lives on for the grace period) and revoked; the hash is never shown."""
+
+    form = ApiKeyForm
+    list_display = ["name", "prefix", "tenant", "user", "role", "scopes", "created_at", "expires_at", "last_used_at",
+                    "revoked_at"]
+    list_filter = ["tenant", "role"]
+    readonly_fields = ["prefix", "created_at", "last_used_at", "revoked_at", "rotated_from"]
+    actions = ["rotate", "revoke"]
+
+    def get_fields(self, request, obj=None):
+        fields = ["tenant", "user", "role", "name", "scopes", "expires_at"]
+        return fields if obj is None else [*fields, *self.readonly_fields]
+
+    def get_readonly_fields(self, request, obj=None):
+        # What a key grants is fixed once it exists: a different grant is a new key.
+        return [*self.readonly_fields, "tenant", "user", "role", "scopes"] if obj else self.readonly_fields
+
+    def save_model(self, request, obj, form, change):
+        if change:
+            obj.save(update_fields=["name", "expires_at"])
+            return
+        key, token = issue_api_key(obj.tenant, obj.user, role=obj.role, name=obj.name, scopes=obj.scopes,
+                                   expires_at=obj.expires_at)
+        obj.pk, obj.prefix = key.pk, key.prefix
+        self.message_user(request, f"The new key, shown only this once: {token}", level=messages.SUCCESS)
+
+    @admin.action(description="Rotate: a new key; the old one expires after the grace period")
+    def rotate(self, request, queryset):
+        for key in queryset:
+            try:
+                new, token = rotate_api_key(key)
+            except ValueError as exc:
+                self.message_user(request, f"{key.prefix}: {exc}", level=messages.WARNING)
+                continue
+            self.message_user(request, f"{key.prefix} rotated; the new key {new.prefix}, shown only this once: {token}",
+                              level=messages.SUCCESS)
+
+    @admin.action(description="Revoke: the keys stop working at once")
+    def revoke(self, request, queryset):
+        for key in queryset:
+            revoke_api_key(key)
+        self.message_user(request, f"{queryset.count()} key(s) revoked")
 
 
 class AgeFilter(admin.SimpleListFilter):

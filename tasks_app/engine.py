@@ -39,6 +39,7 @@ from tasks_app.agents import base as agents
 from tasks_app.agents import tools
 from tasks_app.audit import record_audit
 from tasks_app.models import Step, Task
+from tasks_app.redaction import redact
 from tasks_app.selectors import task_snapshot
 from tasks_app.states import TERMINAL, Status
 
@@ -537,5 +538,7 @@ def _stop(lease: leases.Lease, to: str, *, reason: str, error: dict[str, Any], m
     with transaction.atomic(durable=True):
         task = leases.fenced(lease)
         transition(task, to, actor=f"worker:{lease.worker_id}", reason=reason, data={"error": error})
-        task.error, task.status_message = error, message
+        # The error quotes what failed (a tool's answer, an exception's text): masked like
+        # the audit record and the event, since snapshots show it to everyone who can read.
+        task.error, task.status_message = redact(error), redact(message)
         task.save(update_fields=[*TRANSITION_FIELDS, "error", *leases.release_fields(task)])

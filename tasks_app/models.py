@@ -30,6 +30,29 @@ class Role(models.TextChoices):
 ROLE_RANK = {Role.VIEWER: 0, Role.OPERATOR: 1, Role.APPROVER: 2, Role.ADMIN: 3}
 
 
+class Scope(models.TextChoices):
+    """What an API key may do, at most what its role allows: a key can be narrower than
+    its holder (a read-only key for a dashboard exporter, an approve-only key for a bot)."""
+
+    READ = "read"
+    OPERATE = "operate"
+    APPROVE = "approve"
+
+
+# The scope each role's powers need; an admin's powers need every scope.
+ROLE_SCOPES: dict[str, frozenset[str]] = {
+    Role.VIEWER: frozenset({Scope.READ}),
+    Role.OPERATOR: frozenset({Scope.OPERATE}),
+    Role.APPROVER: frozenset({Scope.APPROVE}),
+    Role.ADMIN: frozenset(Scope),
+}
+
+
+def scopes_within(role: str) -> frozenset[str]:
+    """Every scope a key of this role may carry."""
+    return frozenset().union(*(ROLE_SCOPES[r] for r in Role if ROLE_RANK[r] <= ROLE_RANK[Role(role)]))
+
+
 class Membership(models.Model):
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
@@ -52,8 +75,15 @@ class ApiKey(models.Model):
     name = models.CharField(max_length=100)
     prefix = models.CharField(max_length=16, unique=True)
     key_hash = models.CharField(max_length=64)
+    # What the key may do; empty: everything its role allows (tasks_app.auth.effective_scopes).
+    scopes = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # Written at most once a minute per key (tasks_app.auth.LAST_USED_EVERY), not on every request.
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # The key this one replaced (rotation): both work until the old one's expires_at.
+    rotated_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix})"

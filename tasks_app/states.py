@@ -43,7 +43,7 @@ ALLOWED_TRANSITIONS: dict[str, frozenset[str]] = {
                                   Status.FAILED}),
     Status.DEAD_LETTERED: frozenset({Status.RECOVERING, Status.FAILED, Status.CANCELLED}),  # redrive / close
     # The one way back from a terminal status: an operator redrives a task killed by mistake
-    # (recovery.do_redrive_task allows it for killed tasks only).
+    # (operators.do_redrive_task allows it for killed tasks only).
     Status.CANCELLED: frozenset({Status.RECOVERING}),
 }
 

@@ -12,7 +12,7 @@ from steering_app.actions import answer_refusal, do_answer_input, do_enqueue_com
 from steering_app.models import CommandType, InputRequest, SteeringCommand
 from tasks_app.api.views import IDEMPOTENCY_KEY, tenant_task
 from tasks_app import kills
-from tasks_app.auth import Principal, principal, require_role
+from tasks_app.auth import IsPrincipal, Principal, principal, require_role
 from tasks_app.models import Role, Task
 
 
@@ -74,7 +74,9 @@ class TaskInputApi(APIView):
     {"answer": "approve"} or {"answer": "reject"}). A provide_input command underneath, so
     it is ordered, audited and applied like any steering; the same answer again is a replay."""
 
-    permission_classes = [require_role(Role.OPERATOR)]
+    # Who may answer depends on the request's kind (answer_refusal): an approve-scoped key
+    # may answer an approval without the operate scope.
+    permission_classes = [IsPrincipal]
 
     class InputSerializer(serializers.Serializer):
         answer = serializers.JSONField()

@@ -11,10 +11,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tasks_app.redaction import tool_text
+
 
 class ToolError(Exception):
+    """A tool's failure. Its message often quotes the remote (an error body echoing the
+    payload), so it is masked and bounded here, before it becomes a reason, a ledger
+    error, an event or a log line."""
+
     def __init__(self, message: str, *, retryable: bool) -> None:
-        super().__init__(message)
+        super().__init__(tool_text(message))
         self.retryable = retryable
 
 

@@ -20,6 +20,7 @@ from rest_framework.exceptions import AuthenticationFailed
 
 from common.json_safety import UnsafeInput, check
 from runtime_site.errors import DATABASE_UNAVAILABLE, error_body, unsafe_input_body
+from runtime_site.ratelimit import RateLimited
 from tasks_app.auth import ApiKeyAuthentication
 from tasks_app.models import Membership, Task
 from tasks_app.selectors import task_snapshot
@@ -52,6 +53,8 @@ def task_events(request: HttpRequest, task_id: str) -> HttpResponse:
         authenticated = ApiKeyAuthentication().authenticate(request)  # only reads headers
     except AuthenticationFailed as exc:
         return JsonResponse(error_body("authentication_failed", str(exc.detail)), status=401)
+    except RateLimited as exc:
+        return JsonResponse(error_body("throttled", str(exc.detail)), status=429, headers={"Retry-After": str(exc.wait)})
     if authenticated is not None:
         request.user, tenant_ids = authenticated[0], [authenticated[1].tenant.id]
     elif request.user.is_authenticated:

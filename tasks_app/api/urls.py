@@ -1,7 +1,7 @@
 from django.urls import path
 
 from steering_app.api.views import TaskInputApi, TaskSteeringApi
-from tasks_app.api import sse, views
+from tasks_app.api import keys, sse, views
 
 urlpatterns = [
     path("tasks", views.TaskListCreateApi.as_view(), name="tasks"),
@@ -13,4 +13,7 @@ urlpatterns = [
     path("tasks/<str:task_id>/events", sse.task_events, name="task-events"),
     path("tasks/<str:task_id>/steering", TaskSteeringApi.as_view(), name="task-steering"),
     path("tasks/<str:task_id>/inputs/<str:key>", TaskInputApi.as_view(), name="task-input"),
+    path("keys", keys.KeyListCreateApi.as_view(), name="keys"),
+    path("keys/<str:key_id>", keys.KeyDetailApi.as_view(), name="key-detail"),
+    path("keys/<str:key_id>/rotate", keys.KeyRotateApi.as_view(), name="key-rotate"),
 ]
