@@ -295,6 +295,10 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "Long-task agent runtime",
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    "DESCRIPTION": "Start, watch, steer and audit long-running agent tasks. Every error is "
+                   '{"error": {"code", "message", ...}}. The contract: runtime_site/openapi.py.',
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "runtime_site.openapi.postprocess"],
+    "COMPONENT_SPLIT_REQUEST": True,
 }
 
 # RUNTIME_LOG_FORMAT=json: one JSON object per line with task, tenant, trace and worker
