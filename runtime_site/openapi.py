@@ -173,6 +173,8 @@ def _list_of(name: str, item: type[serializers.Serializer], **extra: serializers
     return inline_serializer(name, {**extra, "results": item(many=True)})
 
 
+_status = "(" + "|".join(Status.values) + ")"
+STATUS_LIST = f"^({_status}(,{_status})*)?$"
 TASK_ID = OpenApiParameter("task_id", OpenApiTypes.UUID, OpenApiParameter.PATH)
 
 
@@ -201,8 +203,9 @@ TaskListCreateSchema = _view(
     get=dict(
         operation_id="listTasks", summary="The key's tenant's tasks, newest first",
         parameters=[
-            OpenApiParameter("status", {"type": "array", "items": {"type": "string", "enum": Status.values}},
-                             style="form", explode=False, description="only these runtime statuses"),
+            # A pattern, not an array of enums: the empty value is valid too (no filter).
+            OpenApiParameter("status", {"type": "string", "pattern": STATUS_LIST},
+                             description="only these runtime statuses, comma-separated: " + ", ".join(Status.values)),
             # Up to 18 digits are read; more than 200 are capped at 200.
             OpenApiParameter("limit", {"type": "integer", "minimum": 1, "maximum": 10**18 - 1},
                              description="page size (default 50, at most 200)"),
@@ -314,9 +317,19 @@ JSON_ITEM = {"description": "a JsonValue, or null", "anyOf": [
     _ref["JsonValue"], {"type": "string", "nullable": True, "enum": [None]}]}
 
 
+# DRF trims a string field before it checks it is not blank: at least one character Python's
+# str.strip() keeps (ECMA's \s, and the separators \x1c-\x1f and \x85 it lacks).
+NOT_BLANK = r"[^\s\x1c-\x1f\x85]"
+
+
 def _free_form_to_json_value(schema: dict[str, Any]) -> None:
     schema.setdefault("additionalProperties", _ref["JsonItem"])
     for name, prop in schema.get("properties", {}).items():
+        if prop.get("type") == "string" and prop.get("minLength") and not {"pattern", "enum"} & prop.keys():
+            prop["pattern"] = NOT_BLANK
+        if prop.get("type") in ("integer", "number"):  # json_safety: 64 bits, whatever the field
+            prop.setdefault("minimum", json_safety.MIN_INT)
+            prop.setdefault("maximum", json_safety.MAX_INT)
         if not {"type", "$ref", "allOf", "oneOf", "anyOf"} & prop.keys():  # a JSONField: any value
             schema["properties"][name] = {**prop, "allOf": [_ref["JsonValue"]]}
         elif prop.get("type") == "object" and prop.get("additionalProperties") == {}:  # a DictField
@@ -326,7 +339,8 @@ def _free_form_to_json_value(schema: dict[str, Any]) -> None:
 # --- Hooks (SPECTACULAR_SETTINGS["POSTPROCESSING_HOOKS"]) ----------------------------------------
 
 def postprocess(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
-    """The stream beside the other operations, and free-form request JSON as what is accepted."""
+    """The stream beside the other operations; request bodies as what is accepted (free-form JSON
+    that json_safety lets through, numbers within 64 bits, strings not blank once trimmed)."""
     result["paths"]["/runtime/tasks/{task_id}/events"] = SSE_OPERATION
     schemas = result["components"]["schemas"]
     for name, schema in schemas.items():
