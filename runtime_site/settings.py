@@ -256,6 +256,21 @@ RUNTIME_S3 = {
     "aws_secret_access_key": env_secret("RUNTIME_S3_SECRET_ACCESS_KEY"),
 }
 
+# --- Audit anchors (tasks_app/audit.py; docs/operations.md "Audit") ---------------------------
+# Chain heads are signed with this HMAC secret and anchored in the blob store, both outside the
+# database, so that rewriting the audit there (even with recomputed hashes) is detected. Rotation:
+# the new secret here, the old ones in RUNTIME_AUDIT_RETIRED_KEYS (comma-separated) so their
+# anchors still verify. Unset outside the embedded profile: no anchors, and verify_audit says so.
+RUNTIME_AUDIT_KEY = env_secret("RUNTIME_AUDIT_KEY") or ""
+RUNTIME_AUDIT_RETIRED_KEYS = [k for k in (env_secret("RUNTIME_AUDIT_RETIRED_KEYS") or "").split(",") if k]
+if not RUNTIME_AUDIT_KEY and EMBEDDED:
+    # Like the secret key: kept in the data folder, which is not the database.
+    DATA_DIR.mkdir(parents=True, exist_ok=True)
+    audit_key_file = DATA_DIR / "audit_key"
+    if not audit_key_file.exists():
+        audit_key_file.write_text(secrets.token_urlsafe(32))
+    RUNTIME_AUDIT_KEY = audit_key_file.read_text().strip()
+
 # --- Mail (the email.send tool; Django 6.1 MAILERS) ----------------------------------------
 if os.getenv("EMAIL_HOST"):
     MAILERS = {"default": {"BACKEND": "django.core.mail.backends.smtp.EmailBackend", "OPTIONS": {
@@ -304,10 +319,12 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TASK_DEFAULT_QUEUE = "steps"
-CELERY_TASK_ROUTES = {"tasks.scan_leases": {"queue": "maintenance"}, "tasks.trim": {"queue": "maintenance"}}
+CELERY_TASK_ROUTES = {"tasks.scan_leases": {"queue": "maintenance"}, "tasks.trim": {"queue": "maintenance"},
+                      "tasks.anchor_audit": {"queue": "maintenance"}}
 CELERY_BEAT_SCHEDULE = {
     "scan-leases": {"task": "tasks.scan_leases", "schedule": float(RUNTIME_SCAN_SECONDS)},
     "trim": {"task": "tasks.trim", "schedule": 60.0},
+    "anchor-audit": {"task": "tasks.anchor_audit", "schedule": float(RUNTIME["audit"]["anchor_seconds"])},
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / f"celerybeat-schedule-{RUNTIME_DEPLOYMENT}")
 
@@ -334,6 +351,10 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "Long-task agent runtime",
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    "DESCRIPTION": "Start, watch, steer and audit long-running agent tasks. Every error is "
+                   '{"error": {"code", "message", ...}}. The contract: runtime_site/openapi.py.',
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "runtime_site.openapi.postprocess"],
+    "COMPONENT_SPLIT_REQUEST": True,
 }
 
 # RUNTIME_LOG_FORMAT=json: one JSON object per line with task, tenant, trace and worker

@@ -4,6 +4,7 @@ from django.templatetags.static import static
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView
 
+from runtime_site import openapi  # noqa: F401 (registers the API's schema extensions)
 from runtime_site.health import healthz, readyz
 from runtime_site.metrics import metrics_view
 from mcp_server.views import mcp_endpoint

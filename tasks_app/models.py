@@ -5,7 +5,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 
 from tasks_app.states import TERMINAL, Status, to_mcp_status
 
@@ -142,6 +142,8 @@ class Task(models.Model):
     event_seq = models.BigIntegerField(default=0)
     audit_seq = models.IntegerField(default=0)
     audit_head = models.CharField(max_length=64, blank=True)  # hash of the newest AuditRecord
+    # The newest audit_seq written to an anchor outside the database (tasks_app.audit.anchor_heads).
+    audit_anchored_seq = models.IntegerField(default=0)
 
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -171,6 +173,9 @@ class Task(models.Model):
             # scan_leases: runnable tasks by lease expiry.
             models.Index(fields=["lease_expires_at"], name="task_lease_expiry",
                          condition=Q(status__in=["queued", "working", "recovering", "pausing"])),
+            # anchor_audit: chains that grew since their last anchor.
+            models.Index(fields=["id"], name="task_audit_unanchored",
+                         condition=Q(audit_seq__gt=F("audit_anchored_seq"))),
         ]
 
     def __str__(self) -> str:

@@ -10,7 +10,7 @@ from celery import shared_task
 from django.conf import settings
 
 from runtime_site import metrics
-from tasks_app import engine, faults, leases, operators, retention, telemetry
+from tasks_app import audit, engine, faults, leases, operators, retention, telemetry
 from tasks_app.models import Task
 from tasks_app.queue import enqueue_slice
 
@@ -87,3 +87,10 @@ def trim() -> None:
     events, checkpoints = retention.trim_events(), retention.trim_checkpoints()
     if events or checkpoints:
         logger.info("retention: trimmed %s events and %s checkpoints", events, checkpoints)
+
+
+@shared_task(name="tasks.anchor_audit", ignore_result=True)
+def anchor_audit() -> None:
+    """Beat job: sign the grown audit chains' heads and write them outside the database."""
+    if key := audit.anchor_heads():
+        logger.info("audit: heads anchored in %s", key)

@@ -8,6 +8,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from runtime_site.parsers import StrictCharField, StrictIntegerField, StrictRegexField
 from steering_app.actions import answer_refusal, do_answer_input, do_enqueue_command
 from steering_app.models import CommandType, InputRequest, SteeringCommand
 from tasks_app.api.views import IDEMPOTENCY_KEY, tenant_task
@@ -41,11 +42,11 @@ def check_principal_may_answer(who: Principal, task: Task, key: str) -> None:
 
 class TaskSteeringApi(APIView):
     class InputSerializer(serializers.Serializer):
-        commandId = serializers.RegexField(IDEMPOTENCY_KEY.pattern, max_length=64)  # noqa: N815
+        commandId = StrictRegexField(IDEMPOTENCY_KEY.pattern, max_length=64)  # noqa: N815
         type = serializers.ChoiceField(choices=CommandType.choices)
         payload = serializers.DictField(default=dict)
-        expectedVersion = serializers.IntegerField(min_value=1)  # noqa: N815
-        reason = serializers.CharField(max_length=500, allow_blank=True, default="")
+        expectedVersion = StrictIntegerField(min_value=1)  # noqa: N815
+        reason = StrictCharField(max_length=500, allow_blank=True, default="")
 
     def get_permissions(self) -> list[Any]:
         return [require_role(Role.OPERATOR if self.request.method == "POST" else Role.VIEWER)()]
@@ -80,7 +81,7 @@ class TaskInputApi(APIView):
 
     class InputSerializer(serializers.Serializer):
         answer = serializers.JSONField()
-        reason = serializers.CharField(max_length=500, allow_blank=True, default="")
+        reason = StrictCharField(max_length=500, allow_blank=True, default="")
 
     def post(self, request: Request, task_id: str, key: str) -> Response:
         task = tenant_task(request, task_id)
