@@ -101,13 +101,13 @@ def main() -> None:
     print(f"  logs: {logs}")
 
 
-def ready_worker(log: Path):  # noqa: ANN201
+def ready_worker(log: Path):
     proc = _common.worker(log, "-l", "INFO")
     _common.wait(lambda: b" ready." in log.read_bytes(), timeout=120, interval=0.05)
     return proc
 
 
-def wait_for_leases(task_model, ids) -> dict:  # noqa: ANN001
+def wait_for_leases(task_model, ids) -> dict:
     """{task id: (owner, epoch)} once every task is held by a live worker."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

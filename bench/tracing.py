@@ -26,7 +26,7 @@ bodies: list[bytes] = []  # decoded after the run, off the clock
 
 
 class Drop(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         bodies.append(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
         self.send_response(200)
         self.send_header("Content-Length", "0")

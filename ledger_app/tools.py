@@ -164,7 +164,7 @@ register(Tool(
 # --- content.publish: copy an artifact to the published area of the blob store ----------
 
 def _published_key(args: dict[str, Any], key: str) -> str:
-    return f"published/{key.split(':')[0]}/{args['name']}"
+    return f"published/{key.split(':', maxsplit=1)[0]}/{args['name']}"
 
 
 def _publish_call(args: dict[str, Any], key: str, timeout: float) -> Any:

@@ -62,7 +62,7 @@ class Progress:
 
 def watch(client: Client, task_id: str, out: TextIO = sys.stdout, tty: bool | None = None) -> int:
     bar = Progress(out, out.isatty() if tty is None else tty)
-    state = {"status": "", "progress": 0.0, "phase": "", "message": ""}
+    state: dict[str, Any] = {"status": "", "progress": 0.0, "phase": "", "message": ""}
     for event in client.events(task_id):
         data = event.data
         if event.type == "task.snapshot":

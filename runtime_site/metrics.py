@@ -117,8 +117,8 @@ def _database() -> Iterator[Metric]:
                    .order_by().values_list("status").annotate(n=Count("id")))
     ledger = _gauge("runtime_ledger_entries", "Side effects not settled: unknown (may or may not have happened) "
                     "and pending (a remote task is being polled).", ["status"])
-    for status in (EffectStatus.UNKNOWN, EffectStatus.PENDING):
-        ledger.add_metric([status.value], effects.get(status.value, 0))
+    for effect in (EffectStatus.UNKNOWN, EffectStatus.PENDING):
+        ledger.add_metric([effect.value], effects.get(effect.value, 0))
     yield ledger
 
 
@@ -215,7 +215,7 @@ class _Scrape:
 def metrics_view(request: Any) -> Any:
     from django.http import HttpResponse
 
-    return HttpResponse(generate_latest(_Scrape()), content_type=CONTENT_TYPE_LATEST)  # type: ignore[arg-type]
+    return HttpResponse(generate_latest(_Scrape()), content_type=CONTENT_TYPE_LATEST)
 
 
 # --- the worker's own port ---------------------------------------------------------------

@@ -225,6 +225,7 @@ def apply_command(task: Task, command: SteeringCommand, *, actor: str, by_worker
             task.constraints = {**task.constraints, **command.payload.get("constraints", {})}
             task.plan_version += 1  # the agent re-plans at its next safe point
         case CommandType.PROVIDE_INPUT:
+            assert open_request is not None  # found above, or the command was refused
             open_request.status, open_request.answer = InputStatus.ANSWERED, command.payload["answer"]
             open_request.answered_by, open_request.answered_at = command.requested_by, timezone.now()
             open_request.save(update_fields=["status", "answer", "answered_by", "answered_at"])

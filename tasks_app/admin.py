@@ -46,8 +46,8 @@ class AgeFilter(admin.SimpleListFilter):
 
     def queryset(self, request, queryset):
         now = timezone.now()
-        if self.value() in self.BUCKETS:
-            return queryset.filter(created_at__gte=now - self.BUCKETS[self.value()])
+        if (bucket := self.BUCKETS.get(self.value() or "")) is not None:
+            return queryset.filter(created_at__gte=now - bucket)
         if self.value() == "old":
             return queryset.filter(created_at__lt=now - self.BUCKETS["7d"])
         return queryset

@@ -9,7 +9,8 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
+from django.http import HttpRequest
 from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
 
@@ -37,7 +38,7 @@ def _hash(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def issue_api_key(tenant: Tenant, user: AbstractBaseUser, *, role: str, name: str) -> tuple[ApiKey, str]:
+def issue_api_key(tenant: Tenant, user: User, *, role: str, name: str) -> tuple[ApiKey, str]:
     """Create a key and return it with the full token, which is never stored or shown again."""
     prefix, secret = secrets.token_hex(6), secrets.token_urlsafe(32)
     key = ApiKey.objects.create(tenant=tenant, user=user, role=role, name=name, prefix=prefix,
@@ -46,7 +47,8 @@ def issue_api_key(tenant: Tenant, user: AbstractBaseUser, *, role: str, name: st
 
 
 class ApiKeyAuthentication(authentication.BaseAuthentication):
-    def authenticate(self, request: Request) -> tuple[Any, Principal] | None:
+    def authenticate(self, request: Request | HttpRequest) -> tuple[Any, Principal] | None:
+        # Reads only headers, so the SSE and /mcp views call it with their plain Django request.
         header = request.META.get("HTTP_AUTHORIZATION", "")
         if not header:
             return None

@@ -155,13 +155,14 @@ class Task(models.Model):
         """Why a task that shows as MCP "working" is not simply working."""
         if self.status_message:
             return self.status_message
-        return {
+        texts: dict[str, str] = {
             Status.QUEUED: "queued",
             Status.PAUSING: "pausing",
             Status.PAUSED: "paused",
             Status.RECOVERING: "recovering after a worker loss",
             Status.DEAD_LETTERED: "held for operator",
-        }.get(self.status, "")
+        }
+        return texts.get(self.status, "")
 
 
 class Step(models.Model):

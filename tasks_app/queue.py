@@ -19,8 +19,10 @@ def enqueue_slice(task_id: UUID | str, priority: int | None, *, countdown: float
     # faults_in_a_row: infrastructure faults just before this slice; its backoff grows with them.
     kwargs = {"faults_in_a_row": faults_in_a_row} if faults_in_a_row else None
     # When the message is due: the queue's age and the slice's start latency are measured from it.
-    run_task_slice.apply_async(args=[str(task_id)], kwargs=kwargs, priority=priority, countdown=countdown or None,
-                               headers={READY_AT_HEADER: time.time() + countdown})
+    # celery-types wants priority and countdown set and headers of str; Celery takes None for unset, and any JSON.
+    run_task_slice.apply_async(args=(str(task_id),), kwargs=kwargs,
+                               priority=priority, countdown=countdown or None,  # type: ignore[arg-type]
+                               headers={READY_AT_HEADER: time.time() + countdown})  # type: ignore[dict-item]
 
 
 def enqueue_slice_on_commit(task_id: UUID, priority: int) -> None:

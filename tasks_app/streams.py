@@ -32,7 +32,8 @@ from uuid import UUID
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connection
-from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
+from django.http.response import HttpResponseBase
 from django_eventstream.channelmanager import ChannelManagerBase
 from django_eventstream.event import Event
 from django_eventstream.storage import StorageBase
@@ -67,15 +68,19 @@ class TaskEventStorage(StorageBase):
         return Event(channel, event_type, data, id=json.loads(data)["seq"])
 
     def get_events(self, channel: str, last_id: int, limit: int = 100) -> list[Event]:
+        if (task_id := task_id_from(channel)) is None:
+            return []
         try:
-            rows = TaskEvent.objects.filter(task_id=task_id_from(channel), seq__gt=last_id).order_by("seq")[:limit]
+            rows = TaskEvent.objects.filter(task_id=task_id, seq__gt=last_id).order_by("seq")[:limit]
             return [Event(channel, row.type, json.dumps(row.data), id=row.seq) for row in rows]
         finally:
             connection.close()  # pitfall 1: never hold a connection for a stream's lifetime
 
     def get_current_id(self, channel: str) -> int:
+        if (task_id := task_id_from(channel)) is None:
+            return 0
         try:
-            return Task.objects.filter(id=task_id_from(channel)).values_list("event_seq", flat=True).first() or 0
+            return Task.objects.filter(id=task_id).values_list("event_seq", flat=True).first() or 0
         finally:
             connection.close()
 
@@ -127,7 +132,7 @@ def check_last_event_id(request: HttpRequest) -> None:
             raise UnsafeInput(name, "not an event id this stream sent (<channel>:<seq>)")
 
 
-def task_events(request: HttpRequest, task_id: str) -> HttpResponse:
+def task_events(request: HttpRequest, task_id: str) -> HttpResponseBase:
     """GET /runtime/tasks/{id}/events: task.snapshot first, then every event after it."""
     from django_eventstream.eventrequest import EventRequest
     from django_eventstream.utils import add_default_headers, sse_encode_event

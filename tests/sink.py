@@ -34,7 +34,7 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         key = self.headers.get("Idempotency-Key", "")
         payload = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"null")
         time.sleep(state["delay_ms"] / 1000)
@@ -50,7 +50,7 @@ class Handler(BaseHTTPRequestHandler):
             effects[key] = {"key": key, "payload": payload, "n": len(effects) + 1}
             return self._send(201, effects[key])
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         with lock:
             if self.path == "/stats":
                 return self._send(200, {"posts": state["total"], "perKey": posts, "effects": len(effects),

@@ -306,7 +306,7 @@ class DocumentReviewAgent(Agent):
             "expired": _INT,
             "byLevel": {
                 "type": "object",
-                "properties": {level: _INT for level in LEVELS},
+                "properties": dict.fromkeys(LEVELS, _INT),
                 "required": list(LEVELS),
                 "additionalProperties": False,
             },

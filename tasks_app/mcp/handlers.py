@@ -12,7 +12,7 @@ import base64
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
@@ -84,7 +84,7 @@ class Listen:
 # --- shared -------------------------------------------------------------------------------
 
 def _iso(value: datetime) -> str:
-    return value.astimezone(timezone.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 def _require(call: Call, role: str) -> None:
@@ -437,7 +437,7 @@ def subscriptions_listen(call: Call) -> Listen:
         if not isinstance(requested, list) or not all(isinstance(raw, str) for raw in requested) \
                 or len(requested) > MAX_LISTEN_TASKS:
             raise RpcError(INVALID_PARAMS, f"Invalid params: taskIds must be at most {MAX_LISTEN_TASKS} strings")
-        wanted = {}
+        wanted: dict[UUID, str] = {}
         for raw in requested:
             try:
                 wanted.setdefault(UUID(raw), raw)
