@@ -55,7 +55,8 @@ def cpu_seconds(group: int) -> float:
     for stat in os.listdir("/proc"):
         if stat.isdigit():
             try:
-                fields = open(f"/proc/{stat}/stat").read().rsplit(")", 1)[1].split()
+                with open(f"/proc/{stat}/stat") as file:
+                    fields = file.read().rsplit(")", 1)[1].split()
             except OSError:
                 continue
             if int(fields[2]) == group:  # pgrp

@@ -141,7 +141,7 @@ def _reconciled(lease: leases.Lease, entry: LedgerEntry, tool: tools.Tool, args:
     if tool.reconcile is not None:
         try:
             verdict = tool.reconcile(args, entry.key)
-        except Exception as exc:  # cannot tell: same as no hook
+        except Exception as exc:  # noqa: BLE001 (a tool's own hook: whatever it raises, we cannot tell, as without one)
             logger.warning("reconcile of %s failed: %s", entry.key, exc)
     confirm_key = f"confirm-{entry.key}"
     if verdict is None and confirm_key in answers:

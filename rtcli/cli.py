@@ -39,7 +39,7 @@ class Progress:
         self.out, self.tty, self.shown = out, tty, ("", -1, "", "")
 
     def update(self, status: str, progress: float, phase: str, message: str) -> None:
-        percent = int(round((progress or 0) * 100))
+        percent = round((progress or 0) * 100)
         if (status, percent, phase, message) == self.shown:
             return
         self.shown = (status, percent, phase, message)

@@ -203,7 +203,7 @@ class _Scrape:
         for source, read in (("database", _database), ("broker", _broker), ("web", _web_process)):
             try:
                 metrics = list(read())
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 (one source failing is reported; the rest is still served)
                 logger.warning("metrics: could not read the %s: %s", source, exc)
                 errors.add_metric([source], 1)
                 continue

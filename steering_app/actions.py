@@ -295,7 +295,7 @@ def do_answer_input(task_id: UUID, *, tenant: Tenant, key: str, answer: Any, req
     is applied), not the version the person saw: a worker moving the task meanwhile must
     not bounce the answer, so a version conflict is retried against the version now."""
     json_safety.check({"key": key, "answer": answer})  # before the key is hashed into the command id
-    command_id = "input:" + hashlib.sha1(key.encode()).hexdigest()
+    command_id = "input:" + hashlib.sha1(key.encode(), usedforsecurity=False).hexdigest()  # a name, not a secret
     for attempt in range(5):
         version = Task.objects.values_list("state_version", flat=True).get(id=task_id)
         try:

@@ -21,6 +21,7 @@ process wakes the streams whose task's event_seq moved.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
@@ -262,15 +263,13 @@ async def _resilient_listen() -> None:
             raise ConnectionError("pub/sub stream ended")
         except asyncio.CancelledError:
             raise
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 (the listener outlives any failure: it reconnects)
             logger.warning("SSE Redis listener lost its connection (%s); reconnecting in %.1fs", exc, backoff)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 5.0)
         finally:
-            try:
+            with contextlib.suppress(Exception):  # the connection is already broken
                 await client.aclose()
-            except Exception:  # noqa: S110 (the connection is already broken)
-                pass
 
 
 def _seqs(channels: list[str]) -> dict[str, int]:

@@ -9,6 +9,7 @@ tasks/result); views.py waits for it without holding a thread or a connection.
 from __future__ import annotations
 
 import base64
+import contextlib
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -414,11 +415,10 @@ def modern_tasks_cancel(call: Call) -> dict[str, Any]:
     _require_extension(call)
     task = _find_task(call)
     _require(call, Role.OPERATOR)
-    try:
+    # Already terminal: terminal states never change, and the ack is the same.
+    with contextlib.suppress(IllegalTransition):
         do_cancel_task(task.id, tenant=call.principal.tenant, actor=call.principal.actor,
                        reason="cancelled over MCP tasks/cancel")
-    except IllegalTransition:
-        pass  # already terminal: terminal states never change, and the ack is the same
     return {"resultType": "complete"}
 
 
