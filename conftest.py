@@ -6,6 +6,7 @@ data folder as the test, so they see exactly what the test wrote.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -148,10 +149,8 @@ class Processes:
 
     @staticmethod
     def kill(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
         if sig in (signal.SIGKILL, signal.SIGTERM):
             proc.wait(timeout=30)
 
@@ -211,7 +210,7 @@ def private_redis(tmp_path: Path, processes: Processes) -> tuple[int, Callable[[
     def start() -> subprocess.Popen[bytes]:
         proc = processes.start("redis", args)
         wait_until(lambda: subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True,
-                                          text=True).stdout.strip() == "PONG", timeout=10, what="redis")
+                                          text=True, check=False).stdout.strip() == "PONG", timeout=10, what="redis")
         return proc
 
     return port, start
@@ -223,10 +222,8 @@ def purge_queues() -> None:
 
     with app.connection_for_write() as conn:
         for queue in ("steps", "maintenance"):
-            try:
+            with contextlib.suppress(Exception):  # a queue that does not exist yet is empty
                 conn.default_channel.queue_purge(queue)
-            except Exception:  # noqa: S110 (a queue that does not exist yet is empty)
-                pass
 
 
 @pytest.hookimpl(wrapper=True)
@@ -293,7 +290,7 @@ class SseClient:
                         value = value.removeprefix(" ")
                         key = {"event": "type"}.get(name, name)
                         event[key] = event[key] + "\n" + value if key == "data" and key in event else value
-        except Exception:  # noqa: S110 (closed under us, or the server went away: the test decides)
+        except Exception:  # noqa: BLE001, S110 (closed under us, or the server went away: the test decides)
             pass
 
     def close(self) -> None:

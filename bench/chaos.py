@@ -14,6 +14,7 @@ to the audited `recovering → working` of each task the killed worker held).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import signal
@@ -99,10 +100,8 @@ def main() -> None:
         elapsed = time.monotonic() - started
     finally:
         for proc in [*workers, beat]:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
     tasks = list(Task.objects.filter(id__in=ids))
     # Dead letters are held for an operator (redrive), not lost.

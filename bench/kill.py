@@ -17,6 +17,7 @@ Prints p50, p99 and max of each.
 
 from __future__ import annotations
 
+import contextlib
 import argparse
 import os
 import signal
@@ -63,23 +64,21 @@ def main() -> None:
             task, _ = do_create_task(tenant, actor="user:bench", agent="tool_calls", input={"calls": [
                 {"tool": "http.request", "args": {"url": f"{url}/effects?hang=600", "json": {"n": n},
                                                   "timeoutSeconds": 600}}]})
-            _common.wait(lambda: client.get(f"{url}/stats").json()["hanging"] > before["hanging"], timeout=60,
+            _common.wait(lambda before=before: client.get(f"{url}/stats").json()["hanging"] > before["hanging"], timeout=60,
                          interval=0.02)
             version = Task.objects.values_list("state_version", flat=True).get(id=task.id)
             t0 = time.monotonic()
             do_enqueue_command(task.id, tenant=tenant, command_id=f"kill-{n}", type=CommandType.KILL, payload={},
                                expected_version=version, requested_by="user:bench", reason="bench")
             accepted.append(time.monotonic() - t0)
-            _common.wait(lambda: client.get(f"{url}/stats").json()["dropped"] > before["dropped"], timeout=120,
+            _common.wait(lambda before=before: client.get(f"{url}/stats").json()["dropped"] > before["dropped"], timeout=120,
                          interval=0.002)
             stopped.append(time.monotonic() - t0)
             assert Task.objects.get(id=task.id).status == "cancelled"
     finally:
         for proc in [*workers, sink]:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
     print(f"kill of a step stuck in a 10-minute HTTP call: 2 workers (-c 1), lease 30 s, heartbeat 10 s, "
           f"{len(stopped)} kills")
     for name, times in (("accepted", accepted), ("stopped", stopped)):
@@ -96,7 +95,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _answers(client, url: str) -> bool:  # noqa: ANN001
+def _answers(client, url: str) -> bool:
     try:
         return client.get(f"{url}/stats").status_code == 200
     except Exception:  # noqa: BLE001 (not up yet)

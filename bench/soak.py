@@ -38,6 +38,7 @@ SIGTERM and freezes; every signal and its takeovers are listed in signals.txt in
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import re
@@ -186,10 +187,8 @@ class Soak:
 
     def stop_all(self) -> None:
         for proc in [*(w.proc for w in self.workers), *self.procs.values()]:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             proc.wait()
 
     def replace_the_dead(self) -> None:
@@ -209,10 +208,8 @@ class Soak:
                 if worker.stopping_since is None:
                     self.figures.unexpected_exits["worker"] += 1
                 else:  # its pool children may still be finishing: the group goes with it
-                    try:
+                    with contextlib.suppress(ProcessLookupError):
                         os.killpg(worker.proc.pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
                 self.workers[i] = self.start_worker()
         for name, start in (("beat", self.start_beat), ("web", self.start_web)):
             if self.procs[name].poll() is not None:

@@ -73,7 +73,7 @@ def main() -> None:
             http.post(f"{url}/steering", json={"commandId": f"resume{i}", "type": "resume", "expectedVersion": version})
             _common.wait(lambda: Task.objects.get(id=task.id).status == "working", timeout=30, interval=0.002)
             before = Task.objects.get(id=task.id).steps_done  # let the resumed slice take a few steps first
-            _common.wait(lambda: Task.objects.get(id=task.id).steps_done >= before + 2, timeout=30)
+            _common.wait(lambda before=before: Task.objects.get(id=task.id).steps_done >= before + 2, timeout=30)
     finally:
         for proc in (web, worker):
             proc.terminate()

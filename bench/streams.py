@@ -101,7 +101,8 @@ def main() -> None:
             idle_rss = rss_mb(web.pid)
             holder: dict[str, float] = {}
 
-            async def measure(n: int = n, task_id: str = str(task.id)) -> list[list[tuple[int, float]]]:
+            async def measure(n: int = n, task_id: str = str(task.id),
+                              holder: dict[str, float] = holder) -> list[list[tuple[int, float]]]:
                 async def sample() -> None:
                     from asgiref.sync import sync_to_async
 

@@ -19,6 +19,7 @@ Prints p50, p99 and max per mode.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import signal
@@ -88,10 +89,8 @@ def main() -> None:
                 time.sleep(rng.uniform(0.5, 1.5))
     finally:
         for proc in [*workers, beat]:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
     print(f"takeover after a worker is signalled: 3 workers (-c 1), 2 endless tasks of 200 ms steps; "
           f"lease {SETTINGS['RUNTIME_LEASE_SECONDS']}s, heartbeat {SETTINGS['RUNTIME_HEARTBEAT_SECONDS']}s, "
           f"scan {SETTINGS['RUNTIME_SCAN_SECONDS']}s, stall {SETTINGS['RUNTIME_STALL_SECONDS']}s")
@@ -101,13 +100,13 @@ def main() -> None:
     print(f"  logs: {logs}")
 
 
-def ready_worker(log: Path):  # noqa: ANN201
+def ready_worker(log: Path):
     proc = _common.worker(log, "-l", "INFO")
     _common.wait(lambda: b" ready." in log.read_bytes(), timeout=120, interval=0.05)
     return proc
 
 
-def wait_for_leases(task_model, ids) -> dict:  # noqa: ANN001
+def wait_for_leases(task_model, ids) -> dict:
     """{task id: (owner, epoch)} once every task is held by a live worker."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

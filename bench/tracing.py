@@ -26,7 +26,7 @@ bodies: list[bytes] = []  # decoded after the run, off the clock
 
 
 class Drop(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         bodies.append(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
         self.send_response(200)
         self.send_header("Content-Length", "0")
@@ -55,7 +55,8 @@ def cpu_seconds(group: int) -> float:
     for stat in os.listdir("/proc"):
         if stat.isdigit():
             try:
-                fields = open(f"/proc/{stat}/stat").read().rsplit(")", 1)[1].split()
+                with open(f"/proc/{stat}/stat") as file:
+                    fields = file.read().rsplit(")", 1)[1].split()
             except OSError:
                 continue
             if int(fields[2]) == group:  # pgrp

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import cast
 
 from django import forms
 
@@ -27,7 +28,7 @@ class StartReviewForm(forms.Form):
 
     def __init__(self, *args, tenants: list[tuple[str, str]], **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["tenant"].choices = tenants
+        cast(forms.ChoiceField, self.fields["tenant"]).choices = tenants
         if len(tenants) == 1:
             self.fields["tenant"].widget = forms.HiddenInput()
         self.fields["idempotency_key"].initial = f"dash-{uuid.uuid4().hex}"

@@ -39,7 +39,6 @@ from runtime_site.errors import error_body
 from steering_app.actions import CommandRefused, InvalidCommand, VersionConflict, do_enqueue_command, refusal
 from steering_app.api.views import answer_input
 from steering_app.models import CommandType, InputRequest, InputStatus, SteeringCommand
-from common.schema import SchemaError
 from tasks_app.actions import IdempotencyConflict, QuotaExceeded, do_create_task
 from tasks_app.models import ROLE_RANK, Role, Task, TaskEvent
 from tasks_app.selectors import task_snapshot
@@ -75,7 +74,7 @@ def with_task(view: Callable[..., HttpResponse] | None = None, *, for_script: bo
             if not request.user.is_authenticated:
                 return signed_out(back_to=reverse("dashboard:task", args=[task_id]), for_script=for_script)
             try:
-                task = access.task_for(request.user, task_id)
+                task = access.task_for(access.person(request), task_id)
             except Http404:
                 return render(request, "dashboard/not_found.html", status=404)
             return view(request, task, *args, **kwargs)
@@ -93,7 +92,7 @@ def list_row(task: Task) -> dict[str, Any]:
 
 
 def _tasks(request: HttpRequest) -> list[Task]:
-    tasks = access.visible_tasks(request.user).select_related("tenant").order_by("-created_at", "-id")
+    tasks = access.visible_tasks(access.person(request)).select_related("tenant").order_by("-created_at", "-id")
     if wanted := request.GET.get("status"):
         if wanted not in Status.values:
             raise BadRequest(f"status: unknown status {wanted!r}; one of {', '.join(Status.values)}")
@@ -107,7 +106,7 @@ def task_list(request: HttpRequest) -> HttpResponse:
     rows = [list_row(t) for t in _tasks(request)]
     return render(request, "dashboard/task_list.html", {
         "rows": rows, "statuses": Status.values, "status": request.GET.get("status", ""),
-        "memberships": access.memberships(request.user), "can_start": bool(_start_tenants(request))})
+        "memberships": access.memberships(access.person(request)), "can_start": bool(_start_tenants(request))})
 
 
 @require_GET
@@ -119,7 +118,7 @@ def task_list_json(request: HttpRequest) -> HttpResponse:
 
 
 def _start_tenants(request: HttpRequest) -> list[tuple[str, str]]:
-    return [(m.tenant.slug, m.tenant.name or m.tenant.slug) for m in access.memberships(request.user)
+    return [(m.tenant.slug, m.tenant.name or m.tenant.slug) for m in access.memberships(access.person(request))
             if ROLE_RANK[Role(m.role)] >= ROLE_RANK[Role.OPERATOR]]
 
 
@@ -149,7 +148,7 @@ def _start_posted(request: HttpRequest, tenants: list[tuple[str, str]]) -> HttpR
     form = StartReviewForm(request.POST, tenants=tenants)
     error = ""
     if form.is_valid():
-        membership = next(m for m in access.memberships(request.user) if m.tenant.slug == form.cleaned_data["tenant"])
+        membership = next(m for m in access.memberships(access.person(request)) if m.tenant.slug == form.cleaned_data["tenant"])
         try:
             task, _ = do_create_task(
                 membership.tenant, actor=f"user:{request.user.pk}", agent="document_review",
@@ -168,7 +167,7 @@ def _start_posted(request: HttpRequest, tenants: list[tuple[str, str]]) -> HttpR
 
 
 def task_context(request: HttpRequest, task: Task) -> dict[str, Any]:
-    who = access.principal_for(request.user, task)
+    who = access.principal_for(access.person(request), task)
     logs = log_tail(task)
     return {
         "task": task,
@@ -226,7 +225,7 @@ def steer(request: HttpRequest, task: Task) -> HttpResponse:
     form = SteerForm(request.POST)
     if not form.is_valid():
         return _refused(request, task, f"That command was not understood: {form.errors.as_text()}")
-    who = access.principal_for(request.user, task)
+    who = access.principal_for(access.person(request), task)
     if not who.has_role(Role.OPERATOR):
         return _refused(request, task, "Steering needs the operator role or above.")
     data = form.cleaned_data
@@ -257,7 +256,7 @@ def answer(request: HttpRequest, task: Task, key: str) -> HttpResponse:
     if not form.is_valid():
         return _refused(request, task, "Answer approve or reject.")
     try:
-        answer_input(access.principal_for(request.user, task), task, key, form.cleaned_data["answer"],
+        answer_input(access.principal_for(access.person(request), task), task, key, form.cleaned_data["answer"],
                      reason=form.cleaned_data["reason"])
     except PermissionDenied as exc:
         return _refused(request, task, str(exc.detail))

@@ -94,6 +94,7 @@ def _execute_once(lease: leases.Lease, *, tenant_id: int, sequence: int, index: 
         if entry.status == EffectStatus.SUCCEEDED:
             return entry.result  # replay: done already
         if entry.status == EffectStatus.FAILED:
+            assert entry.error is not None  # every failed entry is stored with its error
             raise ToolFailed(entry.error["message"])
         if entry.status == EffectStatus.PENDING:
             return _poll_and_settle(lease, entry, tool, args)
@@ -149,7 +150,7 @@ def _reconciled(lease: leases.Lease, entry: LedgerEntry, tool: tools.Tool, args:
     if tool.reconcile is not None:
         try:
             verdict = tool.reconcile(args, entry.key)
-        except Exception as exc:  # cannot tell: same as no hook
+        except Exception as exc:  # noqa: BLE001 (a tool's own hook: whatever it raises, we cannot tell, as without one)
             logger.warning("reconcile of %s failed: %s", entry.key, exc)
     confirm_key = f"confirm-{entry.key}"
     if verdict is None and confirm_key in answers:
@@ -185,7 +186,7 @@ def _call_and_settle(lease: leases.Lease, entry: LedgerEntry, tool: tools.Tool, 
                 time.sleep(delay)
                 delay *= 2
                 continue
-            error = {"message": f"{tool.name}: {exc}", "retryable": exc.retryable, "attempts": attempt}
+            error: dict[str, Any] = {"message": f"{tool.name}: {exc}", "retryable": exc.retryable, "attempts": attempt}
             _settle(lease, entry, EffectStatus.FAILED, error=error, attempts=attempt, durations=durations)
             raise ToolFailed(error["message"] + f" (after {attempt} attempt{'s' * (attempt > 1)})") from exc
         durations.append(round((time.perf_counter() - t0) * 1000, 1))

@@ -14,11 +14,10 @@ import functools
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 import httpx2
-import mcp.types as types
-from mcp import Client
+from mcp import Client, types
 from mcp.client import ClaimContext, ClientExtension, ResultClaim
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
@@ -30,7 +29,6 @@ TERMINAL = ("completed", "failed", "cancelled")
 # Our key travels in the request's _meta, so a remote that de-duplicates can use it.
 IDEMPOTENCY_META = "io.github.agent-runtime/idempotency-key"
 _RAW = TypeAdapter(dict[str, Any])
-T = TypeVar("T")
 
 
 class RemoteError(Exception):
@@ -88,8 +86,9 @@ def call_tool(server: str, tool: str, arguments: dict[str, Any], *, key: str, ti
     """One tools/call: the tool's result (a CallToolResult as JSON), or the remote task."""
 
     async def go(client: Client) -> dict[str, Any] | RemoteTask:
-        result = await client.session.call_tool(tool, arguments, read_timeout_seconds=timeout,
-                                                meta={IDEMPOTENCY_META: key}, allow_claimed=True)
+        # mypy reads no PEP 728 extra_items, so it takes the SDK's open RequestParamsMeta as closed.
+        result = await client.session.call_tool(  # type: ignore[call-overload]
+            tool, arguments, read_timeout_seconds=timeout, meta={IDEMPOTENCY_META: key}, allow_claimed=True)
         if isinstance(result, _CreateTaskResult):
             return RemoteTask(result.task_id, result.status, result.status_message or "", result.poll_interval_ms)
         return _tool_result(tool, result.model_dump(mode="json", by_alias=True, exclude_none=True))
@@ -102,8 +101,9 @@ def get_task(server: str, task_id: str, *, timeout: float,
     """tasks/get: the final tool result once the remote task completed, else its state."""
 
     async def go(client: Client) -> dict[str, Any] | RemoteTask:
-        task = await client.session.send_request(_GetTask(params=_TaskIdParams(task_id=task_id)), _RAW,
-                                                 request_read_timeout_seconds=timeout)
+        # The SDK bounds the result type to BaseModel, yet validates with any TypeAdapter: we want the raw dict.
+        task = await client.session.send_request(  # type: ignore[type-var]
+            _GetTask(params=_TaskIdParams(task_id=task_id)), _RAW, request_read_timeout_seconds=timeout)
         status = task.get("status")
         if status == "completed":
             return _tool_result(f"remote task {task_id}", task.get("result") or {})
@@ -149,7 +149,7 @@ def warm() -> None:
     anyio.run(anyio.sleep, 0, backend="asyncio")  # loads anyio's asyncio backend
 
 
-def _run(server: str, timeout: float, headers: dict[str, str] | None, go: Callable[[Client], Awaitable[T]]) -> T:
+def _run[T](server: str, timeout: float, headers: dict[str, str] | None, go: Callable[[Client], Awaitable[T]]) -> T:
     refused: list[int] = []  # the SDK reports an HTTP 401 as a generic error; we need to tell
 
     async def seen(response: httpx2.Response) -> None:

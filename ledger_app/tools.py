@@ -17,6 +17,7 @@ from runtime_site.tracing import trace_headers
 from tasks_app import telemetry
 from tasks_app.agents import tools as registry
 from tasks_app.agents.tools import DONE, NOT_DONE, Pending, Tool, ToolError
+from tasks_app.redaction import tool_text
 
 
 def register(tool: Tool) -> Tool:
@@ -105,7 +106,7 @@ register(Tool(
 # --- content.publish: copy an artifact to the published area of the blob store ----------
 
 def _published_key(args: dict[str, Any], key: str) -> str:
-    return f"published/{key.split(':')[0]}/{args['name']}"
+    return f"published/{key.split(':', maxsplit=1)[0]}/{args['name']}"
 
 
 def _publish_call(args: dict[str, Any], key: str, timeout: float) -> Any:

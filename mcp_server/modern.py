@@ -3,6 +3,7 @@ method (views.py holds the dispatch table); what both wires share is in shared.p
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -161,11 +162,10 @@ def modern_tasks_cancel(call: Call) -> dict[str, Any]:
     _require_extension(call)
     task = find_task(call)
     require(call, Role.OPERATOR)
-    try:
+    # Already terminal: terminal states never change, and the ack is the same.
+    with contextlib.suppress(IllegalTransition):
         do_cancel_task(task.id, tenant=call.principal.tenant, actor=call.principal.actor,
                        reason="cancelled over MCP tasks/cancel")
-    except IllegalTransition:
-        pass  # already terminal: terminal states never change, and the ack is the same
     return {"resultType": "complete"}
 
 
@@ -184,7 +184,7 @@ def subscriptions_listen(call: Call) -> Listen:
         if not isinstance(requested, list) or not all(isinstance(raw, str) for raw in requested) \
                 or len(requested) > MAX_LISTEN_TASKS:
             raise RpcError(INVALID_PARAMS, f"Invalid params: taskIds must be at most {MAX_LISTEN_TASKS} strings")
-        wanted = {}
+        wanted: dict[UUID, str] = {}
         for raw in requested:
             try:
                 wanted.setdefault(UUID(raw), raw)

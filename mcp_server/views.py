@@ -23,6 +23,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions
 
@@ -115,7 +116,7 @@ def _authenticate(request: HttpRequest) -> Principal | None:
     return found[1] if found else None
 
 
-def _run(call: Call) -> dict[str, Any] | Wait:
+def _run(call: Call) -> dict[str, Any] | Wait | modern.Listen:
     try:
         return dispatch(call)
     finally:
@@ -229,7 +230,7 @@ async def _listened(message: Message, listen: modern.Listen) -> AsyncIterator[di
         await asyncio.sleep(LISTEN_POLL_SECONDS if "taskIds" in listen.acknowledged else 1.0)
 
 
-def _respond_wait(request: HttpRequest, message: Message, wait: Wait | modern.Listen) -> HttpResponse:
+def _respond_wait(request: HttpRequest, message: Message, wait: Wait | modern.Listen) -> HttpResponseBase:
     async def stream() -> AsyncIterator[str]:
         yield ": waiting for the task\n\n"
         items = _listened(message, wait) if isinstance(wait, modern.Listen) else _waited(message, wait)
@@ -253,7 +254,7 @@ async def _respond_wait_json(message: Message, wait: Wait) -> HttpResponse:
 
 
 @csrf_exempt
-async def mcp_endpoint(request: HttpRequest) -> HttpResponse:
+async def mcp_endpoint(request: HttpRequest) -> HttpResponseBase:
     try:
         return await _endpoint(request)
     except DATABASE_UNAVAILABLE:  # down or restarting: a JSON-RPC answer the client may retry, not a 500
@@ -261,7 +262,7 @@ async def mcp_endpoint(request: HttpRequest) -> HttpResponse:
         return _error(UNAVAILABLE, request_id_of(request.body), headers=RETRY)
 
 
-async def _endpoint(request: HttpRequest) -> HttpResponse:
+async def _endpoint(request: HttpRequest) -> HttpResponseBase:
     if request.method != "POST":
         return _error(RpcError(INVALID_REQUEST, "Method Not Allowed: this endpoint accepts POST only"),
                       status=405, headers={"Allow": "POST"})

@@ -40,7 +40,7 @@ class Progress:
         self.out, self.tty, self.shown = out, tty, ("", -1, "", "")
 
     def update(self, status: str, progress: float, phase: str, message: str) -> None:
-        percent = int(round((progress or 0) * 100))
+        percent = round((progress or 0) * 100)
         if (status, percent, phase, message) == self.shown:
             return
         self.shown = (status, percent, phase, message)
@@ -63,7 +63,7 @@ class Progress:
 
 def watch(client: Client, task_id: str, out: TextIO = sys.stdout, tty: bool | None = None) -> int:
     bar = Progress(out, out.isatty() if tty is None else tty)
-    state = {"status": "", "progress": 0.0, "phase": "", "message": ""}
+    state: dict[str, Any] = {"status": "", "progress": 0.0, "phase": "", "message": ""}
     for event in client.events(task_id):
         data = event.data
         if event.type == "task.snapshot":

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -38,7 +39,8 @@ class Stack:
     """web + two workers + beat, each in its own process group, always stopped at the end."""
 
     def __init__(self, data: Path, port: int) -> None:
-        self.data, self.port, self.procs = data, port, {}
+        self.data, self.port = data, port
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
         env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "RUNTIME_S3_BUCKET")}
         self.env = {**env, **KNOBS, "RUNTIME_DATA_DIR": str(data), "PYTHONUNBUFFERED": "1"}
         (data / "logs").mkdir(parents=True, exist_ok=True)
@@ -142,7 +144,8 @@ def story(client: Client, stack: Stack, data: Path, args: argparse.Namespace) ->
     print(f"task {task_id}\n  rt watch {task_id}   # the same view from another terminal (RT_URL, RT_API_KEY)")
     chapter("3. Watch it live (SSE)")
     bar = Progress(sys.stdout, sys.stdout.isatty())
-    stage, state = "run", {"status": "", "progress": 0.0, "phase": "", "message": "", "version": 0}
+    stage = "run"
+    state: dict[str, Any] = {"status": "", "progress": 0.0, "phase": "", "message": "", "version": 0}
     for event in client.events(task_id):
         data_ = event.data
         if event.type == "task.snapshot":

@@ -24,5 +24,6 @@ def check_connection(conn: Any) -> None:
     except Exception:
         from django.db import connections
 
-        connections["default"].pool.drain()
+        # connections[] is typed as the base wrapper; PostgreSQL's has the pool.
+        connections["default"].pool.drain()  # type: ignore[attr-defined]
         raise

@@ -20,7 +20,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 # What the current code works on: task_id, tenant, agent, step.
-_context: ContextVar[dict[str, Any]] = ContextVar("runtime_log_context", default={})
+# The default is never mutated: log_context sets a new dict each time.
+_context: ContextVar[dict[str, Any]] = ContextVar("runtime_log_context", default={})  # noqa: B039
 
 
 @contextmanager

@@ -39,6 +39,8 @@ _skip_until = 0.0
 class RateLimited(Throttled):
     """HTTP 429 with Retry-After (DRF sets the header from `wait`)."""
 
+    wait: int  # set by Throttled; its stubs leave it undeclared
+
     def __init__(self, wait: int, scope: str) -> None:
         # DRF adds "Expected available in N seconds." to the detail.
         super().__init__(wait=wait, detail=f"the request rate limit of this {scope} is reached.")
@@ -63,7 +65,7 @@ def _client(url: str) -> redis.Redis:
 
 def _counts(keys: list[str], window: int) -> list[int] | None:
     """INCR each key (expiring with its window) in one round trip; None when Redis fails."""
-    global _skip_until
+    global _skip_until  # noqa: PLW0603 (one process-wide back-off after a Redis failure)
     if time.monotonic() < _skip_until:
         return None
     try:

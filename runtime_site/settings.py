@@ -11,6 +11,7 @@ import os
 import secrets
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -166,7 +167,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # --- Database ----------------------------------------------------------------------------
 if EMBEDDED:
     DATA_DIR.mkdir(parents=True, exist_ok=True)
-    DATABASES = {
+    DATABASES: dict[str, Any] = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": DATA_DIR / "runtime.sqlite3",
@@ -286,7 +287,7 @@ DEFAULT_FROM_EMAIL = os.getenv("DEFAULT_FROM_EMAIL", "runtime@localhost")
 REDIS_URL = os.getenv("REDIS_URL", "")
 if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
-    CELERY_BROKER_TRANSPORT_OPTIONS = {
+    CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, Any] = {
         # Far above the longest slice: recovery is the lease scanner's job, and a short
         # visibility timeout would re-deliver slices that are still running (STACK-NOTES §2).
         "visibility_timeout": 4 * 3600,

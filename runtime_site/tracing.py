@@ -16,7 +16,7 @@ import os
 import socket
 from typing import Any
 
-_configured: dict[str, bool] = {}
+_configured: dict[str, int] = {}  # the pid of the process that configured tracing
 
 
 def enabled() -> bool:

@@ -273,6 +273,7 @@ def apply_command(task: Task, command: SteeringCommand, *, actor: str, by_worker
             task.constraints = {**task.constraints, **command.payload.get("constraints", {})}
             task.plan_version += 1  # the agent re-plans at its next safe point
         case CommandType.PROVIDE_INPUT:
+            assert open_request is not None  # found above, or the command was refused
             open_request.status, open_request.answer = InputStatus.ANSWERED, command.payload["answer"]
             open_request.answered_by, open_request.answered_at = command.requested_by, timezone.now()
             open_request.save(update_fields=["status", "answer", "answered_by", "answered_at"])
@@ -393,7 +394,7 @@ def do_answer_input(task_id: UUID, *, tenant: Tenant, key: str, answer: Any, req
     meanwhile must not bounce the answer, so a version conflict is retried against the
     version now."""
     json_safety.check({"key": key, "answer": answer})  # before the key is hashed into the command id
-    command_id = "input:" + hashlib.sha1(key.encode()).hexdigest()
+    command_id = "input:" + hashlib.sha1(key.encode(), usedforsecurity=False).hexdigest()  # a name, not a secret
     for attempt in range(5):
         version = Task.objects.values_list("state_version", flat=True).get(id=task_id)
         try:

@@ -104,9 +104,8 @@ def do_create_task(
             "approvalPolicy": approval_policy or {}, "budget": budget or {}, "priority": priority,
             "ttlSeconds": ttl_seconds}
     fingerprint = _fingerprint(body)
-    if idempotency_key is not None:
-        if existing := _replay(tenant, idempotency_key, fingerprint):
-            return existing, False
+    if idempotency_key is not None and (existing := _replay(tenant, idempotency_key, fingerprint)):
+        return existing, False
     try:
         with transaction.atomic(durable=True):
             _check_queue_cap(tenant)  # after the replay: a retried create is never refused

@@ -1,4 +1,5 @@
 from datetime import timedelta
+from typing import Any
 from uuid import uuid4
 
 from django import forms
@@ -39,8 +40,8 @@ class ApiKeyForm(forms.ModelForm):
         model = ApiKey
         fields = ["tenant", "user", "role", "name", "scopes", "expires_at"]
 
-    def clean(self):
-        data = super().clean()
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
         try:
             check_key_grant(data.get("role") or "", data.get("scopes"))
         except ValueError as exc:
@@ -107,8 +108,8 @@ class AgeFilter(admin.SimpleListFilter):
 
     def queryset(self, request, queryset):
         now = timezone.now()
-        if self.value() in self.BUCKETS:
-            return queryset.filter(created_at__gte=now - self.BUCKETS[self.value()])
+        if (bucket := self.BUCKETS.get(self.value() or "")) is not None:
+            return queryset.filter(created_at__gte=now - bucket)
         if self.value() == "old":
             return queryset.filter(created_at__lt=now - self.BUCKETS["7d"])
         return queryset

@@ -163,8 +163,8 @@ def verify_anchors(
 
 def _check_heads(anchor: str, heads: list[dict[str, Any]]) -> list[BrokenLink]:
     task_ids = {h["task"] for h in heads}
-    stored = dict(((str(t), seq), hash_) for t, seq, hash_ in AuditRecord.objects.filter(
-        task_id__in=task_ids, seq__in={h["seq"] for h in heads}).values_list("task_id", "seq", "hash"))
+    stored = {(str(t), seq): hash_ for t, seq, hash_ in AuditRecord.objects.filter(
+        task_id__in=task_ids, seq__in={h["seq"] for h in heads}).values_list("task_id", "seq", "hash")}
     existing = {str(t) for t in Task.objects.filter(id__in=task_ids).values_list("id", flat=True)}
     problems = []
     for head in heads:

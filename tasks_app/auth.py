@@ -10,10 +10,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import OuterRef, Q, Subquery
 from django.utils import timezone
+from django.http import HttpRequest
 from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
 
@@ -81,7 +82,7 @@ def check_key_grant(role: str, scopes: list[str] | None, *, granted_by: Principa
             raise ValueError(f"scopes {sorted(wanted - granted_by.scopes)} are beyond this key's own")
 
 
-def issue_api_key(tenant: Tenant, user: AbstractBaseUser, *, role: str, name: str, scopes: list[str] | None = None,
+def issue_api_key(tenant: Tenant, user: User, *, role: str, name: str, scopes: list[str] | None = None,
                   expires_at: datetime | None = None, rotated_from: ApiKey | None = None) -> tuple[ApiKey, str]:
     """Create a key and return it with the full token, which is never stored or shown again."""
     check_key_grant(role, scopes)
@@ -151,7 +152,8 @@ def authenticate_key(token: str) -> tuple[Any, Principal]:
 
 
 class ApiKeyAuthentication(authentication.BaseAuthentication):
-    def authenticate(self, request: Request) -> tuple[Any, Principal] | None:
+    def authenticate(self, request: Request | HttpRequest) -> tuple[Any, Principal] | None:
+        # Reads only headers, so the SSE and /mcp views call it with their plain Django request.
         header = request.META.get("HTTP_AUTHORIZATION", "")
         if not header:
             return None

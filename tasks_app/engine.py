@@ -255,12 +255,14 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
             raise leases.LeaseLost(run.lease.task_id)
         # --- step
         sequence = run.sequence + 1
+
+        def tool_runner(name: str, args: dict[str, Any], index: int, sequence: int = sequence) -> Any:
+            return ledger.execute_once(run.lease, tenant_id=run.task.tenant_id, sequence=sequence, index=index,
+                                       name=name, args=args, answers=run.answers)
+
         ctx = agents.StepContext(
             task_id=str(run.task.id), goal=run.task.goal, input=run.task.input, step_name=step_name,
-            sequence=sequence, blobs=blob_store(), answers=run.answers,
-            tool_runner=lambda name, args, index, sequence=sequence: ledger.execute_once(
-                run.lease, tenant_id=run.task.tenant_id, sequence=sequence, index=index, name=name, args=args,
-                answers=run.answers),
+            sequence=sequence, blobs=blob_store(), answers=run.answers, tool_runner=tool_runner,
         )
         began, t0 = timezone.now(), time.perf_counter()
         try:
@@ -339,7 +341,7 @@ def _unstorable(ctx: agents.StepContext, new_state: dict[str, Any]) -> str | Non
     for what, value, limit in (("step name", ctx.step_name, Step._meta.get_field("name").max_length),
                                ("phase", ctx.phase or "", Task._meta.get_field("phase").max_length),
                                ("message", ctx.message or "", Task._meta.get_field("status_message").max_length)):
-        if len(value) > limit:
+        if limit is not None and len(value) > limit:
             return f"its {what} is longer than {limit} characters"
     stack: list[Any] = [ctx.step_name, ctx.phase, ctx.message, ctx.logs, ctx.artifacts, ctx.summary, new_state]
     while stack:

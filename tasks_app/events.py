@@ -42,5 +42,10 @@ def store(task: Task, first_seq: int, items: list[tuple[str, dict[str, Any]]]) -
     ])
     # Published only once the change is committed; never from inside the transaction.
     task_id = task.id
-    transaction.on_commit(lambda: [publish.publish(task_id, row.type, row.data) for row in rows])
+
+    def publish_rows() -> None:
+        for row in rows:
+            publish.publish(task_id, row.type, row.data)
+
+    transaction.on_commit(publish_rows)
     return rows

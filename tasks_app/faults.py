@@ -12,6 +12,8 @@ Celery wrapper ask it, and so should any other edge that must tell the two apart
 
 from __future__ import annotations
 
+import contextlib
+
 import botocore.exceptions
 import kombu.exceptions
 import psycopg
@@ -58,7 +60,5 @@ def backoff(faults_in_a_row: int) -> float:
 def drop_connection() -> None:
     """After an infrastructure error this thread's database connection may be dead, and
     Django would hand it out again: close it, so the next query connects afresh."""
-    try:
+    with contextlib.suppress(DatabaseError):  # closing a connection the server already dropped
         connection.close()
-    except DatabaseError:  # closing a connection the server already dropped
-        pass

@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 CUT_SIGNAL = signal.SIGUSR2
 
 
-class StepKilled(BaseException):  # noqa: N818 (a signal to the engine, like KeyboardInterrupt)
+class StepKilled(BaseException):
     """Raised in the slice's thread: its task was killed. A BaseException, so that an agent's
     `except Exception` around a tool call cannot swallow it."""
 
@@ -112,7 +112,7 @@ def _listen() -> None:
                 for message in pubsub.listen():
                     if guard := _by_task.get(message["data"].decode()):
                         guard.kill("doorbell")
-        except Exception as exc:  # Redis away: the lease is the sure path meanwhile
+        except Exception as exc:  # noqa: BLE001 (Redis away: the lease is the sure path meanwhile)
             logger.info("kill doorbell listener: %s; reconnecting in %.1fs", exc, backoff)
             time.sleep(backoff)
             backoff = min(backoff * 2, 30)

@@ -22,7 +22,7 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
-from django.db.models import DateTimeField, ExpressionWrapper, F, Q
+from django.db.models import DateTimeField, ExpressionWrapper, F, Q, QuerySet
 from django.db.models.functions import Now
 
 from tasks_app import kills
@@ -32,7 +32,7 @@ from tasks_app.states import CLAIMABLE, Status
 logger = logging.getLogger(__name__)
 
 
-class AtCapacity(Exception):  # noqa: N818 (a signal, not an error)
+class AtCapacity(Exception):  # a signal, not an error
     """The task's tenant already runs runtime.max_concurrent_tasks slices: not now."""
 
 
@@ -87,7 +87,7 @@ def _check_capacity(task_id: UUID, limit: int) -> None:
         raise AtCapacity(f"tenant {tenant_id} runs {running} of at most {limit} tasks")
 
 
-def _claimable():  # noqa: ANN202 (a Task queryset)
+def _claimable() -> QuerySet[Task]:
     return Task.objects.filter(status__in=CLAIMABLE).filter(
         Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=Now()))
 
@@ -105,6 +105,8 @@ def next_waiting(task_id: UUID) -> list[tuple[UUID, int]]:
     if not limit:
         return []
     tenant_id = Task.objects.filter(id=task_id).values_list("tenant_id", flat=True).first()
+    if tenant_id is None:  # the task is gone: nobody of its tenant to ring
+        return []
     waiting = Task.objects.filter(tenant_id=tenant_id, waiting_turn_since__isnull=False, status__in=CLAIMABLE,
                                   lease_owner__isnull=True).order_by("priority", "waiting_turn_since")
     if not waiting.exists():

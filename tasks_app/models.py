@@ -113,7 +113,7 @@ class Task(models.Model):
     # after the last checkpoint run again (engine._commit_step), so snapshots never go back.
     steps_done = models.IntegerField(default=0)
 
-    lease_owner = models.CharField(max_length=200, null=True, blank=True)
+    lease_owner = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001 (NULL: nobody holds it)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     lease_epoch = models.BigIntegerField(default=0)  # +1 on every claim: the fencing token
     recoveries = models.IntegerField(default=0)
@@ -134,7 +134,8 @@ class Task(models.Model):
     budget = models.JSONField(default=dict)  # tasks_app.policy.LIMITS
     cost = models.FloatField(default=0.0)  # reported by steps (ctx.report_cost); maxCost compares with it
 
-    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    # NULL, not "": a task created without a key, which the unique constraint below leaves out.
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
     request_fingerprint = models.CharField(max_length=64, blank=True)
 
     result = models.JSONField(null=True, blank=True)
@@ -193,13 +194,14 @@ class Task(models.Model):
         """Why a task that shows as MCP "working" is not simply working."""
         if self.status_message:
             return self.status_message
-        return {
+        texts: dict[str, str] = {
             Status.QUEUED: "queued",
             Status.PAUSING: "pausing",
             Status.PAUSED: "paused",
             Status.RECOVERING: "recovering after a worker loss",
             Status.DEAD_LETTERED: "held for operator",
-        }.get(self.status, "")
+        }
+        return texts.get(self.status, "")
 
 
 class Step(models.Model):

@@ -127,6 +127,7 @@ def do_expire_task(task_id: UUID, *, actor: str) -> Task | None:
     if task is None:
         return None
     _drop_lease(task)
+    assert task.expires_at is not None  # the filter above
     reason = f"past its TTL/deadline ({task.expires_at.isoformat()})"
     task.error = {"code": "expired", "message": reason}
     transition(task, Status.FAILED, actor=actor, reason=reason)

@@ -84,8 +84,8 @@ def canonical_approval_policy(approval_policy: dict[str, Any]) -> dict[str, Any]
     security = settings.RUNTIME["security"]
     known = {*tools.tool_names(), *security["require_approval"], *security["deny_tools"]}
     before = []
-    for name in approval_policy.get("before", []):
-        name = tools.ALIASES.get(name, name)
+    for given in approval_policy.get("before", []):
+        name = tools.ALIASES.get(given, given)
         if name not in known:
             raise SchemaError(f"approvalPolicy before: unknown tool {name!r}; known: {', '.join(sorted(known))}")
         before.append(name)

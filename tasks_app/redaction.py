@@ -112,7 +112,7 @@ class RedactingFilter:
     def filter(self, record: Any) -> bool:
         try:
             message = record.getMessage()
-        except Exception:  # a broken format string is the logging module's problem, not ours
+        except Exception:  # noqa: BLE001 (a broken format string is the logging module's problem, not ours)
             return True
         redacted = _mask(message, _personal_fields())
         if redacted != message:

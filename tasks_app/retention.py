@@ -12,9 +12,10 @@ Steps, ledger entries and the audit chain are never trimmed here.
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
-from django.db.models import F, Window
+from django.db.models import F, QuerySet, Window
 from django.db.models.functions import RowNumber
 from django.utils import timezone
 
@@ -40,7 +41,7 @@ def trim_checkpoints(*, keep: int | None = None) -> int:
     return _delete_in_batches(Checkpoint, ranked.filter(rank__gt=keep).values_list("id", flat=True))
 
 
-def _delete_in_batches(model: type, ids_query) -> int:  # noqa: ANN001 (a values_list queryset)
+def _delete_in_batches(model: type[TaskEvent] | type[Checkpoint], ids_query: QuerySet[Any, Any]) -> int:
     total = 0
     while ids := list(ids_query[:BATCH]):
         total += model.objects.filter(id__in=ids).delete()[0]

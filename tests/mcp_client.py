@@ -12,8 +12,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 import httpx2
-import mcp.types as types
-from mcp import Client
+from mcp import Client, types
 from mcp.client import ClaimContext, ClientExtension, ResultClaim
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError

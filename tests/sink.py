@@ -40,7 +40,7 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         key = self.headers.get("Idempotency-Key", "")
         payload = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"null")
         time.sleep(state["delay_ms"] / 1000)
@@ -67,17 +67,16 @@ class Handler(BaseHTTPRequestHandler):
         try:
             until = time.monotonic() + seconds
             while time.monotonic() < until:
-                if select.select([self.connection], [], [], 0.05)[0]:
-                    if not self.connection.recv(1, socket.MSG_PEEK):
-                        with lock:
-                            state["dropped"] += 1
-                        return True
+                if select.select([self.connection], [], [], 0.05)[0] and not self.connection.recv(1, socket.MSG_PEEK):
+                    with lock:
+                        state["dropped"] += 1
+                    return True
             return False
         finally:
             with lock:
                 state["hanging"] -= 1
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         with lock:
             if self.path == "/stats":
                 return self._send(200, {"posts": state["total"], "perKey": posts, "effects": len(effects),

@@ -25,7 +25,7 @@ class Rt:
         self.args = [sys.executable, "-m", "rtcli", "--url", base, "--api-key", key]
 
     def run(self, *argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*self.args, *argv], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        return subprocess.run([*self.args, *argv], cwd=ROOT, capture_output=True, text=True, check=False, timeout=60)
 
     def start(self, *argv: str) -> tuple[subprocess.Popen[str], list[str]]:
         """Run in the background, collecting its output lines as they come."""
@@ -96,7 +96,7 @@ def test_the_cli_refuses_without_a_key_and_reports_http_errors(alice, processes:
     processes.web(port)
     rt = Rt(f"http://127.0.0.1:{port}", alice.token)
     no_key = subprocess.run([sys.executable, "-m", "rtcli", "list"], cwd=ROOT, capture_output=True, text=True,
-                            env={"PATH": "/usr/bin:/bin"}, timeout=30)
+                            check=False, env={"PATH": "/usr/bin:/bin"}, timeout=30)
     assert no_key.returncode == 2 and "API key" in no_key.stderr
     missing = rt.run("show", "00000000-0000-0000-0000-000000000000")
     assert missing.returncode == 2 and "404" in missing.stderr

@@ -9,6 +9,7 @@ database, which the test stops and starts. The shared server is never restarted.
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import shutil
 import subprocess
@@ -196,10 +197,8 @@ def private_postgres() -> Iterator[PrivatePostgres]:
     try:
         yield cluster
     finally:
-        try:
+        with contextlib.suppress(subprocess.CalledProcessError):  # already stopped
             cluster.stop("immediate")
-        except subprocess.CalledProcessError:
-            pass  # already stopped
         shutil.rmtree(cluster.home, ignore_errors=True)
 
 

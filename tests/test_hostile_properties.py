@@ -128,7 +128,7 @@ def assert_answered(response: Any, before: tuple[int, ...], *, rpc: bool = False
 
 @PROPERTIES
 @given(edge=st.sampled_from(["create", "steering", "inputs", "cancel"]), body=BODIES, which=st.integers(0, 4))
-def test_rest_bodies(alice, task, edge, body, which):
+def test_rest_bodies(alice, task, edge, body, which):  # noqa: F811 (task: the fixture imported above)
     templates = rest_templates(str(task.id))[edge]
     path, template = templates[which % len(templates)]
     before = written()
@@ -139,7 +139,7 @@ def test_rest_bodies(alice, task, edge, body, which):
 
 @PROPERTIES
 @given(wire=st.sampled_from(["2026-07-28", "2025-11-25"]), body=BODIES, which=st.integers(0, len(MCP_TEMPLATES) - 1))
-def test_mcp_bodies(alice, task, wire, body, which):
+def test_mcp_bodies(alice, task, wire, body, which):  # noqa: F811 (task: the fixture imported above)
     method, template = MCP_TEMPLATES[which]
     template = template.replace("META", json.dumps(META)).replace("TASK", str(task.id))
     headers = {"HTTP_ACCEPT": "application/json, text/event-stream", "HTTP_AUTHORIZATION": f"Bearer {alice.token}"}
@@ -151,7 +151,7 @@ def test_mcp_bodies(alice, task, wire, body, which):
     assert_answered(response, before, rpc=True)
 
 
-def query_and_header_requests(alice: Any, task: Any) -> dict[str, Callable[[str], Any]]:
+def query_and_header_requests(alice: Any, task: Any) -> dict[str, Callable[[str], Any]]:  # noqa: F811 (task: the fixture imported above)
     token = {"HTTP_AUTHORIZATION": f"Bearer {alice.token}"}
     events = f"/runtime/tasks/{task.id}/events"
 
@@ -195,7 +195,7 @@ STRING_EDGES = ["?status=", "?limit=", "?cursor=", "?cursor= (base64)", "any que
 
 @PROPERTIES
 @given(edge=st.sampled_from(STRING_EDGES), text=STRINGS)
-def test_query_strings_and_headers(alice, task, edge, text):
+def test_query_strings_and_headers(alice, task, edge, text):  # noqa: F811 (task: the fixture imported above)
     before = written()
     response = query_and_header_requests(alice, task)[edge](text)
     assert_answered(response, before, rpc=edge.startswith("legacy"))

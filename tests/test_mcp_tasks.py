@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from itertools import pairwise
 
 import httpx
 import jsonschema
@@ -281,7 +282,7 @@ def test_listen_pushes_each_status_change_of_the_callers_tasks(live, alice, mall
     statuses = [t["status"] for t in pushed()]
     assert statuses[-1] == "completed" and "input_required" in statuses
     assert all(t["taskId"] == task_id for t in pushed())
-    assert all(a != b for a, b in zip(statuses, statuses[1:]))  # one notification per change
+    assert all(a != b for a, b in pairwise(statuses))  # one notification per change
     done = pushed()[-1]
     assert done["result"]["structuredContent"] == {"text": "deleted l.txt"}
     final = stream.messages[-1]

@@ -75,7 +75,8 @@ def test_two_clients_with_the_same_expected_version_exactly_one_wins_every_time(
         version = api.snapshot(task_id)["stateVersion"]
         barrier, codes = threading.Barrier(2), []
 
-        def send(i: int) -> None:
+        def send(i: int, version: int = version, round_: int = round_, barrier: threading.Barrier = barrier,
+                 codes: list[int] = codes) -> None:
             barrier.wait()
             codes.append(api.steer(task_id, "set_priority", {"priority": i + 3}, version=version,
                                    command_id=f"r{round_}-c{i}", http=clients[i]).status_code)

@@ -43,21 +43,6 @@ def _add_to_queues(self: Any, channel: str, event: Event) -> None:
             listener.wake_threadsafe()
 
 
-def _add_to_queues(self: Any, channel: str, event: Event) -> None:
-    """django-eventstream's add_to_queues, except that a stream already due to re-read
-    storage (overflow) queues nothing more: anything queued would be sent before the
-    re-read and could carry its last id past events it has not seen."""
-    with self.lock:
-        for listener in self.listeners_by_channel.get(channel, set()):
-            items = listener.channel_items.setdefault(channel, [])
-            if not listener.overflow and len(items) < MAX_PENDING:
-                items.append(event)
-            else:
-                listener.overflow = True
-                listener.channel_items = {}
-            listener.wake_threadsafe()
-
-
 def install(on_listener: Callable[[], None]) -> None:
     """Called from TasksAppConfig.ready() in every process (harmless where nothing streams).
     `on_listener` runs on each new stream, on the event loop: it keeps our own listener

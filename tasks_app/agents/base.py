@@ -12,7 +12,7 @@ import jsonschema
 from runtime_site.blobstore import BlobStore
 
 
-class InputNeeded(Exception):  # noqa: N818 (a signal to the engine, not an error)
+class InputNeeded(Exception):  # a signal to the engine, not an error
     """Raised by ctx.ask() (or a guarded tool call): the step cannot go on until a person
     answers. kind "approval" answers need the approver role."""
 
@@ -23,7 +23,7 @@ class InputNeeded(Exception):  # noqa: N818 (a signal to the engine, not an erro
         self.also = also  # further questions the step asks at the same time (ctx.ask_all)
 
 
-class RemoteWait(Exception):  # noqa: N818 (a signal to the engine, not an error)
+class RemoteWait(Exception):  # a signal to the engine, not an error
     """Raised by a tool call whose remote task is still running: the step ends without
     committing, the slice yields, and a later slice runs the step again, which polls the
     same remote task (the ledger holds its id) instead of calling again."""

@@ -6,8 +6,9 @@ tenant's keys. A key never makes a key wider than itself (auth.check_key_grant).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
+from django.contrib.auth.models import User
 from django.http import Http404
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
@@ -32,7 +33,7 @@ def key_body(key: ApiKey, token: str | None = None) -> dict[str, Any]:
     return body
 
 
-def manageable_keys(who: Principal, user_id: int) -> Any:
+def manageable_keys(who: Principal, user_id: Any) -> Any:
     keys = ApiKey.objects.filter(tenant=who.tenant).select_related("rotated_from").order_by("-created_at")
     return keys if who.has_role(Role.ADMIN) else keys.filter(user_id=user_id)
 
@@ -72,7 +73,8 @@ class KeyListCreateApi(APIView):
             check_key_grant(role, scopes, granted_by=who)
         except ValueError as exc:
             raise ValidationError({"scopes" if "scope" in str(exc) else "role": str(exc)}) from None
-        key, token = issue_api_key(who.tenant, request.user, role=role, name=body["name"], scopes=scopes,
+        # cast: IsPrincipal let only an authenticated user through.
+        key, token = issue_api_key(who.tenant, cast(User, request.user), role=role, name=body["name"], scopes=scopes,
                                    expires_at=expires)
         return Response(key_body(key, token), status=status.HTTP_201_CREATED)
 

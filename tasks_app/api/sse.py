@@ -12,7 +12,8 @@ from collections.abc import AsyncIterator
 from uuid import UUID
 
 from django.db import connection
-from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
+from django.http.response import HttpResponseBase
 from django_eventstream.eventrequest import EventRequest
 from django_eventstream.utils import add_default_headers, sse_encode_event
 from django_eventstream.views import Listener, stream
@@ -43,7 +44,7 @@ def check_last_event_id(request: HttpRequest) -> None:
             raise UnsafeInput(name, "not an event id this stream sent (<channel>:<seq>)")
 
 
-def task_events(request: HttpRequest, task_id: str) -> HttpResponse:
+def task_events(request: HttpRequest, task_id: str) -> HttpResponseBase:
     """GET /runtime/tasks/{id}/events: task.snapshot first, then every event after it."""
     try:
         check_last_event_id(request)

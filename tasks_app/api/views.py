@@ -63,7 +63,8 @@ class CreatedAtCursor(pagination.CursorPagination):
         except NotFound:
             cursor = None
         else:
-            if cursor is None or cursor.position is None or _is_datetime(cursor.position):
+            # DRF's stubs type the position as int; decode_cursor gives the query string's text.
+            if cursor is None or cursor.position is None or _is_datetime(cursor.position):  # type: ignore[arg-type]
                 return cursor
         # Its position lands in a created_at comparison, which a non-date would turn into a 500.
         raise ValidationError({"cursor": "not a cursor this API gave out; follow a page's next or previous link"})

@@ -63,15 +63,19 @@ class TaskEventStorage(StorageBase):
         return Event(channel, event_type, data, id=json.loads(data)["seq"])
 
     def get_events(self, channel: str, last_id: int, limit: int = 100) -> list[Event]:
+        if (task_id := task_id_from(channel)) is None:
+            return []
         try:
-            rows = TaskEvent.objects.filter(task_id=task_id_from(channel), seq__gt=last_id).order_by("seq")[:limit]
+            rows = TaskEvent.objects.filter(task_id=task_id, seq__gt=last_id).order_by("seq")[:limit]
             return [Event(channel, row.type, json.dumps(row.data), id=row.seq) for row in rows]
         finally:
             connection.close()  # pitfall 1: never hold a connection for a stream's lifetime
 
     def get_current_id(self, channel: str) -> int:
+        if (task_id := task_id_from(channel)) is None:
+            return 0
         try:
-            return Task.objects.filter(id=task_id_from(channel)).values_list("event_seq", flat=True).first() or 0
+            return Task.objects.filter(id=task_id).values_list("event_seq", flat=True).first() or 0
         finally:
             connection.close()
 

@@ -9,6 +9,7 @@ it ended (ensure_running, hooked in by runtime_site/patches/eventstream.py).
 
 from __future__ import annotations
 
+import contextlib
 import asyncio
 import json
 import logging
@@ -69,15 +70,13 @@ async def _resilient_listen() -> None:
             raise ConnectionError("pub/sub stream ended")
         except asyncio.CancelledError:
             raise
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 (the listener outlives any failure: it reconnects)
             logger.warning("SSE Redis listener lost its connection (%s); reconnecting in %.1fs", exc, backoff)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 5.0)
         finally:
-            try:
+            with contextlib.suppress(Exception):  # the connection is already broken
                 await client.aclose()
-            except Exception:  # noqa: S110 (the connection is already broken)
-                pass
 
 
 def _seqs(channels: list[str]) -> dict[str, int]:

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture(autouse=True)
-def anchors_dir(settings, tmp_path: Path):  # noqa: ANN001, ANN201
+def anchors_dir(settings, tmp_path: Path):
     """A blob store of this test's own, and a known key."""
     settings.RUNTIME_BLOB_DIR = tmp_path / "blobs"
     settings.RUNTIME_AUDIT_KEY = "key-one-" + "x" * 32
@@ -34,7 +34,7 @@ def anchors_dir(settings, tmp_path: Path):  # noqa: ANN001, ANN201
     blob_store.cache_clear()
 
 
-def finished_task(persona, steps: int = 3) -> Task:  # noqa: ANN001
+def finished_task(persona, steps: int = 3) -> Task:
     task, _ = do_create_task(persona.tenant, actor="user:test", agent="noop", input={"steps": steps})
     while engine.run_slice(task.id, worker_id="w1") is engine.SliceOutcome.CONTINUE:
         pass

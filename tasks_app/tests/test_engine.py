@@ -6,6 +6,7 @@ import hashlib
 import json
 import threading
 from datetime import timedelta
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -278,5 +279,5 @@ def test_concurrency_limited_tasks_never_overlap_on_real_workers(alice, settings
     wait_until(lambda: Task.objects.filter(id__in=[t.id for t in tasks], status="completed").count() == 3,
                timeout=25, what="all three tasks (handed their turns along, not left to the stall scanner)")
     spans = sorted(Step.objects.filter(task__in=tasks).values_list("started_at", "finished_at", "task_id"))
-    for (_, end, a), (start, _, b) in zip(spans, spans[1:], strict=False):
+    for (_, end, a), (start, _, b) in pairwise(spans):
         assert a == b or start >= end, "two tasks of the tenant ran at once"

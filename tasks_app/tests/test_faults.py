@@ -25,7 +25,7 @@ from tasks_app.tests.test_engine import expire_lease, run_to_end
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-class Killed(BaseException):  # noqa: N818
+class Killed(BaseException):
     """Stands in for SIGKILL: the engine catches no BaseException, so the slice dies where it
     is, holding its lease, and commits nothing more."""
 

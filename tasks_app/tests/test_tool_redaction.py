@@ -28,7 +28,7 @@ PAYLOAD = {"customer": EMAIL, "card": CARD, "note": f"use {TOKEN}", "password": 
 class EchoingRemote(BaseHTTPRequestHandler):
     """Refuses every call with a 422 that quotes the whole request body, as many APIs do."""
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode()
         data = json.dumps({"error": "invalid customer", "received": body}).encode()
         self.send_response(422)

@@ -66,7 +66,7 @@ class DocumentReviewAgent(Agent):
             "expired": _INT,
             "byLevel": {
                 "type": "object",
-                "properties": {level: _INT for level in LEVELS},
+                "properties": dict.fromkeys(LEVELS, _INT),
                 "required": list(LEVELS),
                 "additionalProperties": False,
             },
@@ -215,7 +215,7 @@ class DocumentReviewAgent(Agent):
         keys = keys[:total]
         # Standard layout keys are derivable from the index, so the checkpoint need not carry them.
         derivable = all(k == self._doc_key(state["corpus"], i) for i, k in enumerate(keys))
-        state.update(asOf=str(manifest.get("asOf") or dt.date.today().isoformat()), total=total,
+        state.update(asOf=str(manifest.get("asOf") or dt.datetime.now(dt.UTC).date().isoformat()), total=total,
                      keys=None if derivable else keys, stage="review" if total else "write_report")
         ctx.progress(0.0, phase="loading", message=f"manifest lists {len(keys)} documents, reviewing {total}")
         ctx.log("manifest loaded", corpus=state["corpus"], documents=total, asOf=state["asOf"])
