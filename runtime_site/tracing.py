@@ -5,7 +5,9 @@ One trace per task creation: the API request (Django) → the slice message (Cel
 the context into the message's headers) → each slice → each step → each tool call, with
 httpx's client span and a `traceparent` header on outgoing HTTP, and the same header on
 calls to remote MCP servers. A slice's successor message is sent from inside the slice,
-so the task's later slices stay in its trace. The exporter reads the standard OTEL_*
+so the task's later slices stay in its trace; a slice rung from elsewhere (the reaper
+after a crash, steering, a redrive) joins it through the traceparent kept on the task
+row (tasks_app/telemetry.py). The exporter reads the standard OTEL_*
 variables (endpoint, headers, timeouts, OTEL_BSP_* batching); OTEL_SERVICE_NAME
 overrides the service name each process gives itself.
 """

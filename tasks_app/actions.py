@@ -13,6 +13,7 @@ from django.utils import timezone
 from common import json_safety
 from common.canonical import canonical_json, sha256_hex
 from common.schema import validate
+from runtime_site.tracing import trace_headers
 from tasks_app import events, policy
 from tasks_app.agents import base as agents
 from tasks_app.audit import record_audit
@@ -113,7 +114,7 @@ def do_create_task(
                 tenant=tenant, created_by=actor, agent=agent, input=input, goal=goal,
                 checkpoint_policy=checkpoint_policy or {}, approval_policy=approval_policy or {},
                 budget=budget or {}, priority=priority, idempotency_key=idempotency_key,
-                request_fingerprint=fingerprint,
+                request_fingerprint=fingerprint, trace_context=trace_headers().get("traceparent", "")[:256],
                 expires_at=timezone.now() + timedelta(seconds=ttl_seconds) if ttl_seconds else None,
             )
             record_audit(task, actor=actor, action="created", to_status=task.status,

@@ -119,6 +119,9 @@ class Task(models.Model):
     recoveries = models.IntegerField(default=0)
     # Slices abandoned to an infrastructure error (tasks_app.faults): retried, never counted as crashes.
     infra_faults = models.IntegerField(default=0)
+    # The W3C traceparent of the request that created the task (empty with tracing off): a
+    # slice rung by the reaper, a steering command or a redrive joins the task's trace again.
+    trace_context = models.CharField(max_length=256, blank=True, default="")
     # Turned away at its tenant's runtime.max_concurrent_tasks: the next freed turn rings it.
     waiting_turn_since = models.DateTimeField(null=True, blank=True)
     cancel_requested = models.BooleanField(default=False)

@@ -31,12 +31,30 @@ def slice_of(task_id: str) -> Iterator[Span]:
     the task's id, tenant and agent on every log line written inside."""
     from tasks_app.models import Task
 
-    with tracer.start_as_current_span("slice", attributes={TASK_ID: task_id}) as span:
-        agent, tenant = Task.objects.filter(id=task_id).values_list("agent", "tenant__slug").first() or (None, None)
+    agent, tenant, created_in = (Task.objects.filter(id=task_id).values_list("agent", "tenant__slug", "trace_context")
+                                 .first() or (None, None, ""))
+    parent, links = _task_trace(created_in)
+    with tracer.start_as_current_span("slice", context=parent, links=links, attributes={TASK_ID: task_id}) as span:
         if span.is_recording() and agent:
             span.set_attributes({AGENT: agent, TENANT: tenant})
         with logs.about(task_id=task_id, tenant=tenant, agent=agent):
             yield span
+
+
+def _task_trace(traceparent: str) -> tuple[context.Context | None, list[trace.Link]]:
+    """Where a slice's span belongs: in the trace of the request that created its task. A
+    slice rung from inside that trace (the request, the slice before it) stays under its
+    message; one rung from elsewhere (the reaper after a crash, a steering command, a
+    redrive, beat) joins the task's trace, linked to the message that rang it."""
+    if not traceparent:
+        return None, []
+    from opentelemetry import propagate
+
+    created = trace.get_current_span(propagate.extract({"traceparent": traceparent})).get_span_context()
+    rung_by = trace.get_current_span().get_span_context()
+    if not created.is_valid or created.trace_id == rung_by.trace_id:
+        return None, []
+    return trace.set_span_in_context(trace.NonRecordingSpan(created)), [trace.Link(rung_by)] if rung_by.is_valid else []
 
 
 @contextmanager

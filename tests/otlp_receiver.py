@@ -63,6 +63,7 @@ class OtlpReceiver:
                         "kind": span.kind, "start": span.start_time_unix_nano, "end": span.end_time_unix_nano,
                         "attributes": {a.key: _value(a.value) for a in span.attributes},
                         "status": span.status.code,
+                        "links": [(link.trace_id.hex(), link.span_id.hex()) for link in span.links],
                     })
         with self._lock:
             self.spans += spans

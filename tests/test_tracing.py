@@ -93,6 +93,38 @@ def test_one_task_is_one_trace_across_web_worker_and_the_remote(alice, processes
                for s in spans)
 
 
+def test_a_task_resumed_after_its_worker_was_killed_stays_in_the_trace_of_its_creation(
+        alice, processes: Processes, receiver):
+    otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "100"}
+    port = free_port()
+    processes.web(port, **otel)
+    first = processes.worker(**{**FAST, **otel})
+    processes.beat(**FAST)  # the reaper rings the task again after the kill: outside any trace
+    created = httpx.post(f"http://127.0.0.1:{port}/runtime/tasks", timeout=15,
+                         headers={"Authorization": f"Bearer {alice.token}"},
+                         json={"agent": "noop", "input": {"steps": 30, "sleepMs": 50},
+                               "checkpointPolicy": {"everySteps": 5}})
+    assert created.status_code == 201, created.text
+    task = Task.objects.get(id=created.json()["taskId"])
+    wait_until(lambda: Task.objects.get(id=task.id).steps_done >= 10, timeout=60, what="ten steps")
+    processes.kill(first)  # SIGKILL mid-slice: its open slice span is never exported
+    processes.worker(**{**FAST, **otel})
+    assert settled(task, timeout=120).status == "completed"
+    assert Task.objects.get(id=task.id).recoveries >= 1
+
+    request = wait_until(lambda: next((s for s in receiver.spans if s["kind"] == SERVER
+                                       and s["attributes"].get("http.route") == "runtime/tasks"), None),
+                         timeout=30, what="the API request's span")
+    steps = lambda: {s["attributes"]["runtime.step.sequence"] for s in receiver.spans  # noqa: E731
+                     if s["name"].startswith("step ") and s["attributes"].get("runtime.task_id") == str(task.id)}
+    wait_until(lambda: steps() >= set(range(11, 31)), timeout=30, what="the steps after the kill")
+    ours = [s for s in receiver.spans if s["attributes"].get("runtime.task_id") == str(task.id)]
+    assert {s["trace_id"] for s in ours} == {request["trace_id"]}, "a slice after the kill started a trace of its own"
+    # The slice the reaper rang says so: it links to the message that rang it, from another trace.
+    resumed = [s for s in ours if s["name"] == "slice" and s["links"]]
+    assert resumed and all(trace != request["trace_id"] for s in resumed for trace, _ in s["links"])
+
+
 def _ancestors(span: dict, by_id: dict) -> list[dict]:
     out = []
     while span["parent_id"] in by_id:
