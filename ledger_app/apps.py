@@ -6,4 +6,4 @@ class LedgerAppConfig(AppConfig):
     verbose_name = "Ledger"
 
     def ready(self) -> None:
-        from ledger_app import tools  # noqa: F401  (registers the built-in tools)
+        from ledger_app import llm, tools  # noqa: F401  (registers the built-in tools and llm.chat)
