@@ -1,6 +1,6 @@
 """Agent registry; importing this package registers the built-in agents."""
 
-from tasks_app.agents import document_review, noop, tool_calls, webhook  # noqa: F401
+from tasks_app.agents import document_review, noop, planner, tool_calls, webhook  # noqa: F401
 from tasks_app.agents.base import Agent, StepContext, UnknownAgent, agent_names, get_agent, register
 
 from django.conf import settings  # isort: skip

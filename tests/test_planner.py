@@ -1,0 +1,151 @@
+"""The planner agent with real worker processes, a scripted model behind real HTTP
+(tests/scripted_llm.py: OpenAI's wire for the default model, Anthropic's for `second`) and
+an independent receiver counting the tool calls' effects (tests/sink.py)."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from django.conf import settings
+from django.test import override_settings
+
+from checkpoints_app.actions import latest_checkpoint, load_state
+from conftest import FAST_LEASES, settled, wait_until
+from ledger_app.models import LedgerEntry
+from steering_app.actions import do_enqueue_command
+from steering_app.models import InputRequest
+from tasks_app.actions import do_create_task
+from tasks_app.agents.planner import prompt
+from tasks_app.models import Task
+from tests.scripted import ScriptedModel
+from tests.test_ledger import Sink
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FAST = {**FAST_LEASES, "SECURITY_HTTP_ALLOWLIST": "127.0.0.1"}
+
+
+def post(sink: Sink, n: int, **extra) -> dict:
+    return {"name": "http_request", "arguments": {"url": f"{sink.url}/effects", "json": {"n": n, **extra}}}
+
+
+def planner(alice, goal: str, **options) -> Task:
+    return do_create_task(alice.tenant, actor="user:test", agent="planner",
+                          input={"goal": goal, "tools": ["http.request"]}, **options)[0]
+
+
+def steer(task: Task, type: str, payload: dict, command_id: str) -> None:
+    version = Task.objects.get(id=task.id).state_version
+    do_enqueue_command(task.id, tenant=task.tenant, command_id=command_id, type=type, payload=payload,
+                       expected_version=version, requested_by="user:test")
+
+
+def test_a_planner_plans_calls_tools_once_asks_a_person_replans_and_switches_model(alice, processes, tmp_path):
+    sink = Sink(processes)
+    plan = {"name": "update_plan", "arguments": {"steps": [
+        {"title": "record the first thing", "status": "done"}, {"title": "ask for a colour", "status": "doing"},
+        {"title": "record the colour", "status": "todo"}]}}
+    model = ScriptedModel(processes, tmp_path, [
+        {"toolCalls": [plan, post(sink, 1)], "usage": {"input": 200, "output": 30}},
+        {"status": 429},  # retried ...
+        {"hangOnce": 30, "toolCalls": [{"name": "ask_person", "arguments": {"question": "Which colour?"}}]},  # ... and a timeout
+        # after adjust_goal, on the Anthropic wire: a malformed call first, sent back once
+        {"toolCalls": [{"name": "http_request", "arguments": "{\"url\": oops"}]},
+        {"toolCalls": [post(sink, 2, colour="blue"), {"name": "update_plan", "arguments": {"steps": [
+            {"title": "record the colour", "status": "done"}]}}]},
+        {"toolCalls": [{"name": "finish", "arguments": {"answer": "recorded blue"}}]},
+    ])
+    processes.worker(**FAST, **model.env(LLM_TIMEOUT_SECONDS="3"))
+    task = planner(alice, "Record a thing, then a colour a person picks.")
+
+    task = settled(task)
+    assert task.status == "input_required", task.error
+    asked = InputRequest.objects.get(task=task, status="open")
+    assert asked.prompt == "Which colour?"
+    runtime = copy.deepcopy(settings.RUNTIME)  # the web process knows the models the workers do
+    runtime["llm"]["models"] = json.loads(model.env()["LLM_MODELS"])
+    with override_settings(RUNTIME=runtime):
+        steer(task, "adjust_goal", {"goal": "Record a thing, then the colour, and say which.",
+                                    "constraints": {"rules": ["say the colour in the answer"], "model": "second"}}, "c1")
+    steer(task, "provide_input", {"key": asked.key, "answer": "blue"}, "c2")
+
+    wait_until(lambda: Task.objects.get(id=task.id).status in ("completed", "failed"), timeout=90, what="the end")
+    task = Task.objects.get(id=task.id)
+    assert task.status == "completed", task.error
+    result = task.result
+    assert result["answer"] == "recorded blue" and result["planVersion"] == 2 and result["model"] == "second"
+    # Done steps survived the re-plan; the model switch and the usage are on record.
+    assert [s["title"] for s in result["plan"] if s["status"] == "done"] == [
+        "record the first thing", "record the colour"]
+    assert result["usage"]["modelCalls"] == 5  # answered calls; the 429 and the timeout were retries of one
+
+    stats = sink.stats()
+    assert stats["effects"] == 2 and set(stats["perKey"].values()) == {1}  # each tool call exactly once
+
+    calls = model.stats()
+    assert calls["requests"] == 7 and calls["byWire"] == {"openai": 4, "anthropic": 3}
+    assert calls["models"][-3:] == ["scripted-claude"] * 3
+    switched, repaired = calls["prompts"][4], calls["prompts"][5]
+    assert "re-validate the plan" in switched and "(version 2)" in switched and "[done] record the first thing" in switched
+    assert "could not be carried out" in repaired and "not JSON" not in switched
+    assert "Q: Which colour? A: blue" in switched
+
+    retried = LedgerEntry.objects.get(task=task, tool="llm.chat", step_sequence=3)
+    assert retried.status == "succeeded" and retried.attempts == 3 and len(retried.durations_ms) == 3
+    assert list(LedgerEntry.objects.filter(task=task, tool="http.request").values_list("status", flat=True)) == [
+        "succeeded", "succeeded"]
+
+    state = load_state(latest_checkpoint(task), agent="planner")
+    text = json.dumps(state)
+    assert prompt.SYSTEM not in text and "Which colour?" in text  # facts, not the conversation
+    assert not {"messages", "prompt", "conversation"} & set(state)
+    assert state["models"] == [{"from": "default", "to": "second", "planVersion": 2}]
+
+
+def test_a_worker_killed_mid_plan_resumes_from_the_checkpoint_without_repeating_a_tool_call(
+        alice, processes, tmp_path):
+    sink = Sink(processes)
+    model = ScriptedModel(processes, tmp_path, [
+        {"toolCalls": [post(sink, 1)]},
+        {"hangOnce": 120, "toolCalls": [post(sink, 2)]},  # the worker is killed while it waits for this
+        {"toolCalls": [{"name": "finish", "arguments": {"answer": "two records"}}]},
+    ])
+    env = {**FAST, **model.env(LLM_TIMEOUT_SECONDS="200")}
+    worker = processes.worker(**env)
+    processes.beat(**env)
+    task = planner(alice, "Record two things.", checkpoint_policy={"everySteps": 1})
+
+    wait_until(lambda: sink.stats()["effects"] == 1 and model.stats()["requests"] == 2, timeout=60,
+               what="the second model call to be in flight")
+    processes.kill(worker)
+    processes.worker(**env)
+
+    task = settled(task)
+    assert task.status == "completed", task.error
+    assert task.recoveries >= 1 and task.result["answer"] == "two records"
+    stats = sink.stats()
+    assert stats["effects"] == 2 and set(stats["perKey"].values()) == {1}
+    assert model.stats()["requests"] == 4  # only the call in flight was asked again
+
+
+def test_a_token_budget_stops_the_task_before_its_next_step(alice, processes, tmp_path):
+    sink = Sink(processes)
+    model = ScriptedModel(processes, tmp_path, [{"toolCalls": [post(sink, 1)], "usage": {"input": 900, "output": 200}},
+                                                {"toolCalls": [{"name": "finish", "arguments": {"answer": "x"}}]}])
+    processes.worker(**FAST, **model.env())
+    task = settled(planner(alice, "Record one thing.", budget={"maxTokens": 1000}))
+    assert task.status == "failed"
+    assert task.error["code"] == "budget_exhausted" and "model tokens 1100 of 1000" in task.error["message"]
+    assert sink.stats()["effects"] == 0 and model.stats()["requests"] == 1
+
+
+def test_a_second_malformed_answer_fails_the_step_with_the_reason(alice, processes, tmp_path):
+    model = ScriptedModel(processes, tmp_path, [{"toolCalls": [{"name": "rm_rf", "arguments": {}}]},
+                                                {"toolCalls": [{"name": "http_request", "arguments": "[1"}]}])
+    processes.worker(**FAST, **model.env())
+    task = settled(planner(alice, "Do something."))
+    assert task.status == "failed"
+    assert "unusable twice" in task.error["message"] and "not JSON" in task.error["message"], task.error
+    assert model.stats()["requests"] == 2
