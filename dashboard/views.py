@@ -38,6 +38,7 @@ from runtime_site.errors import error_body
 from steering_app.actions import CommandRefused, InvalidCommand, VersionConflict, do_enqueue_command, refusal
 from steering_app.api.views import answer_input
 from steering_app.models import CommandType, InputRequest, InputStatus, SteeringCommand
+from tasks_app import artifacts
 from tasks_app.actions import IdempotencyConflict, do_create_task
 from tasks_app.agents.base import SchemaError
 from tasks_app.models import ROLE_RANK, Role, Task, TaskEvent
@@ -169,7 +170,13 @@ def _start_posted(request: HttpRequest, tenants: list[tuple[str, str]]) -> HttpR
 def task_context(request: HttpRequest, task: Task) -> dict[str, Any]:
     who = access.principal_for(request.user, task)
     logs = log_tail(task)
+    # A finished task's artifacts, linked to the route that serves them (a file:// ref is no link).
+    listed = artifacts.listing(task, f"/dashboard/tasks/{task.id}/artifacts") if task.is_terminal else []
+    report = artifacts.name_of(task, ((task.result or {}).get("report") or {}).get("markdown"))
     return {
+        "artifacts": listed,
+        "report_name": report,
+        "report_url": reverse("dashboard:artifact", args=[task.id, report]) if report else None,
         "task": task,
         "snapshot": {"seq": task.event_seq, **task_snapshot(task)},
         "checkpoints": Checkpoint.objects.filter(task=task).order_by("sequence", "id"),
@@ -198,6 +205,12 @@ def task_page(request: HttpRequest, task: Task) -> HttpResponse:
 def task_panels(request: HttpRequest, task: Task) -> HttpResponse:
     """The parts of the task page that change with control state, re-read on such events."""
     return render(request, "dashboard/_panels.html", task_context(request, task))
+
+
+@with_task
+@require_GET
+def artifact(request: HttpRequest, task: Task, name: str) -> HttpResponse:
+    return artifacts.response(task, name, download=request.GET.get("download") in ("1", "true"))
 
 
 @with_task(for_script=True)
