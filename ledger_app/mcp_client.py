@@ -104,7 +104,8 @@ def list_tools(server: str, *, timeout: float, headers: dict[str, str] | None = 
         found: list[dict[str, Any]] = []
         cursor = None
         while True:
-            page = await client.session.list_tools(params=types.PaginatedRequestParams(cursor=cursor) if cursor else None)
+            params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
+            page = await client.session.list_tools(params=params)
             found += [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in page.tools]
             if not (cursor := page.next_cursor) or len(found) > 1000:
                 return found

@@ -342,7 +342,8 @@ def _over_budget(run: _Run) -> str | None:
     """The safe point honours the task's budget (tool calls are counted by the guard), as
     extended by approvers; an extension answered "stop" leaves it exhausted."""
     started = run.task.started_at or timezone.now()
-    tokens = llm.tokens_used(run.task.id) if "maxTokens" in policy.effective_budget(run.task.budget) else None
+    limited = "maxTokens" in policy.effective_budget(run.task.budget, run.answers)
+    tokens = llm.tokens_used(run.task.id) if limited else None
     return policy.exhausted(run.task.budget, policy.Usage(
         steps=run.sequence, tool_calls=None, wall_seconds=(timezone.now() - started).total_seconds(),
         cost=run.task.cost, tokens=tokens), run.answers)

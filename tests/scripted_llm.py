@@ -17,7 +17,7 @@ A deterministic model: a request identical to one already answered gets the same
 again without using up an entry (a call made again after a crash asks the same).
 
 GET /stats  {"requests": n, "answered": n, "byWire": {...}, "prompts": [the user prompts in order],
-             "models": [the model named by each request]}
+             "models": [the model named by each request], "tools": [the tool names each offered]}
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Any
 lock = threading.Lock()
 script: list[dict[str, Any]] = []
 state: dict[str, Any] = {"next": 0, "requests": 0, "answered": 0, "byWire": {}, "prompts": [], "models": [],
-                         "hung": set(), "cache": {}}
+                         "tools": [], "hung": set(), "cache": {}}
 
 
 def _prompt(wire: str, body: dict[str, Any]) -> str:
@@ -44,9 +44,11 @@ def _prompt(wire: str, body: dict[str, Any]) -> str:
 
 
 def _openai(entry: dict[str, Any], n: int, model: str) -> dict[str, Any]:
-    calls = [{"id": f"call_{n}_{i}", "type": "function", "function": {
-        "name": c["name"], "arguments": c["arguments"] if isinstance(c["arguments"], str) else json.dumps(c["arguments"])}}
-        for i, c in enumerate(entry.get("toolCalls", []))]
+    def raw(arguments: Any) -> str:
+        return arguments if isinstance(arguments, str) else json.dumps(arguments)
+
+    calls = [{"id": f"call_{n}_{i}", "type": "function", "function": {"name": c["name"], "arguments": raw(c["arguments"])}}
+             for i, c in enumerate(entry.get("toolCalls", []))]
     usage = entry.get("usage", {"input": 100, "output": 20})
     message: dict[str, Any] = {"role": "assistant", "content": entry.get("text")}
     if calls:
@@ -94,6 +96,7 @@ class Handler(BaseHTTPRequestHandler):
             state["byWire"][wire] = state["byWire"].get(wire, 0) + 1
             state["prompts"].append(_prompt(wire, body))
             state["models"].append(body.get("model"))
+            state["tools"].append([t.get("name") or t.get("function", {}).get("name") for t in body.get("tools", [])])
             n = state["requests"]
             entry, hang = state["cache"].get(digest), 0.0
             if entry is None:

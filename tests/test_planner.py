@@ -18,9 +18,10 @@ from steering_app.actions import do_enqueue_command
 from steering_app.models import InputRequest
 from tasks_app.actions import do_create_task
 from tasks_app.agents.planner import prompt
-from tasks_app.models import Task
+from tasks_app.models import AuditRecord, Task
 from tests.scripted import ScriptedModel
 from tests.test_ledger import Sink
+from tests.test_remote_mcp import Remote
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -50,7 +51,8 @@ def test_a_planner_plans_calls_tools_once_asks_a_person_replans_and_switches_mod
     model = ScriptedModel(processes, tmp_path, [
         {"toolCalls": [plan, post(sink, 1)], "usage": {"input": 200, "output": 30}},
         {"status": 429},  # retried ...
-        {"hangOnce": 30, "toolCalls": [{"name": "ask_person", "arguments": {"question": "Which colour?"}}]},  # ... and a timeout
+        # ... and a timeout
+        {"hangOnce": 30, "toolCalls": [{"name": "ask_person", "arguments": {"question": "Which colour?"}}]},
         # after adjust_goal, on the Anthropic wire: a malformed call first, sent back once
         {"toolCalls": [{"name": "http_request", "arguments": "{\"url\": oops"}]},
         {"toolCalls": [post(sink, 2, colour="blue"), {"name": "update_plan", "arguments": {"steps": [
@@ -67,8 +69,8 @@ def test_a_planner_plans_calls_tools_once_asks_a_person_replans_and_switches_mod
     runtime = copy.deepcopy(settings.RUNTIME)  # the web process knows the models the workers do
     runtime["llm"]["models"] = json.loads(model.env()["LLM_MODELS"])
     with override_settings(RUNTIME=runtime):
-        steer(task, "adjust_goal", {"goal": "Record a thing, then the colour, and say which.",
-                                    "constraints": {"rules": ["say the colour in the answer"], "model": "second"}}, "c1")
+        steer(task, "adjust_goal", {"goal": "Record a thing, then the colour, and say which.", "constraints": {
+            "rules": ["say the colour in the answer"], "model": "second"}}, "c1")
     steer(task, "provide_input", {"key": asked.key, "answer": "blue"}, "c2")
 
     wait_until(lambda: Task.objects.get(id=task.id).status in ("completed", "failed"), timeout=90, what="the end")
@@ -88,7 +90,8 @@ def test_a_planner_plans_calls_tools_once_asks_a_person_replans_and_switches_mod
     assert calls["requests"] == 7 and calls["byWire"] == {"openai": 4, "anthropic": 3}
     assert calls["models"][-3:] == ["scripted-claude"] * 3
     switched, repaired = calls["prompts"][4], calls["prompts"][5]
-    assert "re-validate the plan" in switched and "(version 2)" in switched and "[done] record the first thing" in switched
+    assert "re-validate the plan" in switched and "(version 2)" in switched
+    assert "[done] record the first thing" in switched
     assert "could not be carried out" in repaired and "not JSON" not in switched
     assert "Q: Which colour? A: blue" in switched
 
@@ -149,3 +152,59 @@ def test_a_second_malformed_answer_fails_the_step_with_the_reason(alice, process
     assert task.status == "failed"
     assert "unusable twice" in task.error["message"] and "not JSON" in task.error["message"], task.error
     assert model.stats()["requests"] == 2
+
+
+def test_remote_mcp_tools_are_offered_and_a_guarded_call_waits_for_an_approval_then_runs_once(
+        alice, processes, tmp_path):
+    remote = Remote(processes)
+    model = ScriptedModel(processes, tmp_path, [
+        {"toolCalls": [{"name": "crm__record", "arguments": {"text": "hello"}}]},
+        {"toolCalls": [{"name": "finish", "arguments": {"answer": "recorded"}}]},
+    ])
+    processes.worker(**FAST, **model.env(TOOLS_MCP_SERVERS=json.dumps({"crm": {"url": remote.mcp}})))
+    task = do_create_task(alice.tenant, actor="user:test", agent="planner",
+                          input={"goal": "Record hello in the CRM.", "tools": ["crm.record"]},
+                          approval_policy={"before": ["mcp.call"]})[0]
+
+    task = settled(task)
+    assert task.status == "input_required", task.error
+    approval = InputRequest.objects.get(task=task, status="open")
+    assert approval.kind == "approval" and "crm" not in approval.key and remote.stats()["effects"] == {}
+    steer(task, "provide_input", {"key": approval.key, "answer": "approve"}, "ok")
+
+    task = settled(task)
+    assert task.status == "completed", task.error
+    assert remote.stats()["effects"] == {"record": 1}
+    offered = model.stats()["tools"][0]
+    assert "crm__record" in offered and "crm__slow" not in offered and "http_request" not in offered
+    assert LedgerEntry.objects.get(task=task, tool="mcp.call").status == "succeeded"
+
+
+def test_a_pause_lands_between_the_model_call_and_its_tool_calls_and_resume_goes_on_another_model(
+        alice, processes, tmp_path):
+    sink = Sink(processes)
+    model = ScriptedModel(processes, tmp_path, [
+        {"hangOnce": 4, "toolCalls": [post(sink, 1)]},
+        {"toolCalls": [{"name": "finish", "arguments": {"answer": "done on the other model"}}]},
+    ])
+    processes.worker(**FAST, **model.env(LLM_TIMEOUT_SECONDS="30"))
+    task = planner(alice, "Record one thing.")
+    wait_until(lambda: model.stats()["requests"] == 1, timeout=60, what="the first model call")
+    steer(task, "pause", {}, "p")
+    wait_until(lambda: Task.objects.get(id=task.id).status == "paused", timeout=60, what="the pause")
+    assert sink.stats()["effects"] == 0  # the model asked; nothing was done before the pause
+
+    runtime = copy.deepcopy(settings.RUNTIME)
+    runtime["llm"]["models"] = json.loads(model.env()["LLM_MODELS"])
+    with override_settings(RUNTIME=runtime):
+        steer(task, "adjust_goal", {"constraints": {"model": "second"}}, "switch")
+    steer(task, "resume", {}, "r")
+
+    task = settled(task)
+    assert task.status == "completed", task.error
+    assert task.result["model"] == "second" and task.result["answer"] == "done on the other model"
+    assert sink.stats()["effects"] == 1
+    stats = model.stats()
+    assert stats["models"][-1] == "scripted-claude" and "re-validate the plan" in stats["prompts"][-1]
+    switch = AuditRecord.objects.filter(task=task, action="steering_accepted").values_list("data", flat=True)
+    assert any("second" in json.dumps(data) for data in switch)  # the switch is audited
