@@ -71,3 +71,34 @@ def test_the_dashboard_links_the_report_to_a_route_that_serves_it(alice, mallory
     client.logout()
     signed_in(client, mallory)
     assert client.get(url).status_code == 404
+
+
+def test_rt_lists_and_fetches_an_artifact(alice, mallory, processes, tmp_path):
+    from conftest import free_port
+    from tests.test_cli import Rt
+
+    task = finished_review(alice)
+    port = free_port()
+    processes.web(port)
+    rt = Rt(f"http://127.0.0.1:{port}", alice.token)
+    listed = rt.run("artifact", str(task.id))
+    assert listed.returncode == 0 and listed.stdout.splitlines() == [
+        "report.json\tapplication/json", "report.md\ttext/markdown; charset=utf-8"]
+    fetched = rt.run("artifact", str(task.id), "report.md")
+    assert fetched.returncode == 0 and fetched.stdout == REPORT
+    assert rt.run("artifact", str(task.id), "report.md", "-o", str(tmp_path / "r.md")).returncode == 0
+    assert (tmp_path / "r.md").read_text() == REPORT
+    theirs = Rt(f"http://127.0.0.1:{port}", mallory.token).run("artifact", str(task.id), "report.md")
+    assert theirs.returncode == 2 and "404" in theirs.stderr
+
+
+def test_the_dashboard_shows_a_planners_answer_plan_and_token_usage(alice, client):
+    task = new_task(alice)
+    Task.objects.filter(id=task.id).update(agent="planner", status="completed", result={
+        "answer": "recorded blue", "planVersion": 2, "model": "second",
+        "plan": [{"id": "s1", "title": "record the first thing", "status": "done"}],
+        "usage": {"modelCalls": 5, "inputTokens": 600, "outputTokens": 110, "cost": 0.0, "perStep": []}})
+    signed_in(client, alice)
+    page = client.get(f"/dashboard/tasks/{task.id}/").content.decode()
+    assert "recorded blue" in page and "[done] record the first thing" in page
+    assert "5 model calls; 600 input and 110 output tokens." in page
