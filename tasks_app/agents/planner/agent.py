@@ -26,8 +26,9 @@ from typing import Any
 
 from django.conf import settings
 
-from tasks_app.agents.base import Agent, SchemaError, StepContext, ToolRejected, register, validate
-from tasks_app.agents.planner import catalog, prompt
+from tasks_app.agents.base import (Agent, InputNeeded, SchemaError, StepContext, ToolRejected, register,
+                                   validate)
+from tasks_app.agents.planner import catalog, prompt, screening
 
 MAX_FACTS = 200  # kept in the state; the prompt shows as many of the newest as fit
 BIG_RESULT = 2000  # characters: a larger tool result goes to an artifact, its summary to the facts
@@ -214,6 +215,10 @@ class PlannerAgent(Agent):
                 self._fact(state, ctx, "ask_person", f"Q: {arguments['question'][:300]} A: {answer}")
             else:
                 name, args = catalog.ledger_call(entry, arguments)
+                if state.get("suspected") and not self._cleared(ctx, state, i, name, args):
+                    self._fact(state, ctx, entry["tool"], "not done: an approver refused it after a suspected "
+                                                          "prompt injection")
+                    continue
                 try:
                     result = ctx.tool(name, args)
                 except ToolRejected as exc:  # the approver said no: the model hears it and plans around it
@@ -223,6 +228,21 @@ class PlannerAgent(Agent):
         state["pending"] = []
         ctx.progress(self._progress(state), phase="acting", message=f"round {state['rounds']} carried out")
         return state
+
+    @staticmethod
+    def _cleared(ctx: StepContext, state: dict[str, Any], i: int, name: str, args: dict[str, Any]) -> bool:
+        """After a suspected injection the next side-effecting call waits for an approver
+        (every tool the model can call acts on the world). True: approved, and the
+        suspicion is cleared; False: refused."""
+        key = f"injection-{ctx.sequence}-{i + 1}"
+        if key not in ctx.answers:
+            suspect = state["suspected"]
+            summary = json.dumps(args, sort_keys=True)[:300]
+            raise InputNeeded(key, f"Text from {suspect['source']} (step {suspect['step']}) looks like a prompt "
+                                   f"injection ({', '.join(suspect['reasons'])}). The model now asks for {name} with "
+                                   f"{summary}. Approve?", {"enum": ["approve", "reject"]}, kind="approval")
+        state["suspected"] = None
+        return ctx.answers[key] == "approve"
 
     @staticmethod
     def _merge_plan(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -245,6 +265,11 @@ class PlannerAgent(Agent):
             fact["summary"] = f"{text[:SUMMARY]}... ({len(text)} characters in all: see the artifact)"
         else:
             fact["summary"] = text[:BIG_RESULT]
+        if source != "ask_person" and (reasons := screening.screen(text)):
+            fact["suspect"] = reasons
+            state["suspected"] = {"step": ctx.sequence, "source": source, "reasons": reasons}
+            ctx.log("suspected prompt injection in a tool result", source=source, reasons=reasons)
+            ctx.summary = {**ctx.summary, "suspectedInjection": {"source": source, "reasons": reasons}}
         state["facts"].append(fact)
         if len(state["facts"]) > MAX_FACTS:
             state["facts"].pop(0)
