@@ -174,6 +174,7 @@ def task_context(request: HttpRequest, task: Task) -> dict[str, Any]:
     listed = artifacts.listing(task, f"/dashboard/tasks/{task.id}/artifacts") if task.is_terminal else []
     report = artifacts.name_of(task, ((task.result or {}).get("report") or {}).get("markdown"))
     return {
+        "risk_chart": risk_chart(task.result) if task.is_terminal else [],
         "artifacts": listed,
         "report_name": report,
         "report_url": reverse("dashboard:artifact", args=[task.id, report]) if report else None,
@@ -192,6 +193,16 @@ def task_context(request: HttpRequest, task: Task) -> dict[str, Any]:
         "priorities": range(10),
         "new_command_id": f"dash-{uuid.uuid4().hex}",
     }
+
+
+def risk_chart(result: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """A review's risk distribution as bars (server-drawn SVG: no chart library, no script)."""
+    levels = (result or {}).get("byLevel") or {}
+    if not isinstance(levels, dict) or not levels:
+        return []
+    top = max([int(n) for n in levels.values()] + [1])
+    return [{"level": level, "count": int(n), "width": round(220 * int(n) / top), "y": i * 24}
+            for i, (level, n) in enumerate(levels.items())]
 
 
 @with_task
