@@ -13,6 +13,7 @@ urlpatterns = [
     path("tasks/<uuid:task_id>/panels", views.task_panels, name="task-panels"),
     path("tasks/<uuid:task_id>/snapshot", views.task_snapshot_json, name="task-snapshot"),
     path("tasks/<uuid:task_id>/steer", views.steer, name="steer"),
+    path("tasks/<uuid:task_id>/artifacts/<str:name>", views.artifact, name="artifact"),
     path("tasks/<uuid:task_id>/inputs/<str:key>", views.answer, name="answer"),
     path("login/", auth_views.LoginView.as_view(template_name="dashboard/login.html"), name="login"),
     path("logout/", auth_views.LogoutView.as_view(next_page="/dashboard/login/"), name="logout"),

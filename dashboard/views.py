@@ -39,6 +39,7 @@ from runtime_site.errors import error_body
 from steering_app.actions import CommandRefused, InvalidCommand, VersionConflict, do_enqueue_command, refusal
 from steering_app.api.views import answer_input
 from steering_app.models import CommandType, InputRequest, InputStatus, SteeringCommand
+from tasks_app import artifacts
 from tasks_app.actions import IdempotencyConflict, QuotaExceeded, do_create_task
 from tasks_app.models import ROLE_RANK, Role, Task, TaskEvent
 from tasks_app.selectors import task_snapshot
@@ -169,7 +170,14 @@ def _start_posted(request: HttpRequest, tenants: list[tuple[str, str]]) -> HttpR
 def task_context(request: HttpRequest, task: Task) -> dict[str, Any]:
     who = access.principal_for(access.person(request), task)
     logs = log_tail(task)
+    # A finished task's artifacts, linked to the route that serves them (a file:// ref is no link).
+    listed = artifacts.listing(task, f"/dashboard/tasks/{task.id}/artifacts") if task.is_terminal else []
+    report = artifacts.name_of(task, ((task.result or {}).get("report") or {}).get("markdown"))
     return {
+        "risk_chart": risk_chart(task.result) if task.is_terminal else [],
+        "artifacts": listed,
+        "report_name": report,
+        "report_url": reverse("dashboard:artifact", args=[task.id, report]) if report else None,
         "task": task,
         "snapshot": {"seq": task.event_seq, **task_snapshot(task)},
         "checkpoints": Checkpoint.objects.filter(task=task).order_by("sequence", "id"),
@@ -187,6 +195,16 @@ def task_context(request: HttpRequest, task: Task) -> dict[str, Any]:
     }
 
 
+def risk_chart(result: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """A review's risk distribution as bars (server-drawn SVG: no chart library, no script)."""
+    levels = (result or {}).get("byLevel") or {}
+    if not isinstance(levels, dict) or not levels:
+        return []
+    top = max([int(n) for n in levels.values()] + [1])
+    return [{"level": level, "count": int(n), "width": round(220 * int(n) / top), "y": i * 24}
+            for i, (level, n) in enumerate(levels.items())]
+
+
 @with_task
 @require_GET
 def task_page(request: HttpRequest, task: Task) -> HttpResponse:
@@ -198,6 +216,12 @@ def task_page(request: HttpRequest, task: Task) -> HttpResponse:
 def task_panels(request: HttpRequest, task: Task) -> HttpResponse:
     """The parts of the task page that change with control state, re-read on such events."""
     return render(request, "dashboard/_panels.html", task_context(request, task))
+
+
+@with_task
+@require_GET
+def artifact(request: HttpRequest, task: Task, name: str) -> HttpResponse:
+    return artifacts.response(task, name, download=request.GET.get("download") in ("1", "true"))
 
 
 @with_task(for_script=True)

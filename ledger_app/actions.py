@@ -27,6 +27,7 @@ from django.utils import timezone
 
 from common.canonical import canonical_json, sha256_hex
 from common.schema import validate
+from ledger_app import llm
 from ledger_app.models import EffectStatus, LedgerEntry
 from tasks_app import kills, leases, policy
 from tasks_app.agents import base as agents
@@ -117,12 +118,13 @@ def _guard(lease: leases.Lease, tool: tools.Tool, key: str, args: dict[str, Any]
     """Ask the policy before a call: denied → ToolFailed; guarded → an approver's answer,
     or wait for one (the task checkpoints and goes to input_required before the call)."""
     task = Task.objects.values("approval_policy", "budget", "steps_done", "started_at", "cost").get(id=lease.task_id)
-    counted = "maxToolCalls" in policy.effective_budget(task["budget"], answers)  # the guard's only scan
+    budget = policy.effective_budget(task["budget"], answers)
+    counted = "maxToolCalls" in budget  # the guard's only scans: tool calls and model tokens, when limited
     usage = policy.Usage(
         steps=task["steps_done"],
         tool_calls=LedgerEntry.objects.filter(task_id=lease.task_id).count() if counted else None,
         wall_seconds=(timezone.now() - task["started_at"]).total_seconds() if task["started_at"] else 0.0,
-        cost=task["cost"])
+        cost=task["cost"], tokens=llm.tokens_used(lease.task_id) if "maxTokens" in budget else None)
     decision = policy.decide(tool.name, approval_policy=task["approval_policy"], budget=task["budget"], usage=usage,
                              answers=answers)
     if decision.verdict == policy.EXHAUSTED:

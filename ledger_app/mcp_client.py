@@ -96,6 +96,22 @@ def call_tool(server: str, tool: str, arguments: dict[str, Any], *, key: str, ti
     return _run(server, timeout, headers, go)
 
 
+def list_tools(server: str, *, timeout: float, headers: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """tools/list (every page): the server's tools as JSON (name, description, inputSchema). A read."""
+
+    async def go(client: Client) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = []
+        cursor = None
+        while True:
+            params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
+            page = await client.session.list_tools(params=params)
+            found += [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in page.tools]
+            if not (cursor := page.next_cursor) or len(found) > 1000:
+                return found
+
+    return _run(server, timeout, headers, go)
+
+
 def get_task(server: str, task_id: str, *, timeout: float,
              headers: dict[str, str] | None = None) -> dict[str, Any] | RemoteTask:
     """tasks/get: the final tool result once the remote task completed, else its state."""

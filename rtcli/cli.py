@@ -7,6 +7,7 @@
     rt steer <task> pause      also resume, cancel, adjust_goal --goal ..., set_priority --priority N,
                                kill --reason ... (emergency stop: does not wait for the running step)
     rt approve <task> [<key>]  answer the open approval (--reject to refuse)
+    rt artifact <task> [<name>] [-o FILE]   list a task's artifacts, or fetch one (stdout or FILE)
 
 Exit codes: 0 done (watch: completed), 1 the task failed or was cancelled, 2 usage or
 HTTP error, 3 someone changed the task first (stale version: 409).
@@ -158,6 +159,11 @@ def build_parser() -> argparse.ArgumentParser:
     approve.add_argument("key", nargs="?")
     approve.add_argument("--reject", action="store_true")
     approve.add_argument("--reason", default="")
+
+    artifact = sub.add_parser("artifact", help="list a task's artifacts, or fetch one (to stdout or -o FILE)")
+    artifact.add_argument("task")
+    artifact.add_argument("name", nargs="?")
+    artifact.add_argument("-o", "--output", help="write it to this file instead of stdout")
     return parser
 
 
@@ -223,4 +229,18 @@ def _run(client: Client, args: argparse.Namespace, out: TextIO) -> int:
             answer = "reject" if args.reject else "approve"
             client.answer(args.task, key, answer, reason=args.reason)
             out.write(f"{key}: {answer} sent\n")
+        case "artifact":
+            if args.name is None:
+                for item in client.artifacts(args.task):
+                    out.write(f"{item['name']}\t{item['contentType']}\n")
+                return 0
+            data = client.artifact(args.task, args.name)
+            if args.output:
+                with open(args.output, "wb") as f:
+                    f.write(data)
+            elif hasattr(out, "buffer"):
+                out.flush()
+                out.buffer.write(data)
+            else:
+                out.write(data.decode(errors="replace"))
     return 0

@@ -55,6 +55,19 @@ class Client:
     def snapshot(self, task_id: str) -> dict[str, Any]:
         return self._call("GET", f"/runtime/tasks/{task_id}")
 
+    def artifacts(self, task_id: str) -> list[dict[str, Any]]:
+        return self._call("GET", f"/runtime/tasks/{task_id}/artifacts")["results"]
+
+    def artifact(self, task_id: str, name: str) -> bytes:
+        response = self.http.get(f"/runtime/tasks/{task_id}/artifacts/{name}")
+        if response.status_code >= 400:
+            try:
+                body = response.json()
+            except ValueError:
+                body = {"error": {"message": response.text[:200]}}
+            raise ApiError(response.status_code, body)
+        return response.content
+
     def result(self, task_id: str) -> dict[str, Any]:
         return self._call("GET", f"/runtime/tasks/{task_id}/result")
 

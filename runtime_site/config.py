@@ -6,6 +6,7 @@ by CHECKPOINT_EVERY_STEPS, and so on: the section name, then the key, upper-case
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,11 @@ def _coerce(name: str, raw: str, like: Any) -> Any:
             return int(number) if isinstance(like, int) and number.is_integer() else number
         if isinstance(like, list):
             return [item.strip() for item in raw.split(",") if item.strip()]
+        if isinstance(like, dict):  # a mapping (llm.models) comes as JSON
+            value = json.loads(raw)
+            if not isinstance(value, dict):
+                raise ValueError("expected a JSON object")
+            return value
     except ValueError as exc:
         raise ImproperlyConfigured(f"{name}={raw!r}: {exc}") from exc
     return raw

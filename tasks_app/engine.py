@@ -30,6 +30,7 @@ from checkpoints_app import actions as checkpoints
 from checkpoints_app.codec import CheckpointCorrupt
 from common.schema import SchemaError, validate
 from ledger_app import actions as ledger
+from ledger_app import llm
 from steering_app import actions as steering
 from runtime_site.blobstore import blob_store
 from runtime_site.metrics import LEASE_TAKEOVERS
@@ -364,9 +365,11 @@ def _over_budget(run: _Run) -> str | None:
     """The safe point honours the task's budget (tool calls are counted by the guard), as
     extended by approvers; an extension answered "stop" leaves it exhausted."""
     started = run.task.started_at or timezone.now()
+    limited = "maxTokens" in policy.effective_budget(run.task.budget, run.answers)
+    tokens = llm.tokens_used(run.task.id) if limited else None
     return policy.exhausted(run.task.budget, policy.Usage(
         steps=run.sequence, tool_calls=None, wall_seconds=(timezone.now() - started).total_seconds(),
-        cost=run.task.cost), run.answers)
+        cost=run.task.cost, tokens=tokens), run.answers)
 
 
 def _apply_steering(run: _Run) -> bool:

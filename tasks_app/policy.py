@@ -29,11 +29,13 @@ class Usage:
     tool_calls: int | None
     wall_seconds: float
     cost: float = 0.0
+    tokens: int | None = None  # model tokens (ledger_app.llm.tokens_used); None: not counted
 
 
 # budget key -> (Usage field, what a person reads)
 LIMITS = {"maxSteps": ("steps", "steps"), "maxToolCalls": ("tool_calls", "tool calls"),
-          "maxWallSeconds": ("wall_seconds", "seconds"), "maxCost": ("cost", "cost")}
+          "maxWallSeconds": ("wall_seconds", "seconds"), "maxCost": ("cost", "cost"),
+          "maxTokens": ("tokens", "model tokens")}
 BUDGET_SCHEMA = {"type": "object", "properties": {key: {"type": "number", "minimum": 0} for key in LIMITS},
                  "additionalProperties": False}
 APPROVAL_POLICY_SCHEMA = {"type": "object", "properties": {

@@ -9,7 +9,8 @@ from tasks_app.models import Task
 
 def task_urls(task: Task) -> dict[str, str]:
     base = f"/runtime/tasks/{task.id}"
-    return {"statusUrl": base, "streamUrl": f"{base}/events", "resultUrl": f"{base}/result"}
+    return {"statusUrl": base, "streamUrl": f"{base}/events", "resultUrl": f"{base}/result",
+            "artifactsUrl": f"{base}/artifacts"}
 
 
 def task_snapshot(task: Task) -> dict[str, Any]:

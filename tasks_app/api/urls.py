@@ -1,7 +1,7 @@
 from django.urls import path
 
 from steering_app.api.views import TaskInputApi, TaskSteeringApi
-from tasks_app.api import keys, sse, views
+from tasks_app.api import artifacts, keys, sse, views
 
 urlpatterns = [
     path("tasks", views.TaskListCreateApi.as_view(), name="tasks"),
@@ -10,6 +10,8 @@ urlpatterns = [
     path("tasks/<str:task_id>/checkpoints", views.TaskCheckpointsApi.as_view(), name="task-checkpoints"),
     path("tasks/<str:task_id>/result", views.TaskResultApi.as_view(), name="task-result"),
     path("tasks/<str:task_id>/audit", views.TaskAuditApi.as_view(), name="task-audit"),
+    path("tasks/<str:task_id>/artifacts", artifacts.TaskArtifactsApi.as_view(), name="task-artifacts"),
+    path("tasks/<str:task_id>/artifacts/<str:name>", artifacts.TaskArtifactApi.as_view(), name="task-artifact"),
     path("tasks/<str:task_id>/events", sse.task_events, name="task-events"),
     path("tasks/<str:task_id>/steering", TaskSteeringApi.as_view(), name="task-steering"),
     path("tasks/<str:task_id>/inputs/<str:key>", TaskInputApi.as_view(), name="task-input"),
