@@ -48,9 +48,9 @@ def start(args: list[str], log: Path | None = None, cwd: Path = ROOT, **env: str
                             stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def worker(log: Path | None = None, *extra: str, **env: str) -> subprocess.Popen[bytes]:
+def worker(log: Path | None = None, *extra: str, cwd: Path = ROOT, **env: str) -> subprocess.Popen[bytes]:
     return start(["celery", "-A", "runtime_site", "worker", "-Q", "steps,maintenance", "-l", "WARNING",
-                  "--without-gossip", "--without-mingle", "-c", "1", *extra], log, **env)
+                  "--without-gossip", "--without-mingle", "-c", "1", *extra], log, cwd, **env)
 
 
 def wait(predicate: Callable[[], object], timeout: float = 600, interval: float = 0.01) -> None:
