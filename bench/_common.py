@@ -87,13 +87,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def web(logs: Path, cwd: Path = ROOT, **env: str) -> tuple[subprocess.Popen[bytes], str]:
+def web(logs: Path, *extra: str, cwd: Path = ROOT, **env: str) -> tuple[subprocess.Popen[bytes], str]:
     """A uvicorn process on a free port, once it answers: (process, base URL). `cwd`: the
     code it runs (another checkout, for a before/after comparison)."""
     import httpx
 
     port = free_port()
-    proc = start(["uvicorn", "runtime_site.asgi:application", "--port", str(port), "--log-level", "warning"],
+    proc = start(["uvicorn", "runtime_site.asgi:application", "--port", str(port), "--log-level", "warning", *extra],
                  logs / "web.log", cwd, **env)
     base = f"http://127.0.0.1:{port}"
 

@@ -138,7 +138,9 @@ def main() -> None:
     try:
         for _ in range(args.rounds):
             for name, folder in builds.items():
-                web, base = _common.web(logs, cwd=folder)
+                # Keep-alive past uvicorn's 5 s: a pooled client connection idle that long
+                # under load is closed under the request that reuses it.
+                web, base = _common.web(logs, "--timeout-keep-alive", "120", cwd=folder)
                 try:
                     got = asyncio.run(measure(base, token, task_ids, args.readers, args.seconds, web.pid))
                 finally:
