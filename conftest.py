@@ -263,6 +263,11 @@ class SseClient:
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
+    @property
+    def live(self) -> bool:
+        """Still reading: neither closed by the test nor ended by the server."""
+        return not self.closed and self._thread.is_alive()
+
     def _run(self) -> None:
         import httpx
 

@@ -21,6 +21,9 @@ DEFAULTS = {
     "RUNTIME_DEPLOYMENT": f"bench-{os.getpid()}",
     "RUNTIME_DATA_DIR": f"/tmp/runtime-bench-{os.getpid()}",
     "RUNTIME_LOG_LEVEL": "WARNING",
+    # Benchmarks measure capacity, not the request limits (config/runtime.yaml `limits`).
+    **{f"LIMITS_{surface}_PER_{who}": "0" for surface in ("REST", "SSE", "MCP") for who in ("KEY", "TENANT")},
+    "LIMITS_QUEUED_TASKS_PER_TENANT": "0",
 }
 
 

@@ -63,7 +63,7 @@ def main() -> None:
 
     from runtime_site.blobstore import blob_store
     from tasks_app.actions import do_create_task
-    from tasks_app.corpus import generate_corpus
+    from tasks_app.agents.document_review.corpus import generate_corpus
     from tasks_app.models import AuditRecord, Step, Task, Tenant
 
     generate_corpus(blob_store(), "corpora/chaos", args.docs, 42, "2026-11-01")

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
+
+from common.canonical import canonical_json, sha256_hex
 
 CURRENT_SCHEMA_VERSION: int = settings.RUNTIME["checkpoint"]["schema_version"]
 
@@ -31,12 +31,8 @@ class CheckpointCorrupt(Exception):
     """The stored checkpoint cannot be trusted; the task must not re-run from it blindly."""
 
 
-def canonical_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
 def checksum(fields: dict[str, Any]) -> str:
-    return hashlib.sha256(canonical_json(fields).encode()).hexdigest()
+    return sha256_hex(canonical_json(fields))
 
 
 def verify_and_upgrade(fields: dict[str, Any], stored_checksum: str, *, agent: str) -> dict[str, Any]:

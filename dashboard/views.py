@@ -32,14 +32,15 @@ from rest_framework.exceptions import PermissionDenied
 
 from checkpoints_app.models import Checkpoint
 from common.json_safety import UnsafeInput
+from common.schema import SchemaError
 from dashboard import access
 from dashboard.forms import AnswerForm, StartReviewForm, SteerForm
 from runtime_site.errors import error_body
 from steering_app.actions import CommandRefused, InvalidCommand, VersionConflict, do_enqueue_command, refusal
 from steering_app.api.views import answer_input
 from steering_app.models import CommandType, InputRequest, InputStatus, SteeringCommand
-from tasks_app.actions import IdempotencyConflict, do_create_task
-from tasks_app.agents.base import SchemaError
+from common.schema import SchemaError
+from tasks_app.actions import IdempotencyConflict, QuotaExceeded, do_create_task
 from tasks_app.models import ROLE_RANK, Role, Task, TaskEvent
 from tasks_app.selectors import task_snapshot
 from tasks_app.states import Status
@@ -154,7 +155,7 @@ def _start_posted(request: HttpRequest, tenants: list[tuple[str, str]]) -> HttpR
                 membership.tenant, actor=f"user:{request.user.pk}", agent="document_review",
                 input=form.agent_input(), goal=form.cleaned_data["goal"], priority=form.cleaned_data["priority"],
                 idempotency_key=form.cleaned_data["idempotency_key"])
-        except (SchemaError, UnsafeInput) as exc:
+        except (SchemaError, UnsafeInput, QuotaExceeded) as exc:
             error = str(exc)
         except IdempotencyConflict:
             error = "This form already started a task with other values; check them and start again."

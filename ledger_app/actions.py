@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
@@ -26,11 +25,12 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from checkpoints_app.codec import canonical_json
-from ledger_app import policy, tools
+from common.canonical import canonical_json, sha256_hex
+from common.schema import validate
 from ledger_app.models import EffectStatus, LedgerEntry
-from tasks_app import leases
+from tasks_app import kills, leases, policy
 from tasks_app.agents import base as agents
+from tasks_app.agents import tools
 from tasks_app.models import Task
 from tasks_app.redaction import redact
 
@@ -72,12 +72,21 @@ def settle_interrupted(task_id: Any) -> int:
 
 def execute_once(lease: leases.Lease, *, tenant_id: int, sequence: int, index: int, name: str,
                  args: dict[str, Any], answers: dict[str, Any]) -> Any:
+    # A kill cuts the step only inside the remote call itself, where the Kill Policy lets
+    # it (kills.calling); the ledger's own reads and writes run to their end.
+    with kills.shielded():
+        return _execute_once(lease, tenant_id=tenant_id, sequence=sequence, index=index, name=name, args=args,
+                             answers=answers)
+
+
+def _execute_once(lease: leases.Lease, *, tenant_id: int, sequence: int, index: int, name: str,
+                  args: dict[str, Any], answers: dict[str, Any]) -> Any:
     if reason := policy.denial(name):
         raise ToolFailed(reason)
     tool = tools.get_tool(name)
-    agents.validate(args, tool.input_schema, f"{name} arguments")
+    validate(args, tool.input_schema, f"{name} arguments")
     key = f"{lease.task_id}:{sequence}:{index}"
-    fingerprint = hashlib.sha256(canonical_json(args).encode()).hexdigest()
+    fingerprint = sha256_hex(canonical_json(args))
     entry = LedgerEntry.objects.filter(key=key).first()
     if entry is not None:
         if entry.fingerprint != fingerprint:
@@ -167,7 +176,8 @@ def _call_and_settle(lease: leases.Lease, entry: LedgerEntry, tool: tools.Tool, 
         leases.confirm(lease)  # still ours, right before the bytes go out
         t0 = time.perf_counter()
         try:
-            result = tool.call(args, entry.key, tool.timeout)
+            with kills.calling(tool.name):
+                result = tool.call(args, entry.key, tool.timeout)
         except tools.ToolError as exc:
             durations.append(round((time.perf_counter() - t0) * 1000, 1))
             if exc.retryable and attempt <= tool.retries:
@@ -207,9 +217,11 @@ def _poll_and_settle(lease: leases.Lease, entry: LedgerEntry, tool: tools.Tool, 
             if time.monotonic() + answer.poll_after > deadline:
                 raise agents.RemoteWait(f"{tool.name}: {answer.message or 'remote task running'} "
                                         f"(task {entry.remote_ref})", poll_after=answer.poll_after)
-            time.sleep(answer.poll_after)
+            with kills.calling(tool.name):
+                time.sleep(answer.poll_after)
         try:
-            answer = tool.poll(args, entry.remote_ref, tool.timeout)
+            with kills.calling(tool.name):
+                answer = tool.poll(args, entry.remote_ref, tool.timeout)
         except tools.ToolError as exc:
             if not exc.retryable:
                 error = {"message": f"{tool.name}: {exc}", "retryable": False, "remoteRef": entry.remote_ref}
@@ -231,39 +243,3 @@ def _settle(lease: leases.Lease, entry: LedgerEntry, status: str, *, result: Any
         if attempts is not None:
             fields.update(attempts=entry.attempts + attempts, durations_ms=entry.durations_ms + (durations or []))
         LedgerEntry.objects.filter(id=entry.id).update(**fields)
-
-
-def do_resolve_unknown(entry_id: int, *, succeeded: bool, actor: str, reason: str) -> LedgerEntry:
-    """Operator, after checking the remote by hand: an unknown effect did (or did not)
-    happen. Audited on the task's chain; a task waiting for this confirmation then gets
-    the answer as an ordinary provide_input command (accepted, audited, applied)."""
-    # Imported here: steering_app imports tasks_app, and the engine imports us.
-    from steering_app.actions import CommandRefused, VersionConflict, do_enqueue_command
-    from steering_app.models import CommandType, InputRequest, InputStatus
-    from tasks_app.audit import record_audit
-
-    with transaction.atomic(durable=True):
-        entry = LedgerEntry.objects.select_for_update().get(id=entry_id)
-        if entry.status not in (EffectStatus.UNKNOWN, EffectStatus.STARTED):
-            raise ToolFailed(f"ledger entry {entry.key} is {entry.status}, not unknown")
-        task = Task.objects.select_for_update().get(id=entry.task_id)
-        entry.status = EffectStatus.SUCCEEDED if succeeded else EffectStatus.FAILED
-        if succeeded:
-            entry.result = tools.ANSWER_LOST if entry.result is None else entry.result
-        else:
-            entry.error = {"message": f"{entry.tool}: did not take effect (resolved by {actor})", "retryable": False}
-        entry.save(update_fields=["status", "result", "error", "updated_at"])
-        record_audit(task, actor=actor, action="ledger_resolved", before_version=task.state_version, reason=reason,
-                     data={"key": entry.key, "status": entry.status})
-    key = f"confirm-{entry.key}"
-    if InputRequest.objects.filter(task=task, key=key, status=InputStatus.OPEN).exists():
-        try:
-            do_enqueue_command(task.id, tenant=task.tenant, command_id=f"resolve-{entry.id}",
-                               type=CommandType.PROVIDE_INPUT,
-                               payload={"key": key, "answer": tools.DONE if succeeded else tools.NOT_DONE},
-                               expected_version=Task.objects.values_list("state_version", flat=True).get(id=task.id),
-                               requested_by=actor, reason=reason)
-        except (VersionConflict, CommandRefused) as exc:
-            # The effect itself is resolved above; the request stays open for a person to answer.
-            logger.warning("resolved %s, but could not answer %s for the task: %s", entry.key, key, exc)
-    return entry

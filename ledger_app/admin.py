@@ -1,7 +1,8 @@
 from django.contrib import admin, messages
 
-from ledger_app.actions import ToolFailed, do_resolve_unknown
+from ledger_app.actions import ToolFailed
 from ledger_app.models import LedgerEntry
+from tasks_app.operators import do_resolve_unknown
 
 
 @admin.register(LedgerEntry)

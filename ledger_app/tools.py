@@ -1,12 +1,12 @@
-"""Registered tools (DESIGN §6). A tool call with an external effect only ever happens
-through ledger_app.actions.execute_once, which commits a ledger row first and passes the
-row's key to the remote as its idempotency key."""
+"""The built-in tools (DESIGN §6), registered in tasks_app.agents.tools. A tool call with an
+external effect only ever happens through ledger_app.actions.execute_once, which commits a
+ledger row first and passes the row's key to the remote as its idempotency key."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -14,77 +14,15 @@ import httpx
 from django.conf import settings
 
 from runtime_site.tracing import trace_headers
-
-
-class ToolError(Exception):
-    def __init__(self, message: str, *, retryable: bool) -> None:
-        super().__init__(message)
-        self.retryable = retryable
-
-
-# What a reconcile hook may answer about a call made by an earlier run.
-DONE, NOT_DONE = "done", "not_done"
-# What a step gets from a call a person (or an operator) confirmed as done: the remote's
-# answer was lost with the worker that made it, and a null would pass for that answer
-# (a task once completed with `null` where the remote's answer belonged, issue 12 #4).
-ANSWER_LOST = {"reconciled": True, "answerLost": True}
-
-
-@dataclass(frozen=True)
-class Pending:
-    """A call (or poll) answer: the remote took the call as a long-running task of its own.
-    The ledger stores `ref` and polls it; the call itself is never made again."""
-
-    ref: str
-    message: str = ""
-    poll_after: float = 1.0  # seconds; the remote's suggestion where it made one
-
-
-@dataclass(frozen=True)
-class Tool:
-    name: str
-    input_schema: dict[str, Any]
-    call: Callable[[dict[str, Any], str, float], Any]  # (args, idempotency key, timeout) -> result
-    side_effect: bool = True
-    timeout: float = 10.0
-    retries: int = 2  # after the first attempt; bounded
-    backoff: float = 0.2  # seconds, doubled per retry
-    # (args, key) -> (DONE, result) | (NOT_DONE, None); None (or the hook raising) means it cannot tell
-    reconcile: Callable[[dict[str, Any], str], tuple[str, Any] | None] | None = None
-    # (args, remote ref, timeout) -> result | Pending: for tools whose call may answer Pending
-    poll: Callable[[dict[str, Any], str, float], Any] | None = None
-
-
-_TOOLS: dict[str, Tool] = {}
-
-
-class UnknownTool(LookupError):
-    pass
+from tasks_app import telemetry
+from tasks_app.agents import tools as registry
+from tasks_app.agents.tools import DONE, NOT_DONE, Pending, Tool, ToolError
 
 
 def register(tool: Tool) -> Tool:
-    from tasks_app import telemetry
-
     # Every call and poll is observed (metrics, a span, traceparent on the wire): tasks_app/telemetry.py.
-    tool = replace(tool, call=telemetry.tool(tool.name, tool.call),
-                   poll=telemetry.tool(tool.name, tool.poll) if tool.poll else None)
-    _TOOLS[tool.name] = tool
-    return tool
-
-
-# The brief's names for the guarded tools (its approvalPolicy example), accepted in policies.
-ALIASES = {"send_email": "email.send", "publish_report": "content.publish"}
-
-
-def get_tool(name: str) -> Tool:
-    try:
-        return _TOOLS[name]
-    except KeyError:
-        raise UnknownTool(f"no tool named {name!r}") from None
-
-
-def tool_names() -> list[str]:
-    return sorted(_TOOLS)
+    return registry.register(replace(tool, call=telemetry.tool(tool.name, tool.call),
+                                      poll=telemetry.tool(tool.name, tool.poll) if tool.poll else None))
 
 
 # --- http.request -------------------------------------------------------------------------
@@ -112,6 +50,7 @@ def _http() -> httpx.Client:
 def _http_call(args: dict[str, Any], key: str, timeout: float) -> Any:
     _allowed(args["url"])
     try:
+        timeout = args.get("timeoutSeconds", timeout)
         response = _http().request(args.get("method", "POST"), args["url"], json=args.get("json"),
                                  headers={"Idempotency-Key": key}, timeout=timeout)
     except httpx.TimeoutException as exc:
@@ -121,7 +60,7 @@ def _http_call(args: dict[str, Any], key: str, timeout: float) -> Any:
     if response.status_code >= 500 or response.status_code == 429:
         raise ToolError(f"HTTP {response.status_code} from {args['url']}", retryable=True)
     if response.status_code >= 400:
-        raise ToolError(f"HTTP {response.status_code} from {args['url']}: {response.text[:200]}", retryable=False)
+        raise ToolError(f"HTTP {response.status_code} from {args['url']}: {response.text[:4000]}", retryable=False)
     try:
         body: Any = response.json()
     except ValueError:
@@ -152,6 +91,8 @@ register(Tool(
             "url": {"type": "string", "pattern": "^https?://"},
             "json": {},
             "reconcileUrl": {"type": "string", "pattern": "^https?://"},
+            # per call, as mcp.call's: the caller knows how long the remote takes to answer
+            "timeoutSeconds": {"type": "number", "exclusiveMinimum": 0, "maximum": 600},
         },
         "required": ["url"],
         "additionalProperties": False,
@@ -239,7 +180,7 @@ def _remote(fn: Callable[[], Any]) -> Any:
     except mcp_client.RemoteError as exc:
         raise ToolError(str(exc), retryable=exc.retryable) from exc
     if isinstance(answer, mcp_client.RemoteTask):
-        return Pending(answer.task_id, f"remote task {answer.status}: {answer.message}".strip(": "),
+        return Pending(answer.task_id, tool_text(f"remote task {answer.status}: {answer.message}".strip(": ")),
                        (answer.poll_interval_ms or 1000) / 1000)
     return answer
 

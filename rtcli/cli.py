@@ -4,7 +4,8 @@
     rt submit --input '{"corpus": "corpora/demo", "limit": 200}' --watch
     rt list
     rt watch <task>            live progress bar and phase, ends with the result
-    rt steer <task> pause      also resume, cancel, adjust_goal --goal ..., set_priority --priority N
+    rt steer <task> pause      also resume, cancel, adjust_goal --goal ..., set_priority --priority N,
+                               kill --reason ... (emergency stop: does not wait for the running step)
     rt approve <task> [<key>]  answer the open approval (--reject to refuse)
 
 Exit codes: 0 done (watch: completed), 1 the task failed or was cancelled, 2 usage or
@@ -142,9 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     watch_.add_argument("task")
     watch_.add_argument("--plain", action="store_true", help="a line per change, no bar (default when piped)")
 
-    steer = sub.add_parser("steer", help="pause, resume, cancel, adjust_goal, set_priority")
+    steer = sub.add_parser("steer", help="pause, resume, cancel, adjust_goal, set_priority, kill")
     steer.add_argument("task")
-    steer.add_argument("type", choices=["pause", "resume", "cancel", "adjust_goal", "set_priority"])
+    steer.add_argument("type", choices=["pause", "resume", "cancel", "adjust_goal", "set_priority", "kill"])
     steer.add_argument("--goal")
     steer.add_argument("--constraints", help="adjust_goal constraints as JSON, e.g. '{\"excludeExpired\": true}'")
     steer.add_argument("--priority", type=int, choices=range(10), metavar="0-9")
@@ -209,7 +210,8 @@ def _run(client: Client, args: argparse.Namespace, out: TextIO) -> int:
             version = args.expected_version or client.snapshot(args.task)["stateVersion"]
             command = client.steer(args.task, args.type, payload, expected_version=version,
                                    command_id=f"rt-{uuid.uuid4().hex[:16]}", reason=args.reason)
-            out.write(f"{command['type']} accepted as version {command['version']} ({command['status']})\n")
+            outcome = f": {command['outcome']}" if command.get("outcome") else ""
+            out.write(f"{command['type']} accepted as version {command['version']} ({command['status']}){outcome}\n")
         case "approve":
             key = args.key
             if key is None:

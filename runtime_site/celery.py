@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import logging
 import os
 from typing import Any
 
@@ -8,6 +7,7 @@ from celery import Celery
 from celery.signals import (task_postrun, task_prerun, worker_init, worker_process_init,
                             worker_process_shutdown, worker_ready, worker_shutting_down)
 
+from runtime_site.patches import kombu as kombu_patches
 from tasks_app import shutdown  # here, so its flag is mapped before a worker's pool forks
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "runtime_site.settings")
@@ -33,42 +33,7 @@ _count_in_multiprocess_mode()
 app = Celery("runtime_site")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
-
-
-def _survive_broker_loss() -> None:
-    """Celery 5.7 / kombu 5.7 bugs (seen in tests/test_faults.py and test_streaming.py):
-    when a worker loses its Redis broker mid-task, the consumer collects the connection
-    and then (1) closes it, restoring unacked messages through a connection whose client
-    info is gone, and (2) later acks the in-flight message through that dead channel.
-    Both raise AttributeError, which kills the worker ("Unrecoverable error: 'NoneType'
-    object has no attribute 'hostname' / 'client'"; the family of kombu#582 and #970).
-    The messages stay in Redis's unacked set either way; a stale one comes back after the
-    visibility timeout as a duplicate, which the lease claim drops. Skipping is safe;
-    dying is not (each Redis blip would count a recovery against every running task)."""
-    from kombu import message
-    from kombu.transport import redis as kombu_redis
-
-    log = logging.getLogger(__name__)
-    restore, ack_log_error = kombu_redis.QoS.restore_unacked, message.Message.ack_log_error
-
-    def restore_unacked(self: Any, client: Any = None) -> None:
-        try:
-            restore(self, client)
-        except AttributeError:
-            log.warning("broker connection already gone; unacked messages stay in Redis")
-
-    def ack_log_error_tolerant(self: Any, logger: Any, errors: Any, multiple: bool = False) -> None:
-        try:
-            ack_log_error(self, logger, errors, multiple=multiple)
-        except AttributeError:
-            log.warning("could not ack %r on a channel lost with the broker; it may be delivered again",
-                        self.delivery_tag)
-
-    kombu_redis.QoS.restore_unacked = restore_unacked
-    message.Message.ack_log_error = ack_log_error_tolerant
-
-
-_survive_broker_loss()
+kombu_patches.install()  # before any worker consumes: broker losses must not kill it
 
 
 @worker_ready.connect

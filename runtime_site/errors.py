@@ -16,11 +16,12 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 
 from common import json_safety
-from steering_app.actions import CommandRefused, InvalidCommand, VersionConflict
-from tasks_app.actions import IdempotencyConflict, IllegalTransition
-from tasks_app.recovery import NoLease
+from common.schema import SchemaError
+from steering_app.actions import AnswerConflict, CommandRefused, InvalidCommand, VersionConflict
+from tasks_app.actions import IdempotencyConflict, IllegalTransition, QuotaExceeded
+from tasks_app.operators import NoLease
 from tasks_app.selectors import task_snapshot
-from tasks_app.agents.base import SchemaError, UnknownAgent
+from tasks_app.agents.base import UnknownAgent
 
 
 def error_body(code: str, message: str, **extra: Any) -> dict[str, Any]:
@@ -51,6 +52,7 @@ DOMAIN: dict[type[Exception], tuple[int, str]] = {
     CommandRefused: (status.HTTP_409_CONFLICT, "command_refused"),
     InvalidCommand: (status.HTTP_422_UNPROCESSABLE_ENTITY, "invalid_payload"),
     NoLease: (status.HTTP_409_CONFLICT, "no_lease"),
+    QuotaExceeded: (status.HTTP_429_TOO_MANY_REQUESTS, "quota_exceeded"),
 }
 
 
@@ -61,6 +63,15 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         # The person's view is stale: here is the task as it is now (DESIGN §5).
         return Response(error_body("version_conflict", str(exc), currentVersion=exc.task.state_version,
                                    snapshot=task_snapshot(exc.task)), status=status.HTTP_409_CONFLICT)
+    if isinstance(exc, CommandRefused) and exc.task is not None:
+        # As for a conflict: the task as it is now, so the caller sees why (finished, held).
+        return Response(error_body("command_refused", str(exc), snapshot=task_snapshot(exc.task)),
+                        status=status.HTTP_409_CONFLICT)
+    if isinstance(exc, AnswerConflict):
+        # The answer that stands, so the client can tell "mine won" from "someone else's did".
+        return Response(error_body("answer_conflict", str(exc), key=exc.key, answer=exc.answer,
+                                   answeredBy=exc.command.requested_by, commandId=exc.command.command_id),
+                        status=status.HTTP_409_CONFLICT)
     for kind, (http_status, code) in DOMAIN.items():
         if isinstance(exc, kind):
             message = f"unknown agent {exc.args[0]!r}" if isinstance(exc, UnknownAgent) else str(exc)

@@ -1,9 +1,11 @@
-"""DRF's JSON parser on common.json_safety, so every REST body is checked before a view sees it."""
+"""DRF's JSON parser on common.json_safety, so every REST body is checked before a view sees it,
+and request fields that take only the JSON type they are documented with."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from rest_framework import serializers
 from rest_framework.parsers import JSONParser, get_encoding
 
 from common import json_safety
@@ -15,3 +17,28 @@ class SafeJSONParser(JSONParser):
 
     def parse(self, stream: Any, media_type: str | None = None, parser_context: dict[str, Any] | None = None) -> Any:
         return json_safety.loads(stream.read(), encoding=get_encoding(parser_context or {}))
+
+
+class StrictTypeMixin:
+    """A field that takes only the JSON type its schema names. DRF's CharField turns 5 into "5"
+    and its IntegerField "5" into 5: the served schema (runtime_site/openapi.py) says string
+    and integer, so anything else is the 400 it promises."""
+
+    json_types: tuple[type, ...] = ()
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, bool) or not isinstance(data, self.json_types):
+            self.fail("invalid")  # type: ignore[attr-defined]
+        return super().to_internal_value(data)  # type: ignore[misc]
+
+
+class StrictCharField(StrictTypeMixin, serializers.CharField):
+    json_types = (str,)
+
+
+class StrictRegexField(StrictTypeMixin, serializers.RegexField):
+    json_types = (str,)
+
+
+class StrictIntegerField(StrictTypeMixin, serializers.IntegerField):
+    json_types = (int,)

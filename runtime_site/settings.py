@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import os
 import secrets
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+from django.utils.csp import CSP
 
 from runtime_site import config
 
@@ -68,12 +70,16 @@ INSTALLED_APPS = [
     "steering_app",
     "ledger_app",
     "dashboard",
+    "mcp_server",
+    # sign-in throttling and lockout for the dashboard and admin (runtime_site/security.py)
+    "axes",
 ]
 
 MIDDLEWARE = [
     "runtime_site.middleware.BodySizeLimitMiddleware",
     "runtime_site.middleware.UnsafeTextMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "django.middleware.csp.ContentSecurityPolicyMiddleware",
     # Static files (admin, dashboard) from the web process in every profile: uvicorn serves
     # none, and DEBUG is off everywhere but a developer's laptop (whitenoise.readthedocs.io).
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -83,6 +89,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: answers a locked-out sign-in with its lockout response.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "runtime_site.urls"
@@ -104,6 +112,36 @@ TEMPLATES = [
     }
 ]
 
+# --- Browser security (docs/operations.md, Security) -------------------------------------
+# Content-Security-Policy on every response (the dashboard and the admin are the pages):
+# scripts and styles only from our own static files, no inline script, style attribute or
+# event handler (the dashboard's templates have none; its script starts itself), nothing
+# framed, forms posted only here. Django's own middleware and settings
+# (https://docs.djangoproject.com/en/6.1/ref/csp/).
+SECURE_CSP = {
+    "default-src": [CSP.SELF],
+    "script-src": [CSP.SELF],
+    "style-src": [CSP.SELF],
+    "img-src": [CSP.SELF, "data:"],
+    "connect-src": [CSP.SELF],  # the dashboard's fetches and its SSE stream
+    "object-src": [CSP.NONE],
+    "base-uri": [CSP.NONE],
+    "form-action": [CSP.SELF],
+    "frame-ancestors": [CSP.NONE],
+}
+# Served over HTTPS (RUNTIME_TLS=true): cookies only over TLS, and HSTS (a year unless
+# SECURE_HSTS_SECONDS says otherwise). Django sends HSTS only on requests it sees as secure:
+# behind a TLS-terminating proxy that sets X-Forwarded-Proto (and strips it from clients),
+# also set RUNTIME_TLS_PROXY_HEADER=true.
+RUNTIME_TLS = env_bool("RUNTIME_TLS", False)
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = RUNTIME_TLS
+SECURE_HSTS_SECONDS = int(os.getenv("SECURE_HSTS_SECONDS", str(365 * 86400 if RUNTIME_TLS else 0)))
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
+if env_bool("RUNTIME_TLS_PROXY_HEADER", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
 USE_TZ = True
 TIME_ZONE = "UTC"
 STATIC_URL = "static/"
@@ -117,6 +155,7 @@ STORAGES = {
 }
 # The dashboard (dashboard/): people sign in with a Django session.
 LOGIN_URL = "/dashboard/login/"
+
 LOGIN_REDIRECT_URL = "/dashboard/"
 # A dashboard form from a page older than the session goes to sign-in, not to a bare 403.
 CSRF_FAILURE_VIEW = "dashboard.views.csrf_failure"
@@ -174,6 +213,25 @@ RUNTIME_STEP_SECONDS = RUNTIME["runtime"]["step_seconds"]
 RUNTIME_SCAN_SECONDS = RUNTIME["runtime"]["scan_seconds"]
 RUNTIME_STALL_SECONDS = RUNTIME["runtime"]["stall_seconds"]
 RUNTIME_MAX_BODY_BYTES = RUNTIME["api"]["max_body_bytes"]
+
+# --- Sign-in throttling (django-axes, https://django-axes.readthedocs.io) ------------------
+# The dashboard and the admin share Django's sign-in: after limits.login_failures wrong
+# passwords a username is locked out for limits.login_lockout_minutes, even with the right
+# one (429 with the lockout page). By username, not address: behind a proxy every address is
+# the proxy's. An operator lifts a lockout early with `manage.py axes_reset_username NAME`.
+AUTHENTICATION_BACKENDS = [
+    "runtime_site.security.SignInThrottleBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = RUNTIME["limits"]["login_failures"]
+AXES_COOLOFF_TIME = timedelta(minutes=RUNTIME["limits"]["login_lockout_minutes"])
+AXES_LOCKOUT_PARAMETERS = ["username"]
+AXES_RESET_ON_SUCCESS = True
+AXES_HTTP_RESPONSE_CODE = 429
+# axes.W006 asks for the address too; by address, one guesser behind the same proxy as
+# everyone else would lock everyone out. The username lock is what stops the guessing.
+SILENCED_SYSTEM_CHECKS = ["axes.W006"]
+
 DATA_UPLOAD_MAX_MEMORY_SIZE = RUNTIME_MAX_BODY_BYTES
 if RUNTIME_HEARTBEAT_SECONDS * 2 > RUNTIME_LEASE_SECONDS:
     raise ImproperlyConfigured("heartbeat_seconds must be at most half of lease_seconds")
@@ -182,9 +240,7 @@ if not (isinstance(RUNTIME_STEP_SECONDS, int | float) and 0 <= RUNTIME_STEP_SECO
     raise ImproperlyConfigured(f"step_seconds must be a number of seconds, 0 or more (0: no limit), "
                                f"not {RUNTIME_STEP_SECONDS!r}")
 
-# --- MCP server (/mcp, tasks_app/mcp; docs/mcp.md) ---------------------------------------
-# The conformance suite's fixture tools (tasks_app/agents/conformance.py); on in tests.
-RUNTIME_MCP_FIXTURES = env_bool("RUNTIME_MCP_FIXTURES", False)
+# --- MCP server (/mcp, mcp_server; docs/mcp.md) ---------------------------------------
 # Lifetime of a task created over MCP when the client asks for none (ttlMs on the wire).
 RUNTIME_MCP_TASK_TTL_SECONDS = int(os.getenv("RUNTIME_MCP_TASK_TTL_SECONDS", str(24 * 3600)))
 # Origins allowed besides the local ones (localhost, 127.0.0.1, [::1]): DNS-rebinding guard.
@@ -199,6 +255,21 @@ RUNTIME_S3 = {
     "aws_access_key_id": env_secret("RUNTIME_S3_ACCESS_KEY_ID"),
     "aws_secret_access_key": env_secret("RUNTIME_S3_SECRET_ACCESS_KEY"),
 }
+
+# --- Audit anchors (tasks_app/audit.py; docs/operations.md "Audit") ---------------------------
+# Chain heads are signed with this HMAC secret and anchored in the blob store, both outside the
+# database, so that rewriting the audit there (even with recomputed hashes) is detected. Rotation:
+# the new secret here, the old ones in RUNTIME_AUDIT_RETIRED_KEYS (comma-separated) so their
+# anchors still verify. Unset outside the embedded profile: no anchors, and verify_audit says so.
+RUNTIME_AUDIT_KEY = env_secret("RUNTIME_AUDIT_KEY") or ""
+RUNTIME_AUDIT_RETIRED_KEYS = [k for k in (env_secret("RUNTIME_AUDIT_RETIRED_KEYS") or "").split(",") if k]
+if not RUNTIME_AUDIT_KEY and EMBEDDED:
+    # Like the secret key: kept in the data folder, which is not the database.
+    DATA_DIR.mkdir(parents=True, exist_ok=True)
+    audit_key_file = DATA_DIR / "audit_key"
+    if not audit_key_file.exists():
+        audit_key_file.write_text(secrets.token_urlsafe(32))
+    RUNTIME_AUDIT_KEY = audit_key_file.read_text().strip()
 
 # --- Mail (the email.send tool; Django 6.1 MAILERS) ----------------------------------------
 if os.getenv("EMAIL_HOST"):
@@ -248,16 +319,18 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TASK_DEFAULT_QUEUE = "steps"
-CELERY_TASK_ROUTES = {"tasks.scan_leases": {"queue": "maintenance"}, "tasks.trim": {"queue": "maintenance"}}
+CELERY_TASK_ROUTES = {"tasks.scan_leases": {"queue": "maintenance"}, "tasks.trim": {"queue": "maintenance"},
+                      "tasks.anchor_audit": {"queue": "maintenance"}}
 CELERY_BEAT_SCHEDULE = {
     "scan-leases": {"task": "tasks.scan_leases", "schedule": float(RUNTIME_SCAN_SECONDS)},
     "trim": {"task": "tasks.trim", "schedule": 60.0},
+    "anchor-audit": {"task": "tasks.anchor_audit", "schedule": float(RUNTIME["audit"]["anchor_seconds"])},
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / f"celerybeat-schedule-{RUNTIME_DEPLOYMENT}")
 
-# --- Streaming (django-eventstream; tasks_app/streams.py) ---------------------------------
-EVENTSTREAM_STORAGE_CLASS = "tasks_app.streams.TaskEventStorage"
-EVENTSTREAM_CHANNELMANAGER_CLASS = "tasks_app.streams.TaskChannelManager"
+# --- Streaming (django-eventstream; tasks_app/streams/) ---------------------------------
+EVENTSTREAM_STORAGE_CLASS = "tasks_app.streams.publish.TaskEventStorage"
+EVENTSTREAM_CHANNELMANAGER_CLASS = "tasks_app.streams.publish.TaskChannelManager"
 if REDIS_URL:
     # Read at import time by django-eventstream, in every process that publishes (web and workers).
     from redis.connection import parse_url as _parse_redis_url
@@ -278,6 +351,10 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "Long-task agent runtime",
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    "DESCRIPTION": "Start, watch, steer and audit long-running agent tasks. Every error is "
+                   '{"error": {"code", "message", ...}}. The contract: runtime_site/openapi.py.',
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "runtime_site.openapi.postprocess"],
+    "COMPONENT_SPLIT_REQUEST": True,
 }
 
 # RUNTIME_LOG_FORMAT=json: one JSON object per line with task, tenant, trace and worker

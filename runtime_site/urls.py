@@ -4,9 +4,10 @@ from django.templatetags.static import static
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView
 
+from runtime_site import openapi  # noqa: F401 (registers the API's schema extensions)
 from runtime_site.health import healthz, readyz
 from runtime_site.metrics import metrics_view
-from tasks_app.mcp.views import mcp_endpoint
+from mcp_server.views import mcp_endpoint
 
 
 urlpatterns = [

@@ -9,6 +9,7 @@ engine applies pending commands, in accepted order, at its next safe point.
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any
 from uuid import UUID
 
@@ -18,9 +19,12 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from common import json_safety
+from common.schema import SchemaError, validate
 from steering_app.models import CommandStatus, CommandType, InputRequest, InputStatus, SteeringCommand
-from tasks_app import events
-from tasks_app.actions import TRANSITION_FIELDS, transition
+from ledger_app.actions import settle_interrupted
+from ledger_app.models import EffectStatus, LedgerEntry
+from tasks_app import events, kills
+from tasks_app.actions import TRANSITION_FIELDS, IllegalTransition, transition
 from tasks_app.agents import base as agents
 from tasks_app.audit import record_audit
 from tasks_app.models import Role, Task, Tenant
@@ -35,11 +39,35 @@ class VersionConflict(Exception):
 
 
 class CommandRefused(Exception):
-    """The command cannot apply to the task as it is now (HTTP 409)."""
+    """The command cannot apply to the task as it is now (HTTP 409, with the task's snapshot)."""
+
+    def __init__(self, message: str, task: Task | None = None) -> None:
+        super().__init__(message)
+        self.task = task
 
 
 class InvalidCommand(Exception):
     """The payload does not fit the command (HTTP 422)."""
+
+
+class AnswerConflict(CommandRefused):
+    """The input request already has an answer, applied or accepted and pending: it stands,
+    and a different one is refused with it (HTTP 409), on every edge."""
+
+    def __init__(self, key: str, command: SteeringCommand) -> None:
+        shown = json.dumps(command.payload["answer"])
+        super().__init__(f"input request {key!r} already has the answer {shown[:200]} "
+                         f"(from {command.requested_by}); it stands")
+        self.key, self.command = key, command
+
+    @property
+    def answer(self) -> Any:
+        return self.command.payload["answer"]
+
+
+def _same_answer(a: Any, b: Any) -> bool:
+    # As JSON, not as Python: True == 1 in Python, but an approval `true` is not the number 1.
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
 _EMPTY = {"type": "object", "additionalProperties": False}
@@ -47,6 +75,7 @@ PAYLOAD_SCHEMAS: dict[str, dict[str, Any]] = {
     CommandType.PAUSE: _EMPTY,
     CommandType.RESUME: _EMPTY,
     CommandType.CANCEL: _EMPTY,
+    CommandType.KILL: _EMPTY,  # the reason is the command's own, and required
     CommandType.ADJUST_GOAL: {
         "type": "object",
         "properties": {"goal": {"type": "string", "maxLength": 10_000}, "constraints": {"type": "object"}},
@@ -69,29 +98,38 @@ PAYLOAD_SCHEMAS: dict[str, dict[str, Any]] = {
 
 # Everything apply_command may change on the task row.
 STEERING_FIELDS = [*TRANSITION_FIELDS, "goal", "constraints", "plan_version", "priority", "cancel_requested",
-                   "cancel_reason", "steering_head", "lease_owner", "lease_expires_at", "lease_epoch"]
+                   "cancel_reason", "kill_requested", "steering_head", "lease_owner", "lease_expires_at",
+                   "lease_epoch"]
 
 
-def _validate(task: Task, type: str, payload: dict[str, Any]) -> None:
+def _validate(task: Task, type: str, payload: dict[str, Any], reason: str) -> None:
+    if type == CommandType.KILL and not reason.strip():
+        raise InvalidCommand("reason: a kill needs a reason (it is audited and shown on the task)")
     try:
-        agents.validate(payload, PAYLOAD_SCHEMAS[type], "payload")
-    except agents.SchemaError as exc:
+        validate(payload, PAYLOAD_SCHEMAS[type], "payload")
+    except SchemaError as exc:
         raise InvalidCommand(str(exc)) from None
     if type == CommandType.ADJUST_GOAL and "constraints" in payload:
         agent = agents.get_agent(task.agent)
         if agent.constraints_schema is None:
             raise InvalidCommand(f"agent {task.agent!r} cannot be re-aimed with constraints")
         try:
-            agents.validate(payload["constraints"], agent.constraints_schema, "payload constraints")
-        except agents.SchemaError as exc:
+            validate(payload["constraints"], agent.constraints_schema, "payload constraints")
+        except SchemaError as exc:
             raise InvalidCommand(str(exc)) from None
     if type == CommandType.PROVIDE_INPUT:
+        # Under the task's row lock: of two answers racing, the second sees the first.
+        standing = SteeringCommand.objects.filter(
+            task=task, type=CommandType.PROVIDE_INPUT, payload__key=payload["key"],
+            status__in=[CommandStatus.PENDING, CommandStatus.APPLIED]).order_by("id").first()
+        if standing is not None:
+            raise AnswerConflict(payload["key"], standing)
         request = InputRequest.objects.filter(task=task, key=payload["key"]).first()
         if request is None or request.status != InputStatus.OPEN:
             raise CommandRefused(f"no open input request {payload['key']!r} on this task")
         try:
-            agents.validate(payload["answer"], request.answer_schema, "payload answer")
-        except agents.SchemaError as exc:
+            validate(payload["answer"], request.answer_schema, "payload answer")
+        except SchemaError as exc:
             raise InvalidCommand(str(exc)) from None
 
 
@@ -99,8 +137,8 @@ def refusal(task: Task, type: str, *, applying: bool = False) -> str | None:
     """Why this command cannot be accepted (or, applying, apply) on the task as it is, or None."""
     if task.status in TERMINAL:
         return f"the task is {task.status}; it takes no more commands"
-    if task.status == Status.DEAD_LETTERED and type != CommandType.CANCEL:
-        return "the task is held for an operator (dead-lettered); only cancel applies"
+    if task.status == Status.DEAD_LETTERED and type not in (CommandType.CANCEL, CommandType.KILL):
+        return "the task is held for an operator (dead-lettered); only cancel or kill applies"
     if type == CommandType.RESUME and task.status not in (Status.PAUSED, Status.PAUSING):
         return f"resume applies to a paused task; this one is {task.status}"
     # An accepted pause leaves the task "pausing" until it is applied.
@@ -132,10 +170,10 @@ def do_enqueue_command(
     if existing := SteeringCommand.objects.filter(task=task, command_id=command_id).first():
         return existing, False
     if refused := refusal(task, type):
-        raise CommandRefused(refused)
+        raise CommandRefused(refused, task)
     if task.state_version != expected_version:
         raise VersionConflict(task)
-    _validate(task, type, payload)
+    _validate(task, type, payload, reason)
 
     before = task.state_version
     task.state_version += 1
@@ -154,6 +192,9 @@ def do_enqueue_command(
     elif type == CommandType.SET_PRIORITY:  # no business change: it may apply mid-step
         command.save()
         enqueue = apply_command(task, command, actor=requested_by)
+    elif type == CommandType.KILL:  # the emergency stop does not wait for the safe point
+        command.save()
+        _kill_running(task, command, actor=requested_by)
     else:
         if type == CommandType.PAUSE:  # acknowledged now; the worker pauses at its safe point
             transition(task, Status.PAUSING, actor=requested_by, reason=reason or "pause requested")
@@ -220,6 +261,13 @@ def apply_command(task: Task, command: SteeringCommand, *, actor: str, by_worker
             task.cancel_requested, task.cancel_reason = True, (command.reason or "cancelled")[:500]
             if not by_worker:  # nobody is mid-step: cancelled now
                 _cancel(task, actor=actor, by_worker=False)
+        case CommandType.KILL:
+            _request_kill(task, command)
+            # Not waiting for the step: cancelled now, the epoch moved (nothing of the step
+            # commits). A call it had in flight was cut, or had not started: unknown until
+            # the remote (by key) or a person says, so nothing re-sends it blindly.
+            _cancel(task, actor=actor, by_worker=by_worker)
+            settle_interrupted(task.id)
         case CommandType.ADJUST_GOAL:
             task.goal = command.payload.get("goal", task.goal)
             task.constraints = {**task.constraints, **command.payload.get("constraints", {})}
@@ -239,12 +287,60 @@ def apply_command(task: Task, command: SteeringCommand, *, actor: str, by_worker
     return enqueue
 
 
+def _request_kill(task: Task, command: SteeringCommand) -> None:
+    task.kill_requested, task.cancel_requested = True, True
+    task.cancel_reason = task.status_message = f"killed: {command.reason}"[:500]
+    kills.ring_on_commit(task.id)  # the worker holding it cuts its step (its lease also refuses it)
+
+
+def _kill_running(task: Task, command: SteeringCommand, *, actor: str) -> None:
+    """A kill of a task a worker is running: ended now, unless the call in flight must
+    finish (the Kill Policy): then the worker stops the task right after it returns,
+    applying this command (and the lease, refused meanwhile, keeps it from going on)."""
+    finishing = sorted({tool for tool in LedgerEntry.objects.filter(
+        task=task, status=EffectStatus.STARTED, lease_epoch=task.lease_epoch).values_list("tool", flat=True)
+        if kills.must_finish(tool)})
+    if not finishing:
+        apply_command(task, command, actor=actor)
+        return
+    _request_kill(task, command)
+    command.outcome = f"waiting for {', '.join(finishing)} to return (kill.finish_first), then stopping"
+    command.save(update_fields=["outcome"])
+
+
 def _cancel(task: Task, *, actor: str, by_worker: bool) -> None:
     """End a task whose cancel was asked for (the reason is on the row)."""
     transition(task, Status.CANCELLED, actor=actor, reason=task.cancel_reason or "cancelled")
     if not by_worker:
         task.lease_owner, task.lease_expires_at = None, None
         task.lease_epoch += 1  # fences any worker that still believes it holds the task
+
+
+@transaction.atomic(durable=True)
+def do_cancel_task(task_id: UUID, *, tenant: Tenant, actor: str, reason: str = "") -> Task:
+    """Cancel now if no worker holds the task; otherwise ask the worker to stop at its
+    next safe point (a running step always finishes and commits first)."""
+    json_safety.check({"reason": reason, "actor": actor})  # the last line, whatever the edge
+    task = Task.objects.select_for_update().get(id=task_id, tenant=tenant)
+    if task.status in TERMINAL:
+        raise IllegalTransition(task.status, Status.CANCELLED)
+    leased = Task.objects.filter(id=task.id, lease_owner__isnull=False, lease_expires_at__gt=Now()).exists()
+    if leased:
+        if not task.cancel_requested:
+            before = task.state_version
+            task.cancel_requested, task.cancel_reason = True, reason[:500]
+            task.state_version += 1
+            task.save(update_fields=["cancel_requested", "cancel_reason", "state_version", "updated_at"])
+            record_audit(task, actor=actor, action="cancel_requested", before_version=before, reason=reason)
+        return task
+    # Nobody holds the task: a safe point, where steering's one rule applies. What a slice
+    # left pending (a pause accepted while it ran, before it was abandoned or died) settles
+    # first, in accepted order, then the cancel wins; it moves the lease epoch, which fences
+    # out a worker whose lease expired but that may still be running.
+    task.cancel_requested, task.cancel_reason = True, reason[:500]
+    apply_pending(task, actor=actor, by_worker=False)
+    task.save(update_fields=STEERING_FIELDS)
+    return task
 
 
 def _settle(task: Task, command: SteeringCommand, status: str, outcome: str, actor: str, before: int) -> None:
@@ -277,31 +373,42 @@ def answer_refusal(who: Any, task: Task, kind: str) -> str | None:
     """Why `who` (a Principal) may not answer an input request of this kind, or None. One
     rule for every edge (REST, dashboard, MCP): approvals need the approver role (and, if
     configured, someone other than the task's creator); other questions an operator."""
-    if not who.has_role(Role.OPERATOR):
-        return f"this needs the {Role.OPERATOR} role or above"
     if kind == "approval":
+        # The approver role outranks the operator's; an approve-scoped key needs no operate scope.
         if not who.has_role(Role.APPROVER):
             return "answering an approval needs the approver role"
         if settings.RUNTIME["security"].get("approver_not_creator") and who.actor == task.created_by:
             return "the task's creator may not approve its own guarded calls"
+    elif not who.has_role(Role.OPERATOR):
+        return f"this needs the {Role.OPERATOR} role or above"
     return None
 
 
 def do_answer_input(task_id: UUID, *, tenant: Tenant, key: str, answer: Any, requested_by: str,
                     reason: str = "") -> SteeringCommand:
-    """A provide_input command keyed by the request, so the same answer again is a replay
-    and a second answer is refused. Its precondition is the open request (checked when it
-    is applied), not the version the person saw: a worker moving the task meanwhile must
-    not bounce the answer, so a version conflict is retried against the version now."""
+    """The one way every edge answers (REST, dashboard, MCP): a provide_input command keyed
+    by the request. The same answer again is a replay and returns the command that stands;
+    a different one raises AnswerConflict carrying it. Its precondition is the open request
+    (checked when it is applied), not the version the person saw: a worker moving the task
+    meanwhile must not bounce the answer, so a version conflict is retried against the
+    version now."""
     json_safety.check({"key": key, "answer": answer})  # before the key is hashed into the command id
     command_id = "input:" + hashlib.sha1(key.encode()).hexdigest()
     for attempt in range(5):
         version = Task.objects.values_list("state_version", flat=True).get(id=task_id)
         try:
-            return do_enqueue_command(task_id, tenant=tenant, command_id=command_id, type=CommandType.PROVIDE_INPUT,
-                                      payload={"key": key, "answer": answer}, expected_version=version,
-                                      requested_by=requested_by, reason=reason)[0]
+            command = do_enqueue_command(task_id, tenant=tenant, command_id=command_id,
+                                         type=CommandType.PROVIDE_INPUT, payload={"key": key, "answer": answer},
+                                         expected_version=version, requested_by=requested_by, reason=reason)[0]
+        except AnswerConflict as exc:  # answered through the steering endpoint, under another command id
+            command = exc.command
         except VersionConflict:
             if attempt == 4:
                 raise
+            continue
+        if _same_answer(command.payload["answer"], answer):
+            return command
+        if command.status == CommandStatus.REJECTED:  # this key's earlier answer came too late
+            raise CommandRefused(command.outcome or f"input request {key!r} is no longer open")
+        raise AnswerConflict(key, command)
     raise AssertionError("unreachable")

@@ -12,6 +12,7 @@ class CommandType(models.TextChoices):
     ADJUST_GOAL = "adjust_goal"
     PROVIDE_INPUT = "provide_input"
     SET_PRIORITY = "set_priority"
+    KILL = "kill"  # the emergency stop: aborts the running step (tasks_app.kills)
 
 
 class CommandStatus(models.TextChoices):

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import hashlib
 from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models.functions import Now
 from django.utils import timezone
 
-from checkpoints_app.codec import canonical_json
 from common import json_safety
-from ledger_app import policy
-from tasks_app import events
+from common.canonical import canonical_json, sha256_hex
+from common.schema import validate
+from tasks_app import events, policy
 from tasks_app.agents import base as agents
 from tasks_app.audit import record_audit
 from tasks_app.models import Task, Tenant
@@ -33,6 +32,22 @@ class IdempotencyConflict(Exception):
     def __init__(self, task_id: UUID) -> None:
         super().__init__("this Idempotency-Key was already used with a different request body")
         self.task_id = task_id
+
+
+class QuotaExceeded(Exception):
+    """The tenant is at a configured cap (limits.queued_tasks_per_tenant): HTTP 429."""
+
+
+def _check_queue_cap(tenant: Tenant) -> None:
+    """In the creating transaction: the tenant row is locked so two creates cannot both
+    take the last place in the queue."""
+    cap = settings.RUNTIME.get("limits", {}).get("queued_tasks_per_tenant", 0)
+    if not cap:
+        return
+    list(Tenant.objects.select_for_update(no_key=True).filter(pk=tenant.pk).values_list("pk", flat=True))
+    if Task.objects.filter(tenant=tenant, status=Status.QUEUED).count() >= cap:
+        raise QuotaExceeded(f"this tenant already has {cap} queued tasks (limits.queued_tasks_per_tenant); "
+                            "start more once some have started")
 
 
 def transition(task: Task, to: str, *, actor: str, reason: str = "", data: dict[str, Any] | None = None) -> None:
@@ -61,7 +76,7 @@ CHECKPOINT_POLICY_SCHEMA = {"type": "object", "properties": {
 
 
 def _fingerprint(body: dict[str, Any]) -> str:
-    return hashlib.sha256(canonical_json(body).encode()).hexdigest()
+    return sha256_hex(canonical_json(body))
 
 
 def do_create_task(
@@ -80,10 +95,10 @@ def do_create_task(
                        "approvalPolicy": approval_policy, "budget": budget, "priority": priority,
                        "idempotencyKey": idempotency_key, "ttlSeconds": ttl_seconds, "actor": actor})
     definition = agents.get_agent(agent)  # UnknownAgent
-    agents.validate(input, definition.input_schema, "input")  # SchemaError
-    agents.validate(checkpoint_policy or {}, CHECKPOINT_POLICY_SCHEMA, "checkpointPolicy")
-    agents.validate(budget or {}, policy.BUDGET_SCHEMA, "budget")
-    agents.validate(approval_policy or {}, policy.APPROVAL_POLICY_SCHEMA, "approvalPolicy")
+    validate(input, definition.input_schema, "input")  # SchemaError
+    validate(checkpoint_policy or {}, CHECKPOINT_POLICY_SCHEMA, "checkpointPolicy")
+    validate(budget or {}, policy.BUDGET_SCHEMA, "budget")
+    validate(approval_policy or {}, policy.APPROVAL_POLICY_SCHEMA, "approvalPolicy")
     approval_policy = policy.canonical_approval_policy(approval_policy or {})
     body = {"agent": agent, "input": input, "goal": goal, "checkpointPolicy": checkpoint_policy or {},
             "approvalPolicy": approval_policy or {}, "budget": budget or {}, "priority": priority,
@@ -94,6 +109,7 @@ def do_create_task(
             return existing, False
     try:
         with transaction.atomic(durable=True):
+            _check_queue_cap(tenant)  # after the replay: a retried create is never refused
             task = Task.objects.create(
                 tenant=tenant, created_by=actor, agent=agent, input=input, goal=goal,
                 checkpoint_policy=checkpoint_policy or {}, approval_policy=approval_policy or {},
@@ -118,32 +134,3 @@ def _replay(tenant: Tenant, key: str, fingerprint: str) -> Task | None:
     if existing is not None and existing.request_fingerprint != fingerprint:
         raise IdempotencyConflict(existing.id)
     return existing
-
-
-@transaction.atomic(durable=True)
-def do_cancel_task(task_id: UUID, *, tenant: Tenant, actor: str, reason: str = "") -> Task:
-    """Cancel now if no worker holds the task; otherwise ask the worker to stop at its
-    next safe point (a running step always finishes and commits first)."""
-    json_safety.check({"reason": reason, "actor": actor})  # the last line, whatever the edge
-    task = Task.objects.select_for_update().get(id=task_id, tenant=tenant)
-    if task.status in TERMINAL:
-        raise IllegalTransition(task.status, Status.CANCELLED)
-    leased = Task.objects.filter(id=task.id, lease_owner__isnull=False, lease_expires_at__gt=Now()).exists()
-    if leased:
-        if not task.cancel_requested:
-            before = task.state_version
-            task.cancel_requested, task.cancel_reason = True, reason[:500]
-            task.state_version += 1
-            task.save(update_fields=["cancel_requested", "cancel_reason", "state_version", "updated_at"])
-            record_audit(task, actor=actor, action="cancel_requested", before_version=before, reason=reason)
-        return task
-    # Nobody holds the task: a safe point, where steering's one rule applies. What a slice
-    # left pending (a pause accepted while it ran, before it was abandoned or died) settles
-    # first, in accepted order, then the cancel wins; it moves the lease epoch, which fences
-    # out a worker whose lease expired but that may still be running.
-    from steering_app.actions import STEERING_FIELDS, apply_pending  # steering imports this module
-
-    task.cancel_requested, task.cancel_reason = True, reason[:500]
-    apply_pending(task, actor=actor, by_worker=False)
-    task.save(update_fields=STEERING_FIELDS)
-    return task

@@ -1,4 +1,5 @@
 from datetime import timedelta
+from uuid import uuid4
 
 from django import forms
 from django.contrib import admin, messages
@@ -12,10 +13,12 @@ from django.utils.html import format_html
 
 from checkpoints_app.models import Checkpoint
 from ledger_app.models import LedgerEntry
-from steering_app.models import InputRequest, SteeringCommand
-from tasks_app import recovery
-from tasks_app.actions import IllegalTransition, do_cancel_task
-from tasks_app.models import ApiKey, AuditRecord, Membership, Step, Task, Tenant
+from steering_app.actions import CommandRefused, VersionConflict, do_cancel_task, do_enqueue_command
+from steering_app.models import CommandType, InputRequest, SteeringCommand
+from tasks_app import kills, operators
+from tasks_app.actions import IllegalTransition
+from tasks_app.auth import check_key_grant, issue_api_key, revoke_api_key, rotate_api_key
+from tasks_app.models import ApiKey, AuditRecord, Membership, Scope, Step, Task, Tenant
 
 
 @admin.register(Tenant)
@@ -28,10 +31,68 @@ class MembershipAdmin(admin.ModelAdmin):
     list_display = ["tenant", "user", "role"]
 
 
+class ApiKeyForm(forms.ModelForm):
+    scopes = forms.MultipleChoiceField(choices=Scope.choices, required=False, widget=forms.CheckboxSelectMultiple,
+                                       help_text="none: everything the role allows")
+
+    class Meta:
+        model = ApiKey
+        fields = ["tenant", "user", "role", "name", "scopes", "expires_at"]
+
+    def clean(self):
+        data = super().clean()
+        try:
+            check_key_grant(data.get("role") or "", data.get("scopes"))
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc)) from None
+        return data
+
+
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
-    list_display = ["name", "prefix", "tenant", "role", "created_at", "revoked_at"]
-    readonly_fields = ["prefix", "key_hash"]
+    """Keys are made here with the token shown once (in the message after saving), rotated
+    (the old key lives on for the grace period) and revoked; the hash is never shown."""
+
+    form = ApiKeyForm
+    list_display = ["name", "prefix", "tenant", "user", "role", "scopes", "created_at", "expires_at", "last_used_at",
+                    "revoked_at"]
+    list_filter = ["tenant", "role"]
+    readonly_fields = ["prefix", "created_at", "last_used_at", "revoked_at", "rotated_from"]
+    actions = ["rotate", "revoke"]
+
+    def get_fields(self, request, obj=None):
+        fields = ["tenant", "user", "role", "name", "scopes", "expires_at"]
+        return fields if obj is None else [*fields, *self.readonly_fields]
+
+    def get_readonly_fields(self, request, obj=None):
+        # What a key grants is fixed once it exists: a different grant is a new key.
+        return [*self.readonly_fields, "tenant", "user", "role", "scopes"] if obj else self.readonly_fields
+
+    def save_model(self, request, obj, form, change):
+        if change:
+            obj.save(update_fields=["name", "expires_at"])
+            return
+        key, token = issue_api_key(obj.tenant, obj.user, role=obj.role, name=obj.name, scopes=obj.scopes,
+                                   expires_at=obj.expires_at)
+        obj.pk, obj.prefix = key.pk, key.prefix
+        self.message_user(request, f"The new key, shown only this once: {token}", level=messages.SUCCESS)
+
+    @admin.action(description="Rotate: a new key; the old one expires after the grace period")
+    def rotate(self, request, queryset):
+        for key in queryset:
+            try:
+                new, token = rotate_api_key(key)
+            except ValueError as exc:
+                self.message_user(request, f"{key.prefix}: {exc}", level=messages.WARNING)
+                continue
+            self.message_user(request, f"{key.prefix} rotated; the new key {new.prefix}, shown only this once: {token}",
+                              level=messages.SUCCESS)
+
+    @admin.action(description="Revoke: the keys stop working at once")
+    def revoke(self, request, queryset):
+        for key in queryset:
+            revoke_api_key(key)
+        self.message_user(request, f"{queryset.count()} key(s) revoked")
 
 
 class AgeFilter(admin.SimpleListFilter):
@@ -132,7 +193,7 @@ class TaskAdmin(admin.ModelAdmin):
     date_hierarchy = "created_at"
     # Steps can run to thousands: a link to their filtered list rather than an inline.
     inlines = [CheckpointInline, SteeringInline, InputRequestInline, LedgerInline, AuditInline]
-    actions = ["redrive", "cancel", "release_lease", "close"]
+    actions = ["redrive", "cancel", "kill", "release_lease", "close"]
 
     def get_readonly_fields(self, request, obj=None):
         # Every field: status, versions, leases, the audit head and even goal and priority
@@ -162,37 +223,57 @@ class TaskAdmin(admin.ModelAdmin):
             try:
                 action(task, actor)
                 self.message_user(request, f"{task.id}: {verb}")
-            except (IllegalTransition, recovery.NoLease) as exc:
+            except (IllegalTransition, operators.NoLease, CommandRefused, VersionConflict) as exc:
                 self.message_user(request, f"{task.id}: {exc}", level=messages.WARNING)
 
     @admin.action(description="Redrive a dead letter from its last good checkpoint")
     def redrive(self, request, queryset):
-        self._each(request, queryset, "redriven", lambda t, actor: recovery.do_redrive_task(
+        self._each(request, queryset, "redriven", lambda t, actor: operators.do_redrive_task(
             t.id, actor=actor, reason="redriven by an operator in admin"))
 
     @admin.action(description="Cancel with a reason (lands at the next safe point)")
     def cancel(self, request, queryset):
+        return self._with_reason(request, queryset, "cancel", "Cancel", "A task a worker holds stops at its next "
+                                 "safe point; the others stop now.", "cancel requested",
+                                 lambda t, actor, reason: do_cancel_task(t.id, tenant=t.tenant, actor=actor,
+                                                                          reason=reason))
+
+    @admin.action(description="Kill: emergency stop, without waiting for the running step")
+    def kill(self, request, queryset):
+        def kill_one(task: Task, actor: str, reason: str) -> None:
+            # The steering command, as over REST and MCP: audited, with the task's version now.
+            command, _ = do_enqueue_command(task.id, tenant=task.tenant, command_id=f"admin-kill-{uuid4().hex}",
+                                            type=CommandType.KILL, payload={}, expected_version=task.state_version,
+                                            requested_by=actor, reason=reason)
+            if command.outcome:
+                self.message_user(request, f"{task.id}: {command.outcome}", level=messages.WARNING)
+
+        return self._with_reason(request, queryset, "kill", "Kill", "The step a worker runs is aborted now; the "
+                                 "others stop now.", "killed", kill_one, kill_policy=kills.policy())
+
+    def _with_reason(self, request, queryset, action: str, verb: str, explanation: str, done: str, act,
+                     **context):
         form = CancelForm(request.POST if "apply" in request.POST else None)
         if form.is_bound and form.is_valid():
             reason = form.cleaned_data["reason"]
-            self._each(request, queryset, "cancel requested", lambda t, actor: do_cancel_task(
-                t.id, tenant=t.tenant, actor=actor, reason=reason))
+            self._each(request, queryset, done, lambda t, actor: act(t, actor, reason))
             return None
         # First the reason: an intermediate page, then the same POST again with "apply".
-        return TemplateResponse(request, "admin/tasks_app/task/cancel_reason.html", {
-            **self.admin_site.each_context(request), "title": "Cancel tasks", "opts": self.model._meta,
+        return TemplateResponse(request, "admin/tasks_app/task/steer_reason.html", {
+            **self.admin_site.each_context(request), "title": f"{verb} tasks", "opts": self.model._meta,
             "tasks": queryset, "form": form, "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
-            "select_across": request.POST.get("select_across", "0"),
+            "select_across": request.POST.get("select_across", "0"), "action": action, "verb": verb,
+            "explanation": explanation, **context,
         })
 
     @admin.action(description="Release a stale lease (fences the holder)")
     def release_lease(self, request, queryset):
-        self._each(request, queryset, "lease released", lambda t, actor: recovery.do_release_lease(
+        self._each(request, queryset, "lease released", lambda t, actor: operators.do_release_lease(
             t.id, actor=actor, reason="released by an operator in admin"))
 
     @admin.action(description="Close a dead letter as failed")
     def close(self, request, queryset):
-        self._each(request, queryset, "closed", lambda t, actor: recovery.do_close_task(
+        self._each(request, queryset, "closed", lambda t, actor: operators.do_close_task(
             t.id, actor=actor, reason="closed by an operator in admin"))
 
 

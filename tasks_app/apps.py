@@ -7,6 +7,8 @@ class TasksAppConfig(AppConfig):
 
     def ready(self) -> None:
         # Built-in agents register themselves on import.
-        from tasks_app import agents, streams  # noqa: F401
+        from runtime_site.patches import eventstream
+        from tasks_app import agents  # noqa: F401
+        from tasks_app.streams import wakeups
 
-        streams.install()
+        eventstream.install(on_listener=wakeups.ensure_running)

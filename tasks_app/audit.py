@@ -1,19 +1,35 @@
-"""Hash-chained audit records, one chain per task (DESIGN §3).
+"""Hash-chained audit records, one chain per task (DESIGN §3), anchored outside the database.
 
 Each record's hash covers its fields and the previous record's hash; the task row holds
 the head. Rewriting, deleting or reordering any record breaks the chain at that point.
+
+The chain alone cannot catch someone who can write the database: they can rewrite every
+record and recompute every hash and the head. So a beat job (anchor_heads) signs the heads
+of the chains that grew with a secret that is not in the database (RUNTIME_AUDIT_KEY,
+HMAC-SHA256) and writes them as one blob-store object per run. verify_anchors holds the
+records against every anchor: an anchored record that is gone or hashes differently was
+deleted or rewritten after it was anchored. Only records newer than the last anchor
+(`audit.anchor_seconds`) rely on the chain alone.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
+import json
+import uuid
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
+from django.db.models import Case, F, IntegerField, Value, When
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
-from checkpoints_app.codec import canonical_json
+from common.canonical import canonical_json, sha256_hex
+from runtime_site.blobstore import BlobStore, blob_store
 from tasks_app.models import AuditRecord, Task
 from tasks_app.redaction import redact
 
@@ -21,7 +37,7 @@ GENESIS = "0" * 64
 
 
 def _hash(record: AuditRecord) -> str:
-    return hashlib.sha256(canonical_json(record.chained_fields()).encode()).hexdigest()
+    return sha256_hex(canonical_json(record.chained_fields()))
 
 
 def record_audit(
@@ -46,11 +62,13 @@ def record_audit(
 
 @dataclass(frozen=True)
 class BrokenLink:
-    task_id: str
+    task_id: str  # "" for an anchor that is itself bad
     seq: int | None
     problem: str
 
     def __str__(self) -> str:
+        if not self.task_id:
+            return self.problem
         where = f"record {self.seq}" if self.seq is not None else "head"
         return f"task {self.task_id}: {where}: {self.problem}"
 
@@ -69,3 +87,93 @@ def verify_chain(task: Task) -> BrokenLink | None:
     if task.audit_head != (prev if prev != GENESIS else ""):
         return BrokenLink(str(task.id), None, "task's audit head does not match the last record")
     return None
+
+
+# --- Anchors ---------------------------------------------------------------------------------
+
+ANCHOR_PREFIX = "audit-anchors"
+ANCHOR_BATCH = 5000  # heads per object; a backlog (first run, long outage) takes several runs
+
+
+def key_id(secret: str) -> str:
+    """Names a key in its anchors without revealing anything about it."""
+    return hmac.new(secret.encode(), b"runtime audit key id", hashlib.sha256).hexdigest()[:16]
+
+
+def _signature(body: dict[str, Any], secret: str) -> str:
+    return hmac.new(secret.encode(), canonical_json(body).encode(), hashlib.sha256).hexdigest()
+
+
+def _verification_keys() -> dict[str, str]:
+    keys = [*settings.RUNTIME_AUDIT_RETIRED_KEYS, settings.RUNTIME_AUDIT_KEY]
+    return {key_id(k): k for k in keys if k}
+
+
+def anchor_heads(*, store: BlobStore | None = None) -> str | None:
+    """Beat job (tasks.anchor_audit): sign the heads of the chains that grew since their last
+    anchor and write them as one object; returns its key, or None when nothing grew (or no key)."""
+    secret = settings.RUNTIME_AUDIT_KEY
+    if not secret:
+        return None
+    heads = list(Task.objects.filter(audit_seq__gt=F("audit_anchored_seq")).order_by("id")
+                 .values_list("id", "tenant_id", "audit_seq", "audit_head")[:ANCHOR_BATCH])
+    if not heads:
+        return None
+    now = timezone.now()
+    body = {"version": 1, "deployment": settings.RUNTIME_DEPLOYMENT, "taken_at": now.isoformat(),
+            "heads": [{"task": str(task), "tenant": str(tenant), "seq": seq, "hash": head}
+                      for task, tenant, seq, head in heads]}
+    anchor = {**body, "kid": key_id(secret), "signature": _signature(body, secret)}
+    key = f"{ANCHOR_PREFIX}/{now:%Y/%m/%d/%H%M%S}-{uuid.uuid4().hex[:8]}.json"
+    (store or blob_store()).put(key, json.dumps(anchor, indent=1).encode(), "application/json")
+    # Marked only once the object is stored: a crash in between anchors the same heads again
+    # next time, which is harmless. Greatest: a record committed meanwhile stays unanchored.
+    Task.objects.filter(id__in=[h[0] for h in heads]).update(audit_anchored_seq=Greatest(
+        "audit_anchored_seq",
+        Case(*[When(id=task, then=Value(seq)) for task, _, seq, _ in heads], output_field=IntegerField())))
+    return key
+
+
+def verify_anchors(
+    *, store: BlobStore | None = None, task_id: str | None = None, since: datetime | None = None,
+) -> tuple[int, list[BrokenLink]]:
+    """Every anchor's signature, and every anchored head against the records: (anchors checked,
+    problems). `since` skips older anchors (after deleting old tasks by retention policy)."""
+    store = store or blob_store()
+    keys = _verification_keys()
+    checked, problems = 0, []
+    for name in store.list(ANCHOR_PREFIX):
+        anchor = json.loads(store.get(name))
+        body = {k: v for k, v in anchor.items() if k not in ("kid", "signature")}
+        if since is not None and datetime.fromisoformat(body["taken_at"]) < since:
+            continue
+        checked += 1
+        secret = keys.get(anchor.get("kid", ""))
+        if secret is None:
+            problems.append(BrokenLink("", None, f"anchor {name}: signed with unknown key {anchor.get('kid')!r} "
+                                                 "(a retired key missing from RUNTIME_AUDIT_RETIRED_KEYS?)"))
+            continue
+        if not hmac.compare_digest(_signature(body, secret), str(anchor.get("signature"))):
+            problems.append(BrokenLink("", None, f"anchor {name}: signature does not verify (anchor edited)"))
+            continue
+        heads = [h for h in body["heads"] if task_id is None or h["task"] == str(task_id)]
+        problems.extend(_check_heads(name, heads))
+    return checked, problems
+
+
+def _check_heads(anchor: str, heads: list[dict[str, Any]]) -> list[BrokenLink]:
+    task_ids = {h["task"] for h in heads}
+    stored = dict(((str(t), seq), hash_) for t, seq, hash_ in AuditRecord.objects.filter(
+        task_id__in=task_ids, seq__in={h["seq"] for h in heads}).values_list("task_id", "seq", "hash"))
+    existing = {str(t) for t in Task.objects.filter(id__in=task_ids).values_list("id", flat=True)}
+    problems = []
+    for head in heads:
+        task, seq = head["task"], head["seq"]
+        found = stored.get((task, seq))
+        if task not in existing:
+            problems.append(BrokenLink(task, seq, f"task deleted (anchored in {anchor})"))
+        elif found is None:
+            problems.append(BrokenLink(task, seq, f"deleted (anchored in {anchor})"))
+        elif found != head["hash"]:
+            problems.append(BrokenLink(task, seq, f"differs from its anchor {anchor} (chain rewritten)"))
+    return problems

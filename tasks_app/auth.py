@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import re
 import secrets
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.db.models import OuterRef, Q, Subquery
+from django.utils import timezone
 from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
 
-from tasks_app.models import ROLE_RANK, ApiKey, Role, Tenant
+from common.canonical import sha256_hex
+from runtime_site import ratelimit
+from tasks_app.models import ROLE_RANK, ROLE_SCOPES, ApiKey, Membership, Role, Scope, Tenant, scopes_within
 
 KEY_PREFIX = "rt_"
 # What issue_api_key makes: rt_<12 hex>_<token_urlsafe(32)>. Anything else is refused before
@@ -21,28 +27,127 @@ KEY_PREFIX = "rt_"
 KEY_SHAPE = re.compile(r"rt_([0-9a-f]{12})_([A-Za-z0-9_\-]{16,128})\Z")
 
 
+# last_used_at is a hint for people deciding which keys to revoke, not an access log: it is
+# written when it is this much out of date, so a busy key costs one UPDATE a minute, not one
+# per request.
+LAST_USED_EVERY = timedelta(minutes=1)
+
+
 @dataclass(frozen=True)
 class Principal:
-    """Who is calling, for which tenant, with which role. `request.auth` carries it."""
+    """Who is calling, for which tenant, with which role. `request.auth` carries it.
+
+    `scopes` narrows an API key below its role (None: a person, who has their role's all)."""
 
     tenant: Tenant
     role: str
     actor: str  # the audit actor string
+    scopes: frozenset[str] | None = None
+    key: str | None = None  # the API key's prefix (its public id); None for a person's session
 
     def has_role(self, minimum: str) -> bool:
-        return ROLE_RANK[Role(self.role)] >= ROLE_RANK[Role(minimum)]
+        """The role's rank, and for a key the scope that power needs: every role check of
+        every edge (REST, MCP, dashboard, steering's answer rule) comes through here."""
+        if ROLE_RANK[Role(self.role)] < ROLE_RANK[Role(minimum)]:
+            return False
+        return self.scopes is None or ROLE_SCOPES[minimum] <= self.scopes
 
 
 def _hash(secret: str) -> str:
-    return hashlib.sha256(secret.encode()).hexdigest()
+    return sha256_hex(secret)
 
 
-def issue_api_key(tenant: Tenant, user: AbstractBaseUser, *, role: str, name: str) -> tuple[ApiKey, str]:
+def effective_scopes(role: str, scopes: list[str] | frozenset[str]) -> frozenset[str]:
+    """A key's stored scopes, or all its role allows when it names none."""
+    return frozenset(scopes) & scopes_within(role) if scopes else scopes_within(role)
+
+
+def check_key_grant(role: str, scopes: list[str] | None, *, granted_by: Principal | None = None) -> None:
+    """A key's role and scopes must fit each other and, when a key makes a key, the maker's
+    own: no key can mint a wider one. Raises ValueError naming the problem."""
+    if role not in Role.values:
+        raise ValueError(f"unknown role {role!r}")
+    unknown = set(scopes or []) - set(Scope.values)
+    if unknown:
+        raise ValueError(f"unknown scopes {sorted(unknown)}: use {Scope.values}")
+    beyond = set(scopes or []) - scopes_within(role)
+    if beyond:
+        raise ValueError(f"scopes {sorted(beyond)} are beyond the {role} role")
+    if granted_by is not None:
+        if ROLE_RANK[Role(role)] > ROLE_RANK[Role(granted_by.role)]:
+            raise ValueError(f"a {granted_by.role} may not make a {role} key")
+        wanted = effective_scopes(role, scopes or [])
+        if granted_by.scopes is not None and not wanted <= granted_by.scopes:
+            raise ValueError(f"scopes {sorted(wanted - granted_by.scopes)} are beyond this key's own")
+
+
+def issue_api_key(tenant: Tenant, user: AbstractBaseUser, *, role: str, name: str, scopes: list[str] | None = None,
+                  expires_at: datetime | None = None, rotated_from: ApiKey | None = None) -> tuple[ApiKey, str]:
     """Create a key and return it with the full token, which is never stored or shown again."""
+    check_key_grant(role, scopes)
     prefix, secret = secrets.token_hex(6), secrets.token_urlsafe(32)
     key = ApiKey.objects.create(tenant=tenant, user=user, role=role, name=name, prefix=prefix,
-                                key_hash=_hash(secret))
+                                key_hash=_hash(secret), scopes=sorted(scopes or []), expires_at=expires_at,
+                                rotated_from=rotated_from)
     return key, f"{KEY_PREFIX}{prefix}_{secret}"
+
+
+def rotate_api_key(old: ApiKey, *, grace: timedelta | None = None) -> tuple[ApiKey, str]:
+    """A new key like `old`; `old` keeps working for `grace` (security.key_rotation_grace_seconds)
+    so its holders can switch over without an outage, then expires. Two keys are live meanwhile."""
+    if grace is None:
+        grace = timedelta(seconds=settings.RUNTIME["security"].get("key_rotation_grace_seconds", 86400))
+    with transaction.atomic():
+        old = ApiKey.objects.select_for_update().get(pk=old.pk)
+        if old.revoked_at is not None:
+            raise ValueError("a revoked key cannot be rotated")
+        new, token = issue_api_key(old.tenant, old.user, role=old.role, name=old.name, scopes=old.scopes,
+                                   expires_at=old.expires_at, rotated_from=old)
+        ends = timezone.now() + grace
+        if old.expires_at is None or old.expires_at > ends:
+            old.expires_at = ends
+            old.save(update_fields=["expires_at"])
+    return new, token
+
+
+def revoke_api_key(key: ApiKey) -> None:
+    ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+
+
+def _member_role() -> Subquery:
+    return Subquery(Membership.objects.filter(tenant=OuterRef("tenant"), user=OuterRef("user")).values("role")[:1])
+
+
+def authenticate_key(token: str) -> tuple[Any, Principal]:
+    """The one check every edge's API key goes through (REST, /mcp, SSE): the key exists, is
+    neither revoked nor expired, its user is active and still a member of its tenant, and it
+    acts with the lower of its own role and the membership's, within its scopes. Read on
+    every request, so a deactivation or a lost membership takes effect on the next one."""
+    shape = KEY_SHAPE.match(token.strip())
+    if shape is None:
+        raise exceptions.AuthenticationFailed("malformed API key: expected rt_<prefix>_<secret>")
+    prefix, secret = shape.groups()
+    key = (ApiKey.objects.select_related("tenant", "user").annotate(member_role=_member_role())
+           .filter(prefix=prefix).first())
+    # compare_digest even on a miss would not hide much: prefixes are not secret.
+    if key is None or not hmac.compare_digest(key.key_hash, _hash(secret)) or key.revoked_at is not None:
+        raise exceptions.AuthenticationFailed("invalid or revoked API key")
+    # The holder proved the secret: they may know why it stopped working.
+    now = timezone.now()
+    if key.expires_at is not None and key.expires_at <= now:
+        raise exceptions.AuthenticationFailed("this API key has expired")
+    if not key.user.is_active:
+        raise exceptions.AuthenticationFailed("this API key's user is deactivated")
+    if key.member_role is None:
+        raise exceptions.AuthenticationFailed("this API key's user is no longer a member of its tenant")
+    role = min(key.role, key.member_role, key=lambda r: ROLE_RANK[Role(r)])
+    if key.last_used_at is None or now - key.last_used_at >= LAST_USED_EVERY:
+        # Conditional, so concurrent requests of one key write once between them.
+        (ApiKey.objects.filter(pk=key.pk)
+         .filter(Q(last_used_at__isnull=True) | Q(last_used_at__lte=now - LAST_USED_EVERY))
+         .update(last_used_at=now))
+    return key.user, Principal(tenant=key.tenant, role=role, actor=f"user:{key.user_id}",
+                               scopes=effective_scopes(key.role, key.scopes), key=key.prefix)
 
 
 class ApiKeyAuthentication(authentication.BaseAuthentication):
@@ -53,15 +158,12 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise exceptions.AuthenticationFailed("Authorization header must be 'Bearer <api key>'")
-        shape = KEY_SHAPE.match(token.strip())
-        if shape is None:
-            raise exceptions.AuthenticationFailed("malformed API key: expected rt_<prefix>_<secret>")
-        prefix, secret = shape.groups()
-        key = ApiKey.objects.select_related("tenant", "user").filter(prefix=prefix, revoked_at__isnull=True).first()
-        # compare_digest even on a miss would not hide much: prefixes are not secret.
-        if key is None or not hmac.compare_digest(key.key_hash, _hash(secret)):
-            raise exceptions.AuthenticationFailed("invalid or revoked API key")
-        return key.user, Principal(tenant=key.tenant, role=key.role, actor=f"user:{key.user_id}")
+        user, who = authenticate_key(token)
+        # Counted once the key is proven: a stranger who knows a key's (public) prefix
+        # cannot spend its owner's allowance. RateLimited is DRF's 429 with Retry-After;
+        # /mcp and the SSE view turn it into their own 429s.
+        ratelimit.enforce(who, ratelimit.surface_of(request.path))
+        return user, who
 
     def authenticate_header(self, request: Request) -> str:
         return 'Bearer realm="runtime"'  # makes DRF answer 401, not 403
@@ -80,3 +182,10 @@ def require_role(minimum: str) -> type[permissions.BasePermission]:
             return isinstance(request.auth, Principal) and request.auth.has_role(minimum)
 
     return HasRole
+
+
+class IsPrincipal(permissions.BasePermission):
+    """Any authenticated caller; the action itself decides (steering's answer_refusal)."""
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        return isinstance(request.auth, Principal)

@@ -28,16 +28,18 @@ from django.utils import timezone
 
 from checkpoints_app import actions as checkpoints
 from checkpoints_app.codec import CheckpointCorrupt
+from common.schema import SchemaError, validate
 from ledger_app import actions as ledger
-from ledger_app import policy, tools
 from steering_app import actions as steering
 from runtime_site.blobstore import blob_store
 from runtime_site.metrics import LEASE_TAKEOVERS
-from tasks_app import events, faults, leases, shutdown, telemetry
+from tasks_app import events, faults, kills, leases, operators, policy, shutdown, telemetry
 from tasks_app.actions import TRANSITION_FIELDS, transition
 from tasks_app.agents import base as agents
+from tasks_app.agents import tools
 from tasks_app.audit import record_audit
 from tasks_app.models import Step, Task
+from tasks_app.redaction import redact
 from tasks_app.selectors import task_snapshot
 from tasks_app.states import TERMINAL, Status
 
@@ -90,7 +92,9 @@ def run_slice(task_id: UUID, *, worker_id: str) -> SliceOutcome:
         return SliceOutcome.AT_CAPACITY
     if lease is None:
         return SliceOutcome.DROPPED
-    with leases.Heartbeat(lease, ttl=ttl, interval=settings.RUNTIME_HEARTBEAT_SECONDS) as heartbeat:
+    with (kills.guarding(task_id) as guard,
+          leases.Heartbeat(lease, ttl=ttl, interval=settings.RUNTIME_HEARTBEAT_SECONDS,
+                           abandon=operators.do_abandon_step, guard=guard) as heartbeat):
         try:
             run = _load(lease)
             if run is None:
@@ -264,7 +268,8 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
             heartbeat.watch(step_name, _step_deadline(run.agent, step_name))
             # A JSON round trip both copies the state (a failed step leaves ours intact)
             # and proves the agent's new state can be checkpointed.
-            with telemetry.step(run.task, step_name, sequence, rerun=sequence <= run.rerun_until):
+            with (telemetry.step(run.task, step_name, sequence, rerun=sequence <= run.rerun_until),
+                  kills.step(heartbeat.guard)):
                 new_state = json.loads(json.dumps(run.agent.run_step(ctx, json.loads(json.dumps(run.state)))))
             if why := _unstorable(ctx, new_state):  # the agent's failure, not the commit's
                 raise ValueError(f"the step's output cannot be stored: {why}")
@@ -274,13 +279,15 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
         except agents.RemoteWait as wait:
             _yield(run, message=wait.message)
             return SliceOutcome.POLL
+        except kills.StepKilled:
+            return _killed(run)
         except leases.LeaseLost:
             raise
         except agents.ToolRejected as exc:
             _stop(run.lease, Status.FAILED, reason=f"step {step_name}: {exc}"[:500],
                   error={"code": "rejected", "step": step_name, "message": str(exc)[:1000]})
             return SliceOutcome.DONE
-        except (ledger.ToolFailed, tools.UnknownTool, agents.SchemaError) as exc:
+        except (ledger.ToolFailed, tools.UnknownTool, SchemaError) as exc:
             _stop(run.lease, Status.FAILED, reason=f"step {step_name}: {exc}"[:500],
                   error={"code": "tool_failed", "step": step_name, "sequence": run.sequence + 1,
                          "message": str(exc)[:1000]})
@@ -297,6 +304,19 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
             heartbeat.watch(None)  # what follows (commit, checkpoint, yield) is the runtime's, not the step's
         _commit_step(run, ctx, new_state, began, (time.perf_counter() - t0) * 1000)
         steps += 1
+
+
+def _killed(run: _Run) -> SliceOutcome:
+    """The step was cut by a kill (tasks_app.kills) and nothing of it is kept. Mostly the
+    kill has ended the task already and moved the epoch: the fence drops the slice. If the
+    kill waited for a call that had to finish, the lease is still ours and the kill
+    applies here, at the safe point the step's end makes (a terminal checkpoint)."""
+    try:
+        _apply_steering(run)
+    except leases.LeaseLost:
+        logger.warning("task %s: killed; its step was cut and nothing of it committed", run.task.id)
+        return SliceOutcome.DROPPED
+    return SliceOutcome.DONE
 
 
 def _step_deadline(agent: agents.Agent, step_name: str) -> float:
@@ -510,8 +530,8 @@ def _yield(run: _Run, *, message: str | None = None) -> None:
 def _complete(run: _Run) -> SliceOutcome:
     result = run.agent.result(run.state)
     try:
-        agents.validate(result, run.agent.output_schema, "result")
-    except agents.SchemaError as exc:
+        validate(result, run.agent.output_schema, "result")
+    except SchemaError as exc:
         _stop(run.lease, Status.FAILED, reason=str(exc)[:500],
               error={"code": "invalid_result", "message": str(exc)[:1000]})
         return SliceOutcome.DONE
@@ -538,5 +558,7 @@ def _stop(lease: leases.Lease, to: str, *, reason: str, error: dict[str, Any], m
     with transaction.atomic(durable=True):
         task = leases.fenced(lease)
         transition(task, to, actor=f"worker:{lease.worker_id}", reason=reason, data={"error": error})
-        task.error, task.status_message = error, message
+        # The error quotes what failed (a tool's answer, an exception's text): masked like
+        # the audit record and the event, since snapshots show it to everyone who can read.
+        task.error, task.status_message = redact(error), redact(message)
         task.save(update_fields=[*TRANSITION_FIELDS, "error", *leases.release_fields(task)])

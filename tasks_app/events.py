@@ -11,9 +11,9 @@ from typing import Any
 from django.db import transaction
 from django.db.models import F
 
-from tasks_app import streams
 from tasks_app.models import Task, TaskEvent
 from tasks_app.redaction import redact
+from tasks_app.streams import publish
 
 EVENT_TYPES = frozenset({
     "task.snapshot", "progress", "log", "artifact", "checkpoint", "steering.applied",
@@ -42,5 +42,5 @@ def store(task: Task, first_seq: int, items: list[tuple[str, dict[str, Any]]]) -
     ])
     # Published only once the change is committed; never from inside the transaction.
     task_id = task.id
-    transaction.on_commit(lambda: [streams.publish(task_id, row.type, row.data) for row in rows])
+    transaction.on_commit(lambda: [publish.publish(task_id, row.type, row.data) for row in rows])
     return rows

@@ -14,6 +14,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
@@ -26,6 +27,7 @@ from django.db.models import DateTimeField, ExpressionWrapper, F, Q
 from django.db.models.functions import Now
 from django.db.models.sql import UpdateQuery
 
+from tasks_app import kills
 from tasks_app.models import Task, Tenant
 from tasks_app.states import CLAIMABLE, Status
 
@@ -113,11 +115,23 @@ def next_waiting(task_id: UUID) -> list[tuple[UUID, int]]:
     return list(waiting.values_list("id", "priority")[:max(limit - running, 0)])
 
 
-def renew(lease: Lease, *, ttl: float) -> bool:
-    """False means the lease is lost: write nothing more."""
-    return Task.objects.filter(id=lease.task_id, lease_epoch=lease.epoch, lease_owner=lease.worker_id).update(
-        lease_expires_at=deadline(ttl)
-    ) == 1
+def renew(lease: Lease, *, ttl: float, unless_killed: bool = True) -> bool:
+    """False means the lease is lost, or its task was killed (tasks_app.kills): write and
+    send nothing more of the step. unless_killed=False: a killed task whose call in flight
+    must finish keeps its lease until the call is recorded."""
+    held = Task.objects.filter(id=lease.task_id, lease_epoch=lease.epoch, lease_owner=lease.worker_id)
+    if unless_killed:
+        held = held.filter(kill_requested=False)
+    return held.update(lease_expires_at=deadline(ttl)) == 1
+
+
+def killed_while_held(lease: Lease) -> bool | None:
+    """After a refused renewal: True, killed and still ours (a call that must finish is in
+    flight); False, killed and fenced out; None, not killed (the lease is simply lost)."""
+    row = Task.objects.filter(id=lease.task_id).values_list("kill_requested", "lease_epoch", "lease_owner").first()
+    if row is None or not row[0]:
+        return None
+    return (row[1], row[2]) == (lease.epoch, lease.worker_id)
 
 
 def confirm(lease: Lease) -> None:
@@ -128,6 +142,8 @@ def confirm(lease: Lease) -> None:
     What remains is the time between this statement and the bytes on the wire
     (docs/architecture.md)."""
     if not renew(lease, ttl=settings.RUNTIME_LEASE_SECONDS):
+        if killed_while_held(lease) is not None:
+            raise kills.StepKilled(f"task {lease.task_id} was killed")  # no call starts after a kill
         raise LeaseLost(lease.task_id)
 
 
@@ -261,10 +277,14 @@ class Heartbeat:
     cadence, so a slow renewal does not push the next one later.
 
     It also holds the running step to its deadline (`watch`): renewing forever, it would
-    let a hung step keep its task forever."""
+    let a hung step keep its task forever. Past it, `abandon(lease, step=, seconds=)` gives
+    the task up (operators.do_abandon_step, an action a layer above this module: the engine
+    passes it in)."""
 
-    def __init__(self, lease: Lease, *, ttl: float, interval: float) -> None:
-        self.lease, self.ttl, self.interval = lease, ttl, interval
+    def __init__(self, lease: Lease, *, ttl: float, interval: float, abandon: Callable[..., Any],
+                 guard: kills.Guard | None = None) -> None:
+        self.lease, self.ttl, self.interval, self.abandon = lease, ttl, interval, abandon
+        self.guard = guard or kills.Guard(lease.task_id)  # the slice's: what a kill cuts
         self.lost = False
         self._stop = threading.Event()
         self._beating: Future[None] | None = None
@@ -307,8 +327,18 @@ class Heartbeat:
                 if step and step[1] and beat - step[2] > step[1]:
                     self._abandon(step)
                     return
+                if step and self.guard.stuck(settings.RUNTIME["kill"]["grace_seconds"]):
+                    logger.error("task %s: killed step %s did not stop", self.lease.task_id, step[0])
+                    self._end_if_still_in(step)
+                    return
+                if self.lost:
+                    continue  # killed and fenced out: nothing to renew; only a stuck step to watch for
                 try:
-                    if not renew(self.lease, ttl=self.ttl):
+                    if not renew(self.lease, ttl=self.ttl, unless_killed=not self.guard.killed):
+                        if (held := killed_while_held(self.lease)) is not None:
+                            self.guard.kill("lease")  # the doorbell was lost, or has not rung yet
+                            self.lost = not held
+                            continue
                         self.lost = True
                         logger.warning("lease on task %s lost (epoch %s)", self.lease.task_id, self.lease.epoch)
                         return
@@ -325,15 +355,18 @@ class Heartbeat:
         diagnosis audited), and end this process, which is stuck in the step, where its
         pool replaces it. The stuck thread cannot be stopped from here; should it ever
         return, the moved epoch stops its writes."""
-        from tasks_app.recovery import do_abandon_step  # recovery is an action module above this one
-
         step, seconds, _ = watched
         self.lost = True
         logger.error("task %s: step %s ran past its deadline of %gs; abandoned", self.lease.task_id, step, seconds)
         try:
-            do_abandon_step(self.lease, step=step, seconds=seconds)
+            self.abandon(self.lease, step=step, seconds=seconds)
         except Exception:  # the database is away: the lease, no longer renewed, expires instead
             logger.exception("task %s: could not record the abandoned step", self.lease.task_id)
+        self._end_if_still_in(watched)
+
+    def _end_if_still_in(self, watched: tuple[str, float, float]) -> None:
+        """A step past its deadline, or killed and not stopping: end this process, stuck in
+        it, where its pool replaces it."""
         if self._step is not watched:
             return  # the step returned meanwhile: the process is not stuck (the fence drops its slice)
         if recycle_stuck_processes:

@@ -5,7 +5,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 
 from tasks_app.states import TERMINAL, Status, to_mcp_status
 
@@ -30,6 +30,29 @@ class Role(models.TextChoices):
 ROLE_RANK = {Role.VIEWER: 0, Role.OPERATOR: 1, Role.APPROVER: 2, Role.ADMIN: 3}
 
 
+class Scope(models.TextChoices):
+    """What an API key may do, at most what its role allows: a key can be narrower than
+    its holder (a read-only key for a dashboard exporter, an approve-only key for a bot)."""
+
+    READ = "read"
+    OPERATE = "operate"
+    APPROVE = "approve"
+
+
+# The scope each role's powers need; an admin's powers need every scope.
+ROLE_SCOPES: dict[str, frozenset[str]] = {
+    Role.VIEWER: frozenset({Scope.READ}),
+    Role.OPERATOR: frozenset({Scope.OPERATE}),
+    Role.APPROVER: frozenset({Scope.APPROVE}),
+    Role.ADMIN: frozenset(Scope),
+}
+
+
+def scopes_within(role: str) -> frozenset[str]:
+    """Every scope a key of this role may carry."""
+    return frozenset().union(*(ROLE_SCOPES[r] for r in Role if ROLE_RANK[r] <= ROLE_RANK[Role(role)]))
+
+
 class Membership(models.Model):
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
@@ -52,8 +75,15 @@ class ApiKey(models.Model):
     name = models.CharField(max_length=100)
     prefix = models.CharField(max_length=16, unique=True)
     key_hash = models.CharField(max_length=64)
+    # What the key may do; empty: everything its role allows (tasks_app.auth.effective_scopes).
+    scopes = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # Written at most once a minute per key (tasks_app.auth.LAST_USED_EVERY), not on every request.
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # The key this one replaced (rotation): both work until the old one's expires_at.
+    rotated_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix})"
@@ -93,12 +123,15 @@ class Task(models.Model):
     waiting_turn_since = models.DateTimeField(null=True, blank=True)
     cancel_requested = models.BooleanField(default=False)
     cancel_reason = models.CharField(max_length=500, blank=True)
+    # A kill was accepted (tasks_app.kills): leases refuse to renew, so its worker sends and
+    # writes nothing more of the step; cleared by a redrive.
+    kill_requested = models.BooleanField(default=False)
     steering_head = models.BigIntegerField(default=0)  # version of the newest accepted steering command
 
     priority = models.SmallIntegerField(default=5)
     checkpoint_policy = models.JSONField(default=dict)
     approval_policy = models.JSONField(default=dict)
-    budget = models.JSONField(default=dict)  # ledger_app.policy.LIMITS
+    budget = models.JSONField(default=dict)  # tasks_app.policy.LIMITS
     cost = models.FloatField(default=0.0)  # reported by steps (ctx.report_cost); maxCost compares with it
 
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)
@@ -109,6 +142,8 @@ class Task(models.Model):
     event_seq = models.BigIntegerField(default=0)
     audit_seq = models.IntegerField(default=0)
     audit_head = models.CharField(max_length=64, blank=True)  # hash of the newest AuditRecord
+    # The newest audit_seq written to an anchor outside the database (tasks_app.audit.anchor_heads).
+    audit_anchored_seq = models.IntegerField(default=0)
 
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -138,6 +173,9 @@ class Task(models.Model):
             # scan_leases: runnable tasks by lease expiry.
             models.Index(fields=["lease_expires_at"], name="task_lease_expiry",
                          condition=Q(status__in=["queued", "working", "recovering", "pausing"])),
+            # anchor_audit: chains that grew since their last anchor.
+            models.Index(fields=["id"], name="task_audit_unanchored",
+                         condition=Q(audit_seq__gt=F("audit_anchored_seq"))),
         ]
 
     def __str__(self) -> str:

@@ -1,4 +1,8 @@
-"""Ringing the doorbell: a Celery message says only "task X may have work"."""
+"""Ringing the doorbell: a Celery message says only "task X may have work".
+
+Sent by the task's stable name, not through the task object: tasks_app.tasks imports the
+engine, which rings this doorbell, so importing it here would close a cycle.
+"""
 
 from __future__ import annotations
 
@@ -6,21 +10,25 @@ import logging
 import time
 from uuid import UUID
 
+from celery import current_app
 from django.db import transaction
 
+from runtime_site.metrics import READY_AT_HEADER
+
 logger = logging.getLogger(__name__)
+
+SLICE_TASK = "tasks.run_task_slice"  # tasks_app.tasks.run_task_slice
 
 
 def enqueue_slice(task_id: UUID | str, priority: int | None, *, countdown: float = 0,
                   faults_in_a_row: int = 0) -> None:
-    from runtime_site.metrics import READY_AT_HEADER
-    from tasks_app.tasks import run_task_slice  # tasks imports the engine, which imports us
-
     # faults_in_a_row: infrastructure faults just before this slice; its backoff grows with them.
     kwargs = {"faults_in_a_row": faults_in_a_row} if faults_in_a_row else None
     # When the message is due: the queue's age and the slice's start latency are measured from it.
-    run_task_slice.apply_async(args=[str(task_id)], kwargs=kwargs, priority=priority, countdown=countdown or None,
-                               headers={READY_AT_HEADER: time.time() + countdown})
+    # ignore_result as run_task_slice declares it (apply_async would pass it on the same way).
+    current_app.send_task(SLICE_TASK, args=[str(task_id)], kwargs=kwargs, priority=priority,
+                          countdown=countdown or None, headers={READY_AT_HEADER: time.time() + countdown},
+                          ignore_result=True)
 
 
 def enqueue_slice_on_commit(task_id: UUID, priority: int) -> None:

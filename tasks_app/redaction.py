@@ -1,9 +1,14 @@
-"""Masking of secrets and configured personal fields before anything is stored for people
-to read (events, audit data). A first version: the ledger's diagnostics will use it too."""
+"""Masking of secrets and personal data before anything is stored or shown for people to
+read: events, audit records, task errors and reasons, ledger diagnostics and logs. One place:
+by key (secret-looking names, security.redact_fields) and by value (tokens, keys, bearer
+headers, passwords in text, emails, card numbers), so what flows in from a tool's answer is
+masked too, whatever it is called. `tool_text` also bounds a remote's error body."""
 
 from __future__ import annotations
 
+import logging
 import re
+from functools import lru_cache
 from typing import Any
 
 from django.conf import settings
@@ -20,16 +25,53 @@ _SECRET_VALUE = re.compile(
     r"|\brt_[0-9a-f]{12}_[A-Za-z0-9_-]{20,}"  # our own API keys
     r"|\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"  # AWS access key ids
     r"|\b(?:sk|pk|ghp|gho|xox[abp])[-_][A-Za-z0-9-_]{16,}"  # common vendor tokens
-    rf"|(?P<quoted>{_KEY_IN_TEXT}[\"']\s*[:=]\s*[\"'])[^\"']*"  # 'password': 'x', "api_key": "x"
+    rf"|(?P<quoted>{_KEY_IN_TEXT}\\*[\"']\s*[:=]\s*\\*[\"'])[^\"'\\]*"  # 'password': 'x', "api_key": "x", \"token\":\"x\"
     rf"|(?P<named>\b{_KEY_IN_TEXT}\s*[:=]\s*(?:(?:Bearer|Basic|Token)\s+)?)[^\s\"'&;,}})]+"  # api_key=x, X-Api-Key: x
     r"|(?P<userinfo>://[^/\s:@]+:)[^/\s@]+(?=@)"  # https://user:password@host
 )
 
 
-def _mask(text: str) -> str:
-    return _SECRET_VALUE.sub(
+# Values that are personal data whatever key they sit under: a tool's answer quoted into an
+# error message has no field names to go by.
+_EMAIL = re.compile(r"(?<![\w.+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b")
+_CARD = re.compile(r"(?<![\w-])[3-6]\d{3}(?:[ -]?\d){9,15}(?![\w-])")
+_JWT = re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}")
+
+
+def _luhn(digits: str) -> bool:
+    total = 0
+    for i, d in enumerate(int(c) for c in reversed(digits)):
+        total += d if i % 2 == 0 else (d * 2 - 9 if d > 4 else d * 2)
+    return total % 10 == 0
+
+
+def _card(match: re.Match[str]) -> str:
+    digits = re.sub(r"\D", "", match.group(0))
+    # Only what passes the card checksum: order numbers and timestamps mostly do not.
+    return MASK if 13 <= len(digits) <= 19 and _luhn(digits) else match.group(0)
+
+
+@lru_cache(maxsize=8)
+def _personal_in_text(personal: frozenset[str]) -> re.Pattern[str] | None:
+    """A configured personal field quoted in text ('"phone": "+1 555"', phone=+1555): the
+    value is masked, the name kept."""
+    if not personal:
+        return None
+    names = "|".join(re.escape(name) for name in sorted(personal))
+    # \\* : the same quoted inside JSON that is itself quoted (an error body echoing a payload).
+    return re.compile(rf"(?P<quoted>(?i:\b(?:{names}))\\*[\"']\s*[:=]\s*\\*[\"'])[^\"'\\]*"
+                      rf"|(?P<named>(?i:\b(?:{names}))\s*[:=]\s*)[^\s\"'&;,}})]+")
+
+
+def _mask(text: str, personal: frozenset[str] = frozenset()) -> str:
+    text = _SECRET_VALUE.sub(
         lambda m: (m.group("bearer") or m.group("quoted") or m.group("named") or m.group("userinfo") or "") + MASK,
         text)
+    if (pattern := _personal_in_text(personal)) is not None:
+        text = pattern.sub(lambda m: (m.group("quoted") or m.group("named") or "") + MASK, text)
+    text = _JWT.sub(MASK, text)
+    text = _EMAIL.sub(MASK, text)
+    return _CARD.sub(_card, text)
 
 
 def _personal_fields() -> frozenset[str]:
@@ -37,8 +79,8 @@ def _personal_fields() -> frozenset[str]:
 
 
 def redact(value: Any, _personal: frozenset[str] | None = None) -> Any:
-    """A copy of value with secret-looking keys, configured personal fields and token-like
-    strings masked."""
+    """A copy of value with secret-looking keys, configured personal fields and secret- or
+    personal-looking values (tokens, keys, passwords, emails, card numbers) masked."""
     personal = _personal_fields() if _personal is None else _personal
     if isinstance(value, dict):
         return {k: MASK if isinstance(k, str) and (_SECRET_KEY.search(k) or k.lower() in personal)
@@ -46,8 +88,22 @@ def redact(value: Any, _personal: frozenset[str] | None = None) -> Any:
     if isinstance(value, list | tuple):
         return [redact(v, personal) for v in value]
     if isinstance(value, str):
-        return _mask(value)
+        return _mask(value, personal)
     return value
+
+
+# A remote's error body is evidence, not payload: enough to say what went wrong, never the
+# whole echo of what was sent.
+TOOL_TEXT_LIMIT = 300
+
+
+def tool_text(text: str, limit: int = TOOL_TEXT_LIMIT) -> str:
+    """What a tool answered, fit for a reason, an error or an event: masked first (so a
+    secret cut in half by the limit is still found), then cut to `limit` characters."""
+    masked = _mask(text, _personal_fields())
+    if len(masked) <= limit:
+        return masked
+    return f"{masked[:limit]}… ({len(masked) - limit} more characters)"
 
 
 class RedactingFilter:
@@ -58,7 +114,14 @@ class RedactingFilter:
             message = record.getMessage()
         except Exception:  # a broken format string is the logging module's problem, not ours
             return True
-        redacted = _mask(message)
+        redacted = _mask(message, _personal_fields())
         if redacted != message:
             record.msg, record.args = redacted, None
+        if record.exc_info and not record.exc_text:
+            # A traceback quotes the exception's message (a tool's error body, say): the
+            # formatter reuses exc_text, so masking it here masks every handler's output.
+            record.exc_text = _mask(_FORMATTER.formatException(record.exc_info), _personal_fields())
         return True
+
+
+_FORMATTER = logging.Formatter()

@@ -42,6 +42,9 @@ ALLOWED_TRANSITIONS: dict[str, frozenset[str]] = {
     Status.RECOVERING: frozenset({Status.WORKING, Status.PAUSED, Status.DEAD_LETTERED, Status.CANCELLED,
                                   Status.FAILED}),
     Status.DEAD_LETTERED: frozenset({Status.RECOVERING, Status.FAILED, Status.CANCELLED}),  # redrive / close
+    # The one way back from a terminal status: an operator redrives a task killed by mistake
+    # (operators.do_redrive_task allows it for killed tasks only).
+    Status.CANCELLED: frozenset({Status.RECOVERING}),
 }
 
 # MCP knows five statuses, and a terminal one may never change afterwards; everything

@@ -10,7 +10,7 @@ from celery import shared_task
 from django.conf import settings
 
 from runtime_site import metrics
-from tasks_app import engine, faults, leases, recovery, retention, telemetry
+from tasks_app import audit, engine, faults, leases, operators, retention, telemetry
 from tasks_app.models import Task
 from tasks_app.queue import enqueue_slice
 
@@ -69,16 +69,16 @@ def _hand_on(task_id: str, outcome: engine.SliceOutcome) -> None:
 @shared_task(name="tasks.scan_leases", ignore_result=True)
 def scan_leases() -> None:
     """Beat job: the broker may lose messages; the database never forgets running work."""
-    for task_id in recovery.expired_lease_ids():
-        if task := recovery.do_mark_recovering(task_id, actor="system:reaper"):
+    for task_id in operators.expired_lease_ids():
+        if task := operators.do_mark_recovering(task_id, actor="system:reaper"):
             metrics.RECOVERIES.labels(task.status).inc()
             logger.warning("task %s: worker lost, now %s (recoveries %s)", task_id, task.status, task.recoveries)
     for task_id, priority in leases.stalled(stall_seconds=settings.RUNTIME_STALL_SECONDS,
                                             recovering_seconds=settings.RUNTIME_LEASE_SECONDS):
         logger.info("task %s: no lease and no progress, re-enqueued (message lost)", task_id)
         enqueue_slice(task_id, priority)
-    for task_id in recovery.expired_ttl_ids():
-        recovery.do_expire_task(task_id, actor="system:reaper")
+    for task_id in operators.expired_ttl_ids():
+        operators.do_expire_task(task_id, actor="system:reaper")
 
 
 @shared_task(name="tasks.trim", ignore_result=True)
@@ -87,3 +87,10 @@ def trim() -> None:
     events, checkpoints = retention.trim_events(), retention.trim_checkpoints()
     if events or checkpoints:
         logger.info("retention: trimmed %s events and %s checkpoints", events, checkpoints)
+
+
+@shared_task(name="tasks.anchor_audit", ignore_result=True)
+def anchor_audit() -> None:
+    """Beat job: sign the grown audit chains' heads and write them outside the database."""
+    if key := audit.anchor_heads():
+        logger.info("audit: heads anchored in %s", key)

@@ -5,24 +5,30 @@ remote API that honours Idempotency-Key and can be asked about a key.
 
 POST /effects           records the call; the same key again gets the first answer (idempotent);
                         with --delay-ms, a slow remote: it answers that much later
+POST /effects?hang=S    records the call, then holds the answer S seconds while watching the
+                        connection: a caller that drops it is counted (a remote whose call was cut)
 GET  /effects/<key>     200 with the effect, 404 if it never happened (a reconcile endpoint)
 GET  /stats             {"posts": total POSTs, "perKey": {key: POSTs with that key}, "effects": n,
-                         "traceparents": {key: the traceparent header of its last POST}}
+                         "traceparents": {key: the traceparent header of its last POST},
+                         "hanging": answers held now, "dropped": held answers whose caller hung up}
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import select
+import socket
 import threading
 import time
+from urllib.parse import parse_qs, urlsplit
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 lock = threading.Lock()
 posts: dict[str, int] = {}
 effects: dict[str, dict] = {}
 traceparents: dict[str, str] = {}
-state = {"total": 0, "fail_first": 0, "delay_ms": 0}
+state = {"total": 0, "fail_first": 0, "delay_ms": 0, "hanging": 0, "dropped": 0}
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -48,13 +54,35 @@ class Handler(BaseHTTPRequestHandler):
             if key in effects:
                 return self._send(200, effects[key])
             effects[key] = {"key": key, "payload": payload, "n": len(effects) + 1}
-            return self._send(201, effects[key])
+            answer = effects[key]
+        hang = float(parse_qs(urlsplit(self.path).query).get("hang", ["0"])[0])
+        if hang and self._caller_hung_up_within(hang):
+            return None
+        return self._send(201, answer)
+
+    def _caller_hung_up_within(self, seconds: float) -> bool:
+        """Hold the answer, watching the socket: readable with nothing to read is the caller gone."""
+        with lock:
+            state["hanging"] += 1
+        try:
+            until = time.monotonic() + seconds
+            while time.monotonic() < until:
+                if select.select([self.connection], [], [], 0.05)[0]:
+                    if not self.connection.recv(1, socket.MSG_PEEK):
+                        with lock:
+                            state["dropped"] += 1
+                        return True
+            return False
+        finally:
+            with lock:
+                state["hanging"] -= 1
 
     def do_GET(self) -> None:  # noqa: N802
         with lock:
             if self.path == "/stats":
                 return self._send(200, {"posts": state["total"], "perKey": posts, "effects": len(effects),
-                                        "traceparents": traceparents})
+                                        "traceparents": traceparents, "hanging": state["hanging"],
+                                        "dropped": state["dropped"]})
             key = self.path.removeprefix("/effects/")
             if key in effects:
                 return self._send(200, effects[key])

@@ -11,10 +11,9 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
-from ledger_app import actions as ledger_actions
 from ledger_app.models import LedgerEntry
 from tasks_app import admin as task_admin
-from tasks_app import leases, recovery
+from tasks_app import leases, operators
 from tasks_app.models import AuditRecord, Task
 from tasks_app.tests.test_engine import new_task, run_to_end
 from tasks_app.tests.test_recovery import crash_mid_slice
@@ -33,7 +32,7 @@ def dead_letter(persona) -> Task:
     task = new_task(persona)
     for _ in range(4):
         crash_mid_slice(task)
-        recovery.do_mark_recovering(task.id, actor="system:reaper", max_recoveries=3)
+        operators.do_mark_recovering(task.id, actor="system:reaper", max_recoveries=3)
     assert Task.objects.get(id=task.id).status == "dead_lettered"
     return task
 
@@ -107,7 +106,7 @@ ACTIONS = [
                          ids=[a[0] for a in ACTIONS])
 def test_each_action_changes_state_only_through_its_domain_function_and_is_audited(
         alice, operator, action, function, make, extra, status, audit_action):
-    module = task_admin if function == "do_cancel_task" else recovery
+    module = task_admin if function == "do_cancel_task" else operators
     real = getattr(module, function)
 
     task = make(alice)
@@ -159,7 +158,7 @@ def test_resolving_an_unknown_ledger_entry_goes_through_do_resolve_unknown(alice
     entry = LedgerEntry.objects.create(tenant=alice.tenant, task=task, step_sequence=1, call_index=1,
                                        key=f"{task.id}:1:1", tool="content.publish", fingerprint="f",
                                        status="unknown", lease_epoch=1)
-    with mock.patch("ledger_app.admin.do_resolve_unknown", wraps=ledger_actions.do_resolve_unknown) as spy:
+    with mock.patch("ledger_app.admin.do_resolve_unknown", wraps=operators.do_resolve_unknown) as spy:
         response = operator.post("/admin/ledger_app/ledgerentry/", {
             "action": f"resolve_{resolution}", "_selected_action": [str(entry.id)]})
     assert response.status_code == 302
@@ -176,3 +175,19 @@ def test_people_without_staff_status_do_not_reach_the_admin(alice, client):
     client.login(username="alice", password="pw")
     response = client.get("/admin/tasks_app/task/")
     assert response.status_code == 302 and "/admin/login/" in response["Location"]
+
+
+def test_kill_asks_for_the_reason_then_goes_through_the_steering_command_and_shows_the_kill_policy(
+        alice, operator):
+    task = new_task(alice)
+    page = post_action(operator, "kill", task)
+    assert page.status_code == 200 and 'name="reason"' in page.content.decode()
+    assert "Kill Policy" in page.content.decode() and "payment.create" in page.content.decode()
+    assert Task.objects.get(id=task.id).status == "queued"
+    assert post_action(operator, "kill", task, apply="1", reason="runaway agent").status_code == 302
+    task = Task.objects.get(id=task.id)
+    assert task.status == "cancelled" and task.status_message == "killed: runaway agent"
+    command = task.steering_commands.get()
+    assert (command.type, command.status, command.requested_by) == ("kill", "applied", "admin:opal")
+    assert AuditRecord.objects.filter(task=task, action="steering_accepted", actor="admin:opal",
+                                      reason="runaway agent").exists()

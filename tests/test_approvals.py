@@ -10,12 +10,12 @@ import sys
 import pytest
 
 from conftest import ROOT, Processes, free_port, make_persona, wait_until
-from ledger_app import policy
 from ledger_app.models import LedgerEntry
 from runtime_site.blobstore import blob_store
 from steering_app.models import InputRequest
+from tasks_app import policy
 from tasks_app.actions import do_create_task
-from tasks_app.corpus import generate_corpus
+from tasks_app.agents.document_review.corpus import generate_corpus
 from tasks_app.models import AuditRecord, Task
 from tests.test_ledger import FAST, Sink, webhook
 

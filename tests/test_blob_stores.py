@@ -13,7 +13,7 @@ import pytest
 from conftest import Processes, answers, free_port, wait_until
 from runtime_site.blobstore import BlobNotFound, LocalBlobStore, S3BlobStore
 from tasks_app.actions import do_create_task
-from tasks_app.corpus import generate_corpus
+from tasks_app.agents.document_review.corpus import generate_corpus
 from tasks_app.models import Task
 
 S3_ENV = {"RUNTIME_S3_BUCKET": "runtime-test", "RUNTIME_S3_ACCESS_KEY_ID": "test",

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import FAST_LEASES, ROOT, Processes, free_port, make_persona, wait_until
 from runtime_site.blobstore import blob_store
-from tasks_app.corpus import generate_corpus
+from tasks_app.agents.document_review.corpus import generate_corpus
 from tasks_app.models import Task
 
 pytestmark = pytest.mark.django_db(transaction=True)

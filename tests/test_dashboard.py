@@ -24,7 +24,7 @@ from steering_app.actions import do_enqueue_command
 from steering_app.models import SteeringCommand
 from tasks_app import events
 from tasks_app.actions import do_create_task
-from tasks_app.corpus import generate_corpus
+from tasks_app.agents.document_review.corpus import generate_corpus
 from tasks_app.models import Task
 from tasks_app.selectors import task_snapshot
 from tasks_app.tests.test_engine import new_task
@@ -333,7 +333,7 @@ def test_the_page_re_reads_the_snapshot_when_it_sees_a_gap_in_seq(page, processe
 
     # A change whose events never reach the page (stored, but the publish is lost, as
     # pub/sub may lose it) ...
-    with mock.patch("tasks_app.streams.publish"):
+    with mock.patch("tasks_app.streams.publish.publish"):
         do_enqueue_command(task.id, tenant=alice.tenant, command_id="unseen", type="set_priority",
                            payload={"priority": 1}, expected_version=task.state_version, requested_by="user:other")
         log_line("lost in the gap")

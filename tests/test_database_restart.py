@@ -25,7 +25,7 @@ import pytest
 from django.db import connection
 
 from conftest import Persona, Processes, database_url, free_port, wait_until
-from tasks_app.mcp.protocol import MODERN, TASKS_EXT
+from mcp_server.protocol import MODERN, TASKS_EXT
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

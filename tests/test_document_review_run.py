@@ -9,8 +9,8 @@ import pytest
 
 from conftest import Processes, wait_until
 from runtime_site.blobstore import blob_store
+from tasks_app.agents.document_review.corpus import generate_corpus
 from tasks_app.audit import verify_chain
-from tasks_app.corpus import generate_corpus
 from tasks_app.models import Task
 
 pytestmark = pytest.mark.django_db(transaction=True)

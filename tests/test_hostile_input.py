@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from mcp_server.protocol import MODERN, TASKS_EXT
 from steering_app.models import InputRequest, SteeringCommand
 from tasks_app.actions import do_create_task
-from tasks_app.mcp.protocol import MODERN, TASKS_EXT
 from tasks_app.models import AuditRecord, Task, TaskEvent
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the SSE and MCP views close their connections
@@ -261,7 +261,7 @@ def test_the_actions_refuse_what_no_edge_may_store(alice, task):
     """Whatever the caller (an edge, the admin, a script), nothing unstorable reaches a write."""
     from common.json_safety import UnsafeInput
     from steering_app.actions import do_answer_input, do_enqueue_command
-    from tasks_app.actions import do_cancel_task
+    from steering_app.actions import do_cancel_task
 
     who = {"tenant": alice.tenant}
     before = written()

@@ -135,7 +135,7 @@ def test_an_answer_posted_to_another_web_process_is_recorded_and_only_from_the_a
 
 def test_a_client_that_did_not_declare_elicitation_is_never_asked(alice, mallory):
     from tasks_app.auth import Principal
-    from tasks_app.mcp import elicit
+    from mcp_server import elicit
 
     me = Principal(alice.tenant, alice.role, f"user:{alice.user.pk}")
     them = Principal(mallory.tenant, mallory.role, f"user:{mallory.user.pk}")

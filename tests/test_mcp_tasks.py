@@ -181,6 +181,28 @@ def test_steering_tools_go_through_do_enqueue_command(live, alice):
         ("pause", "applied"), ("cancel", "applied")]
 
 
+def test_the_kill_tool_stops_a_running_task_at_once_and_answers_with_the_kill_policy(live, alice):
+    async def scenario():
+        async with mc.client(live, alice.token) as c:
+            created = await c.session.call_tool("slow_compute", {"seconds": 60}, allow_claimed=True)
+            tid = created.task_id
+            await wait_for(c.session, tid, lambda t: "%" in t.get("statusMessage", ""))
+            version = await state_version(tid)
+            no_reason = await c.call_tool("kill_task", {"taskId": tid, "expectedVersion": version})
+            assert no_reason.is_error and "reason" in no_reason.content[0].text
+            killed = await c.call_tool("kill_task", {"taskId": tid, "expectedVersion": version,
+                                                     "reason": "runaway"})
+            assert not killed.is_error, killed
+            assert killed.structured_content["runtimeStatus"] == "cancelled"  # not at the next safe point
+            assert "payment.create" in killed.structured_content["killPolicy"]["finishFirst"]
+            final = await mc.get_task(c.session, tid)
+            assert final["status"] == "cancelled" and final["statusMessage"] == "killed: runaway"
+            return tid
+
+    task = Task.objects.get(id=run(scenario()))
+    assert list(task.steering_commands.values_list("type", "status")) == [("kill", "applied")]
+
+
 @sync_to_async
 def state_version(task_id: str) -> int:
     try:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from tasks_app.mcp.protocol import MODERN, TASKS_EXT
+from mcp_server.protocol import MODERN, TASKS_EXT
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -97,7 +97,7 @@ def test_discover_and_lists_are_cacheable_with_result_type(alice):
     tools = modern(alice.token, "tools/list").json()["result"]
     assert tools["resultType"] == "complete" and tools["ttlMs"] >= 0 and tools["cacheScope"] in ("public", "private")
     names = [t["name"] for t in tools["tools"]]
-    assert names[-5:] == ["pause_task", "resume_task", "cancel_task", "adjust_goal", "set_priority"]
+    assert names[-6:] == ["pause_task", "resume_task", "cancel_task", "adjust_goal", "set_priority", "kill_task"]
     assert names[0] == "greet" and {"noop", "slow_compute"} <= set(names)  # synchronous tools first
     assert all("execution" not in t and t["inputSchema"]["type"] == "object" for t in tools["tools"])
 

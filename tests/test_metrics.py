@@ -143,13 +143,13 @@ def test_alerts_and_the_dashboard_use_only_metrics_we_export():
 def test_a_task_recovering_for_long_shows_its_age_although_the_scanner_re_rings_it(alice, processes: Processes):
     """The lease scanner touches a runnable task it re-enqueues (leases.stalled), every
     stall_seconds; RuntimeTasksStuckRecovering (> 600 s) must still see how long it has waited."""
-    from tasks_app import leases, recovery
+    from tasks_app import leases, operators
     from tasks_app.models import AuditRecord
 
     lost = noop(alice, steps=1)
     Task.objects.filter(id=lost.id).update(status="working", lease_owner="gone:1", lease_epoch=1,
                                            lease_expires_at=timezone.now() - timedelta(seconds=5))
-    assert recovery.do_mark_recovering(lost.id, actor="system:reaper").status == "recovering"
+    assert operators.do_mark_recovering(lost.id, actor="system:reaper").status == "recovering"
     purge_queues()  # no worker consumes the steps queue
     long_ago = timezone.now() - timedelta(minutes=20)
     AuditRecord.objects.filter(task=lost, to_status="recovering").update(created_at=long_ago)

@@ -15,8 +15,8 @@ from checkpoints_app.models import Checkpoint
 from conftest import FAST_LEASES, Processes, free_port, wait_until
 from runtime_site.blobstore import blob_store
 from steering_app.models import SteeringCommand
+from tasks_app.agents.document_review.corpus import generate_corpus
 from tasks_app.audit import verify_chain
-from tasks_app.corpus import generate_corpus
 from tasks_app.models import AuditRecord, Step, Task
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -10,6 +10,7 @@ from django.db import connection
 from conftest import FAST_LEASES, Processes, SseClient, database_url, free_port, wait_until
 from tasks_app import engine
 from tasks_app.actions import do_create_task
+from steering_app.actions import do_enqueue_command
 from tasks_app.models import Task, TaskEvent
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -94,7 +95,9 @@ def web_backends() -> int:
 def test_open_streams_hold_no_database_connection(alice, processes):
     # The web process names its connections, so only its own are counted. Without its pool
     # (which would cap the count whatever the streams do), a stream that kept its
-    # connection would show as one of 20 backends.
+    # connection would show as one of 20 backends. While events flow, each stream reads
+    # storage for a moment (up to one thread pool's worth at once, more the busier the
+    # machine), so the count is taken once the task is paused and nothing flows.
     base = web_and_worker(processes, web_env={"DATABASE_URL": database_url() + "?application_name=sse-web",
                                               "RUNTIME_DB_POOL": "false"})
     task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 400, "sleepMs": 50})
@@ -102,14 +105,22 @@ def test_open_streams_hold_no_database_connection(alice, processes):
     clients = [SseClient(events_url(base, task), alice.token) for _ in range(20)]
     wait_until(lambda: all(len(c.of("progress")) >= 2 for c in clients), timeout=60,
                what="every stream to be live")
-    held = max(web_backends() for _ in range(10))
+    do_enqueue_command(task.id, tenant=alice.tenant, command_id="quiet", type="pause", payload={},
+                       expected_version=Task.objects.get(id=task.id).state_version, requested_by="user:test")
+    wait_until(lambda: Task.objects.get(id=task.id).status == "paused", timeout=60, what="the task to pause")
+    paused_seq = Task.objects.get(id=task.id).event_seq
+    wait_until(lambda: all(any(e["data"].get("seq") == paused_seq for e in c.events) for c in clients),
+               timeout=60, what="every stream to carry the pause")
+    wait_until(lambda: web_backends() == 0, timeout=30, what="the streams' reads to give their connections back")
+    held = [web_backends() for _ in range(10)]
     import httpx
 
     snapshot = httpx.get(f"{base}/runtime/tasks/{task.id}", headers={"Authorization": f"Bearer {alice.token}"},
                          timeout=10)
+    assert all(c.live for c in clients), "a stream ended while the task was paused"
     for c in clients:
         c.close()
-    assert held <= 3, f"the web process holds {held} database connections with 20 open streams"
+    assert held == [0] * 10, f"the web process holds {max(held)} database connections with 20 idle open streams"
     assert snapshot.status_code == 200  # and it still answers other requests
 
 

@@ -8,10 +8,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from runtime_site.parsers import StrictCharField, StrictIntegerField, StrictRegexField
 from steering_app.actions import answer_refusal, do_answer_input, do_enqueue_command
 from steering_app.models import CommandType, InputRequest, SteeringCommand
 from tasks_app.api.views import IDEMPOTENCY_KEY, tenant_task
-from tasks_app.auth import Principal, principal, require_role
+from tasks_app import kills
+from tasks_app.auth import IsPrincipal, Principal, principal, require_role
 from tasks_app.models import Role, Task
 
 
@@ -22,6 +24,8 @@ def command_body(command: SteeringCommand) -> dict[str, Any]:
         "requestedBy": command.requested_by, "reason": command.reason, "outcome": command.outcome,
         "createdAt": command.created_at.isoformat(),
         "appliedAt": command.applied_at.isoformat() if command.applied_at else None,
+        # What the kill does to a call in flight, so the operator knows what to reconcile.
+        **({"killPolicy": kills.policy()} if command.type == CommandType.KILL else {}),
     }
 
 
@@ -38,11 +42,11 @@ def check_principal_may_answer(who: Principal, task: Task, key: str) -> None:
 
 class TaskSteeringApi(APIView):
     class InputSerializer(serializers.Serializer):
-        commandId = serializers.RegexField(IDEMPOTENCY_KEY.pattern, max_length=64)  # noqa: N815
+        commandId = StrictRegexField(IDEMPOTENCY_KEY.pattern, max_length=64)  # noqa: N815
         type = serializers.ChoiceField(choices=CommandType.choices)
         payload = serializers.DictField(default=dict)
-        expectedVersion = serializers.IntegerField(min_value=1)  # noqa: N815
-        reason = serializers.CharField(max_length=500, allow_blank=True, default="")
+        expectedVersion = StrictIntegerField(min_value=1)  # noqa: N815
+        reason = StrictCharField(max_length=500, allow_blank=True, default="")
 
     def get_permissions(self) -> list[Any]:
         return [require_role(Role.OPERATOR if self.request.method == "POST" else Role.VIEWER)()]
@@ -71,11 +75,13 @@ class TaskInputApi(APIView):
     {"answer": "approve"} or {"answer": "reject"}). A provide_input command underneath, so
     it is ordered, audited and applied like any steering; the same answer again is a replay."""
 
-    permission_classes = [require_role(Role.OPERATOR)]
+    # Who may answer depends on the request's kind (answer_refusal): an approve-scoped key
+    # may answer an approval without the operate scope.
+    permission_classes = [IsPrincipal]
 
     class InputSerializer(serializers.Serializer):
         answer = serializers.JSONField()
-        reason = serializers.CharField(max_length=500, allow_blank=True, default="")
+        reason = StrictCharField(max_length=500, allow_blank=True, default="")
 
     def post(self, request: Request, task_id: str, key: str) -> Response:
         task = tenant_task(request, task_id)

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from steering_app.actions import do_cancel_task
 from steering_app.models import SteeringCommand
 from steering_app.tests.test_steering import steer
-from tasks_app import engine, leases
-from tasks_app.actions import do_cancel_task
+from tasks_app import engine, leases, operators
 from tasks_app.agents.base import Agent, StepContext, register
 from tasks_app.audit import verify_chain
 from tasks_app.models import AuditRecord, Step, Task
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def safe_point(lease: leases.Lease) -> engine.SliceOutcome:
     """The worker holding `lease` reaches its next safe point (the rest of its slice)."""
-    return engine._loop(engine._load(lease), leases.Heartbeat(lease, ttl=30, interval=10))
+    return engine._loop(engine._load(lease), leases.Heartbeat(lease, ttl=30, interval=10, abandon=operators.do_abandon_step))
 
 
 def cancelled(persona, task: Task, reason: str) -> Task:

@@ -9,9 +9,9 @@ import pytest
 from checkpoints_app.models import Checkpoint
 from runtime_site.blobstore import blob_store
 from steering_app.models import InputRequest, SteeringCommand
-from tasks_app import engine, leases
+from tasks_app import engine, leases, operators
+from tasks_app.agents.document_review.corpus import generate_corpus
 from tasks_app.audit import verify_chain
-from tasks_app.corpus import generate_corpus
 from tasks_app.models import AuditRecord, Step, Task
 from tasks_app.tests.test_engine import new_task, run_to_end
 
@@ -108,7 +108,7 @@ def test_pause_under_a_live_lease_is_acknowledged_then_applied_at_the_safe_point
     assert Task.objects.get(id=task.id).status == "pausing"
     # the worker reaches its next safe point
     run = engine._load(lease)
-    assert engine._loop(run, leases.Heartbeat(lease, ttl=30, interval=10)) is engine.SliceOutcome.DONE
+    assert engine._loop(run, leases.Heartbeat(lease, ttl=30, interval=10, abandon=operators.do_abandon_step)) is engine.SliceOutcome.DONE
     task.refresh_from_db()
     command = SteeringCommand.objects.get(task=task)
     assert task.status == "paused" and task.lease_owner is None and command.status == "applied"
@@ -124,7 +124,7 @@ def test_cancel_pending_under_a_lease_lands_at_the_safe_point_with_the_reason(al
     lease = leases.claim(task.id, worker_id="w2", ttl=30)
     steer(alice, task, "cancel", reason="wrong customer")
     assert Task.objects.get(id=task.id).status == "working"
-    engine._loop(engine._load(lease), leases.Heartbeat(lease, ttl=30, interval=10))
+    engine._loop(engine._load(lease), leases.Heartbeat(lease, ttl=30, interval=10, abandon=operators.do_abandon_step))
     task.refresh_from_db()
     assert task.status == "cancelled" and task.cancel_reason == "wrong customer"
     assert AuditRecord.objects.filter(task=task, to_status="cancelled", reason="wrong customer").exists()

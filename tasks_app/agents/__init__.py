@@ -1,11 +1,7 @@
 """Agent registry; importing this package registers the built-in agents."""
 
-from tasks_app.agents import document_review, noop, tool_calls, webhook  # noqa: F401
+import tasks_app.agents.document_review.agent  # noqa: F401
+from tasks_app.agents import noop, tool_calls, webhook  # noqa: F401
 from tasks_app.agents.base import Agent, StepContext, UnknownAgent, agent_names, get_agent, register
-
-from django.conf import settings  # isort: skip
-
-if getattr(settings, "RUNTIME_MCP_FIXTURES", False):  # the conformance suite's fixture tools
-    from tasks_app.agents import conformance  # noqa: F401
 
 __all__ = ["Agent", "StepContext", "UnknownAgent", "agent_names", "get_agent", "register"]

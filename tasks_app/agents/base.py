@@ -12,18 +12,6 @@ import jsonschema
 from runtime_site.blobstore import BlobStore
 
 
-class SchemaError(ValueError):
-    """A document failed a JSON schema; the message names the offending field."""
-
-
-def validate(document: Any, schema: dict[str, Any], what: str) -> None:
-    validator = jsonschema.Draft202012Validator(schema)
-    error = jsonschema.exceptions.best_match(validator.iter_errors(document))
-    if error is not None:
-        where = "/".join(str(p) for p in error.absolute_path) or "(root)"
-        raise SchemaError(f"{what} {where}: {error.message}")
-
-
 class InputNeeded(Exception):  # noqa: N818 (a signal to the engine, not an error)
     """Raised by ctx.ask() (or a guarded tool call): the step cannot go on until a person
     answers. kind "approval" answers need the approver role."""
@@ -126,6 +114,19 @@ class StepContext:
         return self.blobs.list(prefix)
 
 
+@dataclass(frozen=True)
+class McpOptions:
+    """How an agent shows as a tool on /mcp (mcp_server/, docs/mcp.md)."""
+
+    # "forbidden" (answered synchronously, never a task), "optional", "required".
+    task_support: str = "required"
+    # What the calling client must have declared (else the call is refused with -32021).
+    client_capabilities: dict[str, Any] = field(default_factory=dict)
+    # Questions asked by MRTR before the task exists, and the argument each answer fills in:
+    # {key: {"message", "requestedSchema", "argument", "field"}}.
+    preflight: dict[str, Any] = field(default_factory=dict)
+
+
 class Agent:
     """Subclass, set the class attributes, implement the four methods, decorate with @register."""
 
@@ -138,6 +139,7 @@ class Agent:
     # How long one step may run, in seconds, before it is abandoned and the task recovered as
     # after a crash (None: runtime.step_seconds; 0: no limit). Override step_deadline() to vary it by step.
     step_seconds: ClassVar[float | None] = None
+    mcp: ClassVar[McpOptions] = McpOptions()
 
     def start(self, input: dict[str, Any], goal: str) -> dict[str, Any]:
         """The initial structured state (JSON-serialisable)."""
@@ -158,6 +160,11 @@ class Agent:
     def step_deadline(self, step_name: str) -> float | None:
         """Seconds the named step may run (None: runtime.step_seconds)."""
         return self.step_seconds
+
+    def mcp_tool_result(self, result: dict[str, Any]) -> dict[str, Any] | None:
+        """The CallToolResult fields (content, isError) a completed run shows on /mcp; None:
+        the result as JSON text."""
+        return None
 
     def replan(self, state: dict[str, Any], goal: str, constraints: dict[str, Any]) -> dict[str, Any]:
         """The state re-aimed at a new goal and constraints. An agent whose plan does not

@@ -17,8 +17,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from checkpoints_app.actions import is_valid
+from runtime_site.parsers import StrictCharField, StrictIntegerField
 from checkpoints_app.models import Checkpoint
-from tasks_app.actions import do_cancel_task, do_create_task
+from steering_app.actions import do_cancel_task
+from tasks_app.actions import do_create_task
 from tasks_app.auth import principal, require_role
 from tasks_app.models import AuditRecord, Role, Task
 from tasks_app.selectors import task_snapshot, task_urls, with_snapshot
@@ -78,14 +80,14 @@ def _is_datetime(text: str) -> bool:
 
 class TaskListCreateApi(APIView):
     class InputSerializer(serializers.Serializer):
-        agent = serializers.CharField(max_length=100)
+        agent = StrictCharField(max_length=100)
         input = serializers.DictField(default=dict)
-        goal = serializers.CharField(max_length=10_000, allow_blank=True, default="")
+        goal = StrictCharField(max_length=10_000, allow_blank=True, default="")
         checkpointPolicy = serializers.DictField(required=False)  # noqa: N815 (wire names)
         approvalPolicy = serializers.DictField(required=False)  # noqa: N815
         budget = serializers.DictField(required=False)
-        priority = serializers.IntegerField(min_value=0, max_value=9, default=5)
-        ttlSeconds = serializers.IntegerField(min_value=1, max_value=90 * 86400, required=False)  # noqa: N815
+        priority = StrictIntegerField(min_value=0, max_value=9, default=5)
+        ttlSeconds = StrictIntegerField(min_value=1, max_value=90 * 86400, required=False)  # noqa: N815
 
 
     def get_permissions(self) -> list[Any]:
@@ -132,7 +134,7 @@ class TaskCancelApi(APIView):
     permission_classes = [require_role(Role.OPERATOR)]
 
     class InputSerializer(serializers.Serializer):
-        reason = serializers.CharField(max_length=500, allow_blank=True, default="")
+        reason = StrictCharField(max_length=500, allow_blank=True, default="")
 
     def post(self, request: Request, task_id: str) -> Response:
         task = tenant_task(request, task_id)

@@ -37,14 +37,14 @@ def act(client, model: str, action: str, pk, **extra: str) -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_admin_actions_go_through_the_domain_functions_and_are_audited(alice, operator_client):
-    from tasks_app import leases, recovery
+    from tasks_app import leases, operators
     from tasks_app.models import AuditRecord, Task
     from tasks_app.tests.test_recovery import crash_mid_slice
 
     dead = new_task(alice)
     for _ in range(4):
         crash_mid_slice(dead)
-        recovery.do_mark_recovering(dead.id, actor="system:reaper", max_recoveries=3)
+        operators.do_mark_recovering(dead.id, actor="system:reaper", max_recoveries=3)
     act(operator_client, "task", "redrive", dead.id)
     assert Task.objects.get(id=dead.id).status == "recovering"
     assert AuditRecord.objects.filter(task=dead, actor="admin:opal", to_status="recovering").exists()

@@ -12,17 +12,13 @@ from typing import Any
 
 import pytest
 
+from common.schema import SchemaError, validate
 from runtime_site.blobstore import LocalBlobStore
-from tasks_app import corpus
-from tasks_app.agents import document_review, get_agent
-from tasks_app.agents.base import SchemaError, StepContext, validate
-from tasks_app.agents.document_review import (
-    CATEGORIES,
-    RULES,
-    DocumentReviewAgent,
-    assess,
-    level_for,
-)
+from tasks_app.agents import get_agent
+from tasks_app.agents.base import StepContext
+from tasks_app.agents.document_review import corpus, rules
+from tasks_app.agents.document_review.agent import DocumentReviewAgent
+from tasks_app.agents.document_review.rules import CATEGORIES, RULES, assess, level_for
 
 PREFIX = "corpora/test"
 COUNT = 300
@@ -124,8 +120,8 @@ def test_keyword_gates_never_change_a_finding(store: LocalBlobStore, monkeypatch
     # The per-clause keyword gates are a speed-up only; with them disabled every finding is the same.
     docs = [json.loads(store.get(k)) for k in store.list(f"{PREFIX}/docs")]
     gated = [assess(d) for d in docs]
-    original = document_review._gated
-    monkeypatch.setattr(document_review, "_gated", lambda clauses, words, heading=None: original(
+    original = rules._gated
+    monkeypatch.setattr(rules, "_gated", lambda clauses, words, heading=None: original(
         clauses, ("",), heading))
     assert [assess(d) for d in docs] == gated
 

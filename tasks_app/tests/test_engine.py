@@ -14,8 +14,9 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from checkpoints_app.models import Checkpoint
+from steering_app.actions import do_cancel_task
 from tasks_app import engine, leases
-from tasks_app.actions import do_cancel_task, do_create_task
+from tasks_app.actions import do_create_task
 from tasks_app.agents.base import Agent, StepContext, register
 from tasks_app.audit import verify_chain
 from tasks_app.models import AuditRecord, Step, Task

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from checkpoints_app import codec
 from checkpoints_app.models import Checkpoint
-from tasks_app import engine, leases, recovery
+from tasks_app import engine, leases, operators
 from tasks_app.actions import IllegalTransition, do_create_task
 from tasks_app.agents.base import Agent, StepContext, register
 from tasks_app.audit import verify_chain
@@ -35,11 +35,11 @@ def test_the_scans_find_expired_leases_stalled_tasks_and_expired_ttls(alice):
     crash_mid_slice(dead)
     Task.objects.filter(id=stalled.id).update(updated_at=timezone.now() - timedelta(seconds=120))
     Task.objects.filter(id=old.id).update(expires_at=timezone.now() - timedelta(seconds=1))
-    assert recovery.expired_lease_ids() == [dead.id]
+    assert operators.expired_lease_ids() == [dead.id]
     assert [t for t, _ in leases.stalled(stall_seconds=60)] == [stalled.id]
     assert leases.stalled(stall_seconds=60) == []  # touched: left alone for another interval
-    assert recovery.expired_ttl_ids() == [old.id]
-    assert fresh.id not in recovery.expired_lease_ids()
+    assert operators.expired_ttl_ids() == [old.id]
+    assert fresh.id not in operators.expired_lease_ids()
 
 
 def test_an_expired_lease_marks_the_task_recovering_and_the_next_worker_resumes_it(alice, settings):
@@ -47,10 +47,10 @@ def test_an_expired_lease_marks_the_task_recovering_and_the_next_worker_resumes_
     task = new_task(alice, steps=20, checkpoint_policy={"everySteps": 4})
     engine.run_slice(task.id, worker_id="w1")  # 6 steps, checkpoint at 4 and 6
     lost = crash_mid_slice(task)
-    marked = recovery.do_mark_recovering(task.id, actor="system:reaper")
+    marked = operators.do_mark_recovering(task.id, actor="system:reaper")
     assert marked is not None and marked.status == "recovering" and marked.recoveries == 1
     assert marked.lease_owner is None and marked.lease_epoch == lost.epoch + 1
-    assert recovery.do_mark_recovering(task.id, actor="system:reaper") is None  # nothing expired now
+    assert operators.do_mark_recovering(task.id, actor="system:reaper") is None  # nothing expired now
     assert task.events.filter(type="recovering").count() == 1
 
     run_to_end(task, worker="w2")
@@ -66,9 +66,9 @@ def test_a_task_that_keeps_losing_its_worker_is_dead_lettered_after_max_recoveri
     task = new_task(alice)
     for expected in (1, 2, 3):
         crash_mid_slice(task)
-        assert recovery.do_mark_recovering(task.id, actor="system:reaper", max_recoveries=3).recoveries == expected
+        assert operators.do_mark_recovering(task.id, actor="system:reaper", max_recoveries=3).recoveries == expected
     crash_mid_slice(task)
-    task = recovery.do_mark_recovering(task.id, actor="system:reaper", max_recoveries=3)
+    task = operators.do_mark_recovering(task.id, actor="system:reaper", max_recoveries=3)
     assert task.status == "dead_lettered" and task.mcp_status == "working"
     assert task.error["code"] == "max_recoveries_exceeded"
     assert task.status_text() == "held for operator: too many recoveries"
@@ -81,7 +81,7 @@ def test_a_task_past_its_ttl_fails_with_the_reason(alice):
     assert task.expires_at is not None
     lease = leases.claim(task.id, worker_id="busy", ttl=30)
     Task.objects.filter(id=task.id).update(expires_at=timezone.now() - timedelta(seconds=1))
-    expired = recovery.do_expire_task(task.id, actor="system:reaper")
+    expired = operators.do_expire_task(task.id, actor="system:reaper")
     assert expired.status == "failed" and expired.error["code"] == "expired"
     assert "TTL" in AuditRecord.objects.get(task=task, to_status="failed").reason
     assert not leases.renew(lease, ttl=30)  # the worker that held it is fenced out
@@ -151,8 +151,8 @@ def test_redrive_resumes_a_dead_letter_from_its_last_good_checkpoint(alice, sett
     assert task.status == "dead_lettered"
 
     with pytest.raises(IllegalTransition):
-        recovery.do_close_task(new_task(alice).id, actor="admin:op", reason="not dead")
-    task = recovery.do_redrive_task(task.id, actor="admin:op", reason="bad disk replaced")
+        operators.do_close_task(new_task(alice).id, actor="admin:op", reason="not dead")
+    task = operators.do_redrive_task(task.id, actor="admin:op", reason="bad disk replaced")
     assert task.status == "recovering" and task.error is None and task.recoveries == 0
     record = AuditRecord.objects.get(task=task, action="transition", to_status="recovering")
     assert (record.actor, record.reason) == ("admin:op", "bad disk replaced")
@@ -169,8 +169,8 @@ def test_close_fails_a_dead_letter_for_good(alice):
     task = new_task(alice)
     for _ in range(4):
         crash_mid_slice(task)
-        recovery.do_mark_recovering(task.id, actor="system:reaper", max_recoveries=3)
-    task = recovery.do_close_task(task.id, actor="admin:op", reason="customer withdrew")
+        operators.do_mark_recovering(task.id, actor="system:reaper", max_recoveries=3)
+    task = operators.do_close_task(task.id, actor="admin:op", reason="customer withdrew")
     assert task.status == "failed" and task.is_terminal
     assert AuditRecord.objects.filter(task=task, actor="admin:op", reason="customer withdrew").exists()
 
@@ -178,10 +178,10 @@ def test_close_fails_a_dead_letter_for_good(alice):
 def test_release_lease_fences_the_holder_and_requeues(alice):
     task = new_task(alice)
     held = leases.claim(task.id, worker_id="stuck", ttl=300)
-    task = recovery.do_release_lease(task.id, actor="admin:op", reason="host is gone")
+    task = operators.do_release_lease(task.id, actor="admin:op", reason="host is gone")
     assert task.lease_owner is None and task.lease_epoch == held.epoch + 1
     assert not leases.renew(held, ttl=30)
     record = AuditRecord.objects.get(task=task, action="lease_released")
     assert record.data == {"owner": "stuck"} and record.actor == "admin:op"
-    with pytest.raises(recovery.NoLease):
-        recovery.do_release_lease(task.id, actor="admin:op", reason="again")
+    with pytest.raises(operators.NoLease):
+        operators.do_release_lease(task.id, actor="admin:op", reason="again")

@@ -215,5 +215,23 @@ window.Dashboard = (() => {
     window.addEventListener("beforeunload", () => source.close());
   }
 
+  // Started from the page itself: the Content-Security-Policy allows no inline script, so
+  // no page calls these; each part starts where its element is.
+  function start() {
+    const list = document.getElementById("task-list");
+    if (list) liveList(list);
+    const task = document.getElementById("task");
+    if (task) {
+      // the bar's first width, from the server's render (an inline style would be refused)
+      for (const fill of task.querySelectorAll(".fill[data-width]")) fill.style.width = fill.dataset.width + "%";
+      liveTask(task, Number(task.dataset.seq));
+    }
+    for (const select of document.querySelectorAll("select[data-autosubmit]")) {
+      select.addEventListener("change", () => select.form.submit());
+    }
+  }
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
+  else start();
+
   return {liveList, liveTask};
 })();

@@ -9,7 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from runtime_site.blobstore import blob_store
-from tasks_app.corpus import DEFAULT_AS_OF, generate_corpus
+from tasks_app.agents.document_review.corpus import DEFAULT_AS_OF, generate_corpus
 
 
 class Command(BaseCommand):

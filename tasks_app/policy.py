@@ -7,7 +7,9 @@ from typing import Any
 
 from django.conf import settings
 
-from tasks_app.agents.base import InputNeeded, SchemaError
+from common.schema import SchemaError
+from tasks_app.agents import tools
+from tasks_app.agents.base import InputNeeded
 
 ALLOW, DENY, NEEDS_APPROVAL, EXHAUSTED = "allow", "deny", "needs_approval", "exhausted"
 
@@ -79,8 +81,6 @@ def denial(tool: str) -> str | None:
 def canonical_approval_policy(approval_policy: dict[str, Any]) -> dict[str, Any]:
     """A task's approvalPolicy with tool names checked and aliases resolved: a name the
     guard would never see (a typo) must fail at creation, not guard nothing."""
-    from ledger_app import tools
-
     security = settings.RUNTIME["security"]
     known = {*tools.tool_names(), *security["require_approval"], *security["deny_tools"]}
     before = []

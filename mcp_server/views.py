@@ -1,6 +1,7 @@
 """POST /mcp: the HTTP edge. Origin, authentication, framing and the era of the request
-here; the work in handlers.py (run in a thread: the ORM is synchronous), and waiting for a
-task without holding a thread or a database connection.
+here, with the dispatch table; the work in modern.py, legacy.py and shared.py (run in a
+thread: the ORM is synchronous), and waiting for a task without holding a thread or a
+database connection.
 
 Answers are application/json, or a stream scoped to the request (text/event-stream)
 when the answer waits on a task: keep-alive comments, notifications/progress for the
@@ -14,7 +15,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -26,14 +27,16 @@ from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions
 
 from common import json_safety
+from mcp_server import legacy, modern
+from mcp_server.protocol import (
+    INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, META_SERVER, METHOD_NOT_FOUND, SERVER_INFO, SERVICE_UNAVAILABLE,
+    Message, RpcError, parse, request_id_of, result_body, validate_modern,
+)
+from mcp_server.shared import Call, Wait, ping
 from runtime_site.errors import DATABASE_UNAVAILABLE, RETRY_AFTER_SECONDS
 from runtime_site.middleware import request_texts
+from runtime_site.ratelimit import RateLimited
 from tasks_app.auth import ApiKeyAuthentication, Principal
-from tasks_app.mcp import handlers
-from tasks_app.mcp.protocol import (
-    INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, META_SERVER, SERVER_INFO, SERVICE_UNAVAILABLE, Message,
-    RpcError, parse, request_id_of, result_body, validate_modern,
-)
 from tasks_app.models import Task
 
 logger = logging.getLogger(__name__)
@@ -45,8 +48,44 @@ META_SUBSCRIPTION = "io.modelcontextprotocol/subscriptionId"
 TERMINAL_MCP = frozenset({"completed", "failed", "cancelled"})
 SERVER_ERROR = -32000  # implementation-defined: authentication and origin refusals
 SESSION_HEADER = "Mcp-Session-Id"
+RATE_LIMITED = -32029  # implementation-defined: HTTP 429, retry after Retry-After (runtime_site/ratelimit.py)
 UNAVAILABLE = RpcError(SERVICE_UNAVAILABLE, "Service unavailable: the database is unreachable; retry shortly")
 RETRY = {"Retry-After": str(RETRY_AFTER_SECONDS)}
+
+
+# The dispatch tables: one handler per method and wire (modern.py, legacy.py, shared.py).
+MODERN_METHODS: dict[str, Callable[[Call], Any]] = {
+    "server/discover": modern.discover,
+    "tools/list": modern.modern_tools_list,
+    "tools/call": modern.modern_tools_call,
+    "tasks/get": modern.modern_tasks_get,
+    "tasks/update": modern.modern_tasks_update,
+    "tasks/cancel": modern.modern_tasks_cancel,
+    "prompts/list": modern.empty_list("prompts"),
+    "resources/list": modern.empty_list("resources"),
+    "resources/templates/list": modern.empty_list("resourceTemplates"),
+    "resources/read": modern.resources_read,
+    "subscriptions/listen": modern.subscriptions_listen,
+}
+
+LEGACY_METHODS: dict[str, Callable[[Call], Any]] = {
+    "initialize": legacy.initialize,
+    "ping": ping,
+    "tools/list": legacy.legacy_tools_list,
+    "tools/call": legacy.legacy_tools_call,
+    "tasks/get": legacy.legacy_tasks_get,
+    "tasks/result": legacy.legacy_tasks_result,
+    "tasks/list": legacy.legacy_tasks_list,
+    "tasks/cancel": legacy.legacy_tasks_cancel,
+}
+
+
+def dispatch(call: Call) -> dict[str, Any] | Wait | modern.Listen:
+    table = MODERN_METHODS if call.message.modern else LEGACY_METHODS
+    handler = table.get(call.message.method or "")
+    if handler is None:
+        raise RpcError(METHOD_NOT_FOUND, f"Method not found: {call.message.method}")
+    return handler(call)
 
 
 def _error(exc: RpcError, request_id: Any = None, *, status: int | None = None,
@@ -76,14 +115,14 @@ def _authenticate(request: HttpRequest) -> Principal | None:
     return found[1] if found else None
 
 
-def _run(call: handlers.Call) -> dict[str, Any] | handlers.Wait:
+def _run(call: Call) -> dict[str, Any] | Wait:
     try:
-        return handlers.dispatch(call)
+        return dispatch(call)
     finally:
         connection.close()
 
 
-def _poll(wait: handlers.Wait, timed_out: bool) -> tuple[dict[str, Any] | None, float, list[dict[str, Any]]]:
+def _poll(wait: Wait, timed_out: bool) -> tuple[dict[str, Any] | None, float, list[dict[str, Any]]]:
     """One look at the task: (the answer if done or timed out, else None; its progress;
     requests to send the client meanwhile)."""
     try:
@@ -97,7 +136,7 @@ def _poll(wait: handlers.Wait, timed_out: bool) -> tuple[dict[str, Any] | None, 
 
 def _answer(principal: Principal, message: Message) -> bool:
     try:
-        return handlers.legacy_input_response(handlers.Call(principal, message))
+        return legacy.legacy_input_response(Call(principal, message))
     finally:
         connection.close()
 
@@ -112,7 +151,7 @@ def _sse(payload: dict[str, Any]) -> str:
     return f"event: message\ndata: {json.dumps(payload, separators=(',', ':'))}\n\n"
 
 
-async def _waited(message: Message, wait: handlers.Wait) -> AsyncIterator[dict[str, Any] | None]:
+async def _waited(message: Message, wait: Wait) -> AsyncIterator[dict[str, Any] | None]:
     """Yields progress notifications and server requests (dicts) and None as keep-alive
     ticks, then the response."""
     started, last_tick, last_progress, interval = time.monotonic(), time.monotonic(), None, 0.02
@@ -147,14 +186,14 @@ async def _waited(message: Message, wait: handlers.Wait) -> AsyncIterator[dict[s
         interval = min(interval * 1.2, 0.25)  # a synchronous call is usually done in ~100 ms
 
 
-def _listen_poll(listen: handlers.Listen) -> list[dict[str, Any]]:
+def _listen_poll(listen: modern.Listen) -> list[dict[str, Any]]:
     try:
         return listen.tasks()
     finally:
         connection.close()
 
 
-async def _listened(message: Message, listen: handlers.Listen) -> AsyncIterator[dict[str, Any] | None]:
+async def _listened(message: Message, listen: modern.Listen) -> AsyncIterator[dict[str, Any] | None]:
     """subscriptions/listen: the ack first, then notifications/tasks (a full DetailedTask)
     for each subscribed task now and whenever its status or open questions change. The
     database is the only source, so a change made by any worker shows. Ends with the
@@ -190,10 +229,10 @@ async def _listened(message: Message, listen: handlers.Listen) -> AsyncIterator[
         await asyncio.sleep(LISTEN_POLL_SECONDS if "taskIds" in listen.acknowledged else 1.0)
 
 
-def _respond_wait(request: HttpRequest, message: Message, wait: handlers.Wait | handlers.Listen) -> HttpResponse:
+def _respond_wait(request: HttpRequest, message: Message, wait: Wait | modern.Listen) -> HttpResponse:
     async def stream() -> AsyncIterator[str]:
         yield ": waiting for the task\n\n"
-        items = _listened(message, wait) if isinstance(wait, handlers.Listen) else _waited(message, wait)
+        items = _listened(message, wait) if isinstance(wait, modern.Listen) else _waited(message, wait)
         async for item in items:
             yield ": keep-alive\n\n" if item is None else _sse(item)
 
@@ -203,7 +242,7 @@ def _respond_wait(request: HttpRequest, message: Message, wait: handlers.Wait | 
     return response
 
 
-async def _respond_wait_json(message: Message, wait: handlers.Wait) -> HttpResponse:
+async def _respond_wait_json(message: Message, wait: Wait) -> HttpResponse:
     async for item in _waited(message, wait):
         if item is not None and "method" not in item:
             if item.get("error", {}).get("code") == SERVICE_UNAVAILABLE:
@@ -234,6 +273,9 @@ async def _endpoint(request: HttpRequest) -> HttpResponse:
         principal = await sync_to_async(_authenticate)(request)
     except exceptions.AuthenticationFailed as exc:
         principal, reason = None, str(exc.detail)
+    except RateLimited as exc:  # the JSON-RPC twin of REST's 429
+        return _error(RpcError(RATE_LIMITED, f"Too Many Requests: {exc.detail}"), request_id_of(request.body),
+                      status=429, headers={"Retry-After": str(exc.wait)})
     else:
         reason = "Authorization: Bearer <api key> is required"
     if principal is None:
@@ -268,7 +310,7 @@ async def _endpoint(request: HttpRequest) -> HttpResponse:
     if message.is_notification:
         return HttpResponse(status=202)
     try:
-        outcome = await sync_to_async(_run)(handlers.Call(principal, message))
+        outcome = await sync_to_async(_run)(Call(principal, message))
     except RpcError as exc:
         # On the 2025 wire a handler's error is an ordinary JSON-RPC answer (HTTP 200).
         return _error(exc, message.id, status=None if message.modern else 200)
@@ -279,14 +321,14 @@ async def _endpoint(request: HttpRequest) -> HttpResponse:
     except Exception:
         logger.exception("mcp: %s failed", message.method)
         return _error(RpcError(INTERNAL_ERROR, "Internal error"), message.id)
-    if isinstance(outcome, handlers.Listen):  # always a stream: it is nothing else
+    if isinstance(outcome, modern.Listen):  # always a stream: it is nothing else
         return _respond_wait(request, message, outcome)
-    if isinstance(outcome, handlers.Wait):
+    if isinstance(outcome, Wait):
         if "text/event-stream" in request.headers.get("Accept", ""):
             return _respond_wait(request, message, outcome)
         return await _respond_wait_json(message, outcome)
     response = JsonResponse(result_body(message.id, _with_server_info(message, outcome)))
     if not message.modern and message.method == "initialize":
         # Signed, never stored: carries the client's capabilities to later requests.
-        response[SESSION_HEADER] = await sync_to_async(handlers.legacy_session)(handlers.Call(principal, message))
+        response[SESSION_HEADER] = await sync_to_async(legacy.legacy_session)(Call(principal, message))
     return response

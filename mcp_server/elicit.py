@@ -18,8 +18,8 @@ from uuid import UUID
 
 from django.core import signing
 
+from mcp_server.protocol import RELATED_TASK
 from tasks_app.auth import Principal
-from tasks_app.mcp.protocol import RELATED_TASK
 
 ID_PREFIX = "rt-input:"
 _INPUT_SALT = "tasks_app.mcp.elicit.input"

@@ -1,7 +1,7 @@
 """The wire: JSON-RPC framing, the two eras, header and _meta validation, error codes.
 
-Nothing here touches the database; tasks_app/mcp/handlers.py does the work and
-tasks_app/mcp/views.py is the HTTP edge.
+Nothing here touches the database; mcp_server/modern.py, legacy.py and shared.py do the
+work and mcp_server/views.py is the HTTP edge.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The tool catalogue: every registered agent is a tool (its runs are Task rows), plus the
-steering tools, which MCP has no verb for. Definitions only; handlers.py runs them."""
+steering tools, which MCP has no verb for. Definitions only; shared.py runs them."""
 
 from __future__ import annotations
 
@@ -57,11 +57,14 @@ STEERING_TOOLS = {t.name: t for t in (
                  {"goal": {"type": "string", "maxLength": 10_000}, "constraints": {"type": "object"}}),
     SteeringTool("set_priority", "set_priority", "Change a task's priority, 0 (first) to 9 (steering).",
                  {"priority": {"type": "integer", "minimum": 0, "maximum": 9}}, ("priority",)),
+    SteeringTool("kill_task", "kill", "Emergency stop: abort a task's running step now, without waiting for it; "
+                 "a reason is required. Tool calls in flight are cut or finish first as the Kill Policy says "
+                 "(steering).", {}, ("reason",)),
 )}
 
 
 def task_support(agent: agents.Agent) -> str:
-    return getattr(agent, "mcp_task_support", REQUIRED)
+    return agent.mcp.task_support
 
 
 def agent_tool(agent: agents.Agent, *, legacy: bool) -> dict[str, Any]:
@@ -90,12 +93,11 @@ def list_tools(*, legacy: bool) -> list[dict[str, Any]]:
 
 def call_tool_result(agent_name: str, result: dict[str, Any] | None) -> dict[str, Any]:
     """A completed run's CallToolResult (without resultType): the agent's own content
-    when it defines mcp_tool_result, else its result as JSON text; always structured."""
+    when its mcp_tool_result gives one, else its result as JSON text; always structured."""
     result = result or {}
     agent = agents.get_agent(agent_name)
-    if hasattr(agent, "mcp_tool_result"):
-        fields = agent.mcp_tool_result(result)
-    else:
+    fields = agent.mcp_tool_result(result)
+    if fields is None:
         fields = {"content": [{"type": "text", "text": json.dumps(result, separators=(",", ":"))}],
                   "isError": False}
     return {**fields, "structuredContent": result}

@@ -2,11 +2,13 @@
 
 The reaper (beat) and operators change tasks that no live worker holds. Each of these
 actions moves the lease epoch, so a worker that lost its lease (killed, frozen, cut off)
-fails its fence on its next write and can never commit again.
+fails its fence on its next write and can never commit again. An operator also settles
+a ledger entry whose effect is unknown (do_resolve_unknown), after checking the remote.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
@@ -15,8 +17,13 @@ from django.db import transaction
 from django.db.models.functions import Now
 
 from checkpoints_app.actions import discard_back_to_last_good
+from ledger_app.actions import ToolFailed
+from ledger_app.models import EffectStatus, LedgerEntry
+from steering_app.actions import CommandRefused, VersionConflict, do_enqueue_command
+from steering_app.models import CommandType, InputRequest, InputStatus
 from tasks_app import events
 from tasks_app.actions import TRANSITION_FIELDS, IllegalTransition, transition
+from tasks_app.agents import tools
 from tasks_app.audit import record_audit
 from tasks_app.models import Task
 from tasks_app.queue import enqueue_slice_on_commit
@@ -24,6 +31,8 @@ from tasks_app.states import CLAIMABLE, TERMINAL, Status
 
 if TYPE_CHECKING:
     from tasks_app.leases import Lease
+
+logger = logging.getLogger(__name__)
 
 
 class NoLease(Exception):
@@ -135,16 +144,22 @@ def _locked(task_id: UUID, tenant: Any | None) -> Task:
 @transaction.atomic(durable=True)
 def do_redrive_task(task_id: UUID, *, actor: str, reason: str, tenant: Any | None = None) -> Task:
     """Operator: run a dead-lettered task again from its last good checkpoint (or from the
-    start when none verifies). Newer, failing checkpoints are discarded, never loaded."""
+    start when none verifies). Newer, failing checkpoints are discarded, never loaded.
+    A killed task too, if the kill was a mistake (issue 18): its effects cut mid-call are
+    unknown in the ledger and are reconciled before its step can call them again."""
     task = _locked(task_id, tenant)
-    if task.status != Status.DEAD_LETTERED:
+    killed = task.status == Status.CANCELLED and task.kill_requested
+    if task.status != Status.DEAD_LETTERED and not killed:
         raise IllegalTransition(task.status, Status.RECOVERING)
     good, discarded = discard_back_to_last_good(task)
     _drop_lease(task)
     task.recoveries, task.error, task.status_message = 0, None, ""
+    task.kill_requested = task.cancel_requested = False
+    task.cancel_reason, task.finished_at = "", None
     transition(task, Status.RECOVERING, actor=actor, reason=reason, data={
         "redriveFrom": good.sequence if good else None, "discardedCheckpoints": discarded})
-    task.save(update_fields=[*TRANSITION_FIELDS, *LEASE_FIELDS, "recoveries", "error"])
+    task.save(update_fields=[*TRANSITION_FIELDS, *LEASE_FIELDS, "recoveries", "error", "kill_requested",
+                             "cancel_requested", "cancel_reason"])
     enqueue_slice_on_commit(task.id, task.priority)
     return task
 
@@ -175,3 +190,33 @@ def do_release_lease(task_id: UUID, *, actor: str, reason: str, tenant: Any | No
         enqueue_slice_on_commit(task.id, task.priority)
     return task
 
+
+def do_resolve_unknown(entry_id: int, *, succeeded: bool, actor: str, reason: str) -> LedgerEntry:
+    """Operator, after checking the remote by hand: an unknown effect did (or did not)
+    happen. Audited on the task's chain; a task waiting for this confirmation then gets
+    the answer as an ordinary provide_input command (accepted, audited, applied)."""
+    with transaction.atomic(durable=True):
+        entry = LedgerEntry.objects.select_for_update().get(id=entry_id)
+        if entry.status not in (EffectStatus.UNKNOWN, EffectStatus.STARTED):
+            raise ToolFailed(f"ledger entry {entry.key} is {entry.status}, not unknown")
+        task = Task.objects.select_for_update().get(id=entry.task_id)
+        entry.status = EffectStatus.SUCCEEDED if succeeded else EffectStatus.FAILED
+        if succeeded:
+            entry.result = tools.ANSWER_LOST if entry.result is None else entry.result
+        else:
+            entry.error = {"message": f"{entry.tool}: did not take effect (resolved by {actor})", "retryable": False}
+        entry.save(update_fields=["status", "result", "error", "updated_at"])
+        record_audit(task, actor=actor, action="ledger_resolved", before_version=task.state_version, reason=reason,
+                     data={"key": entry.key, "status": entry.status})
+    key = f"confirm-{entry.key}"
+    if InputRequest.objects.filter(task=task, key=key, status=InputStatus.OPEN).exists():
+        try:
+            do_enqueue_command(task.id, tenant=task.tenant, command_id=f"resolve-{entry.id}",
+                               type=CommandType.PROVIDE_INPUT,
+                               payload={"key": key, "answer": tools.DONE if succeeded else tools.NOT_DONE},
+                               expected_version=Task.objects.values_list("state_version", flat=True).get(id=task.id),
+                               requested_by=actor, reason=reason)
+        except (VersionConflict, CommandRefused) as exc:
+            # The effect itself is resolved above; the request stays open for a person to answer.
+            logger.warning("resolved %s, but could not answer %s for the task: %s", entry.key, key, exc)
+    return entry

@@ -1,0 +1,279 @@
+"""What both MCP wires share: the call and its wait, finding the caller's task, creating
+a run, steering, and turning answers into provide_input commands. Every handler is thin,
+synchronous and over the same domain functions the REST API calls (tasks_app.actions,
+steering_app.actions, selectors).
+
+A handler returns a result dict, raises RpcError, or returns a Wait when the answer
+depends on a task reaching some state (a synchronous tool call, the legacy blocking
+tasks/result); views.py waits for it without holding a thread or a connection.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from django.utils import timezone
+
+from common.schema import SchemaError
+from mcp_server import tools
+from mcp_server.protocol import (
+    INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, MISSING_CAPABILITY, TASKS_EXT, Message, RpcError,
+)
+from steering_app.actions import (
+    CommandRefused, InvalidCommand, VersionConflict, answer_refusal, do_answer_input, do_enqueue_command,
+)
+from steering_app.models import InputRequest, InputStatus
+from tasks_app import kills
+from tasks_app.actions import IdempotencyConflict, QuotaExceeded, do_create_task
+from tasks_app.agents import base as agents
+from tasks_app.auth import Principal
+from tasks_app.models import Role, Task
+from tasks_app.states import Status
+
+POLL_INTERVAL_MS = 500
+
+
+SYNC_WAIT_SECONDS = 8.0  # a synchronous tools/call answers within the clients' 10 s budget
+
+
+INTERACTIVE_PRIORITY = 0  # a synchronous tools/call: someone is waiting on the open request
+
+
+@dataclass
+class Call:
+    principal: Principal
+    message: Message
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return self.message.params
+
+
+@dataclass
+class Wait:
+    """Answer once done(task) holds (or the deadline passes) with render(task, timed_out)."""
+
+    task_id: UUID
+    done: Callable[[Task], bool]
+    render: Callable[[Task, bool], dict[str, Any]]
+    seconds: float | None  # None: no deadline (keep-alives keep the stream open)
+    progress_token: Any = None
+    # While waiting: JSON-RPC requests to send the client on the stream (legacy elicitation).
+    ask: Callable[[Task], list[dict[str, Any]]] | None = None
+
+
+def iso(value: datetime) -> str:
+    return value.astimezone(timezone.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def require(call: Call, role: str) -> None:
+    if not call.principal.has_role(role):
+        raise RpcError(INVALID_REQUEST, f"Forbidden: this needs the {role} role or above", http_status=403)
+
+
+def find_task(call: Call) -> Task:
+    """The caller's tenant's task; another tenant's, a malformed or an expired id is not found."""
+    raw = call.params.get("taskId")
+    if not isinstance(raw, str):
+        raise RpcError(INVALID_PARAMS, "Invalid params: taskId must be a string")
+    try:
+        task_id = UUID(raw)
+    except ValueError:
+        raise RpcError(INVALID_PARAMS, "Failed to retrieve task: Task not found") from None
+    task = Task.objects.filter(tenant=call.principal.tenant, id=task_id).first()
+    if task is None:
+        raise RpcError(INVALID_PARAMS, "Failed to retrieve task: Task not found")
+    if task.expires_at is not None and task.expires_at <= timezone.now() and task.is_terminal:
+        raise RpcError(INVALID_PARAMS, "Failed to retrieve task: Task has expired")
+    return task
+
+
+def ttl_ms(task: Task) -> int | None:
+    if task.expires_at is None:
+        return None
+    # TTLs are whole seconds; expires_at is computed a moment before created_at is stamped
+    return max(1, round((task.expires_at - task.created_at).total_seconds())) * 1000
+
+
+def status_message(task: Task) -> str:
+    """Phase, progress and the agent's message in one line (polling clients see progress here)."""
+    parts = []
+    if task.mcp_status == "working":
+        if task.phase:
+            parts.append(task.phase)
+        if task.progress:
+            parts.append(f"{round(task.progress, 4):.0%}")
+    if message := task.status_text():
+        parts.append(message)
+    return " · ".join(parts)
+
+
+def elicitation_schema(schema: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """An elicitation form needs an object of primitives; other answers are wrapped in
+    {"answer": ...}. Returns (requestedSchema, wrapped)."""
+    if schema.get("type") == "object" and isinstance(schema.get("properties"), dict):
+        return schema, False
+    return {"type": "object", "properties": {"answer": schema}, "required": ["answer"]}, True
+
+
+def input_requests(task: Task, who: Principal | None = None) -> dict[str, Any]:
+    """The open questions as embedded elicitation/create requests; with `who`, only those
+    `who` may answer."""
+    requests = {}
+    for r in InputRequest.objects.filter(task=task, status=InputStatus.OPEN).order_by("id"):
+        if who is not None and not may_answer(who, task, r):
+            continue
+        schema, _ = elicitation_schema(r.answer_schema or {})
+        requests[r.key] = {"method": "elicitation/create",
+                           "params": {"mode": "form", "message": r.prompt, "requestedSchema": schema}}
+    return requests
+
+
+def tool_error(task: Task) -> dict[str, Any]:
+    error = task.error or {}
+    return {"code": INTERNAL_ERROR, "message": str(error.get("message") or task.status_message or "the task failed"),
+            "data": {"runtimeError": error, "runtimeStatus": task.status}}
+
+
+def create(call: Call, agent: agents.Agent, arguments: dict[str, Any], ttl_seconds: int, *,
+            waiting: bool = False) -> Task | dict[str, Any]:
+    """A Task row, committed and enqueued, or a tool-error result explaining why not.
+    waiting: the caller holds its request open for the result, so the run goes first."""
+    who = call.principal
+    try:
+        task, _ = do_create_task(who.tenant, actor=who.actor, agent=agent.name, input=arguments,
+                                 ttl_seconds=ttl_seconds, priority=INTERACTIVE_PRIORITY if waiting else 5)
+    except SchemaError as exc:
+        return tools.error_result(f"invalid arguments: {exc}")
+    except (IdempotencyConflict, QuotaExceeded) as exc:  # the first not reachable without a key
+        return tools.error_result(str(exc))
+    return task
+
+
+def terminal(task: Task) -> bool:
+    return task.is_terminal
+
+
+def settled(task: Task) -> bool:
+    return task.is_terminal or task.status == Status.INPUT_REQUIRED
+
+
+def call_target(call: Call) -> tuple[str, dict[str, Any]]:
+    name, arguments = call.params.get("name"), call.params.get("arguments", {})
+    if not isinstance(name, str):
+        raise RpcError(INVALID_PARAMS, "Invalid params: name must be a string")
+    if arguments is None:
+        arguments = {}
+    if not isinstance(arguments, dict):
+        raise RpcError(INVALID_PARAMS, "Invalid params: arguments must be an object")
+    return name, dict(arguments)
+
+
+def find_agent(name: str) -> agents.Agent:
+    try:
+        return agents.get_agent(name)
+    except agents.UnknownAgent:
+        raise RpcError(INVALID_PARAMS, f"Unknown tool: {name}") from None
+
+
+def check_capabilities(call: Call, agent: agents.Agent) -> None:
+    needed = agent.mcp.client_capabilities
+    missing = {key: value for key, value in needed.items() if key not in call.message.client_capabilities}
+    if missing:
+        raise RpcError(MISSING_CAPABILITY, f"{agent.name} needs the client capabilities {sorted(missing)}",
+                       {"requiredCapabilities": missing})
+
+
+def wait_for_call(task: Task, *, modern: bool, progress_token: Any = None) -> Wait:
+    """A synchronous tools/call: the run is a task like any other; the caller waits for it."""
+    def render(task: Task, timed_out: bool) -> dict[str, Any]:
+        if task.status == Status.COMPLETED:
+            answer = tools.call_tool_result(task.agent, task.result)
+        elif task.status == Status.FAILED:
+            raise RpcError(INTERNAL_ERROR, tool_error(task)["message"], tool_error(task)["data"],
+                           http_status=200)
+        elif task.status == Status.CANCELLED:
+            answer = tools.error_result(f"the run was cancelled: {task.cancel_reason or 'cancelled'}")
+        elif task.status == Status.INPUT_REQUIRED:
+            answer = tools.error_result(f"task {task.id} needs input; call this tool with the {TASKS_EXT} "
+                                        "extension to answer it")
+        else:
+            answer = tools.error_result(f"still running after {SYNC_WAIT_SECONDS:g}s; it goes on as task "
+                                        f"{task.id} (GET /runtime/tasks/{task.id})")
+        return {"resultType": "complete", **answer} if modern else answer
+    return Wait(task.id, settled, render, SYNC_WAIT_SECONDS, progress_token)
+
+
+def steer(call: Call, tool: tools.SteeringTool, arguments: dict[str, Any]) -> dict[str, Any]:
+    """A steering tool: steering_app's do_enqueue_command, with its compare-and-set."""
+    task_id, expected = arguments.get("taskId"), arguments.get("expectedVersion")
+    if not isinstance(task_id, str) or not isinstance(expected, int) or isinstance(expected, bool):
+        return tools.error_result("taskId (string) and expectedVersion (integer) are required")
+    if not call.principal.has_role(Role.OPERATOR):
+        return tools.error_result("steering needs the operator role")
+    try:
+        task = find_task(Call(call.principal, Message(None, "tasks/get", {"taskId": task_id}, modern=True)))
+    except RpcError:
+        return tools.error_result(f"task {task_id} not found")
+    command_id = arguments.get("commandId") or f"mcp-{tool.command}-{secrets.token_hex(8)}"
+    try:
+        command, _ = do_enqueue_command(
+            task.id, tenant=call.principal.tenant, command_id=str(command_id)[:64], type=tool.command,
+            payload=tool.payload(arguments), expected_version=expected, requested_by=call.principal.actor,
+            reason=str(arguments.get("reason", ""))[:500])
+    except VersionConflict as exc:
+        return tools.error_result(f"version conflict: {exc}; read the task again (currentVersion "
+                                  f"{exc.task.state_version}) and retry with that expectedVersion")
+    except (CommandRefused, InvalidCommand) as exc:
+        return tools.error_result(f"refused: {exc}")
+    task.refresh_from_db()
+    body = {"commandId": command.command_id, "type": command.type, "status": command.status,
+            "version": command.version, "outcome": command.outcome, "stateVersion": task.state_version,
+            "runtimeStatus": task.status, **({"killPolicy": kills.policy()} if command.type == "kill" else {})}
+    text = f"{command.type} {command.status}; the task is {task.status} at version {task.state_version}"
+    return {"content": [{"type": "text", "text": text}], "structuredContent": body, "isError": False}
+
+
+def answer_from(response: Any, request: InputRequest) -> tuple[bool, Any]:
+    """An ElicitResult as the answer the agent asked for: (usable, answer). Only an
+    accepted form answers; a decline or cancel leaves the question open."""
+    if not isinstance(response, dict) or response.get("action") != "accept":
+        return False, None
+    content = response.get("content")
+    if not isinstance(content, dict):
+        return False, None
+    _, wrapped = elicitation_schema(request.answer_schema or {})
+    if wrapped:
+        return ("answer" in content), content.get("answer")
+    return True, content
+
+
+def may_answer(who: Principal, task: Task, request: InputRequest) -> bool:
+    return answer_refusal(who, task, request.kind) is None
+
+
+def provide_answers(call: Call, task: Task, responses: dict[str, Any]) -> None:
+    """Each usable answer becomes a provide_input steering command (as REST's inputs
+    endpoint does: the same command id, so the same answer twice is a replay)."""
+    who = call.principal
+    for key, response in responses.items():
+        request = InputRequest.objects.filter(task=task, key=key, status=InputStatus.OPEN).first()
+        if request is None or not may_answer(who, task, request):
+            continue  # unknown, already answered, superseded or not this caller's to answer: ignored
+        usable, answer = answer_from(response, request)
+        if not usable:
+            continue
+        try:
+            do_answer_input(task.id, tenant=who.tenant, key=key, answer=answer, requested_by=who.actor,
+                            reason="answered over MCP")
+        except (VersionConflict, CommandRefused, InvalidCommand):
+            continue
+
+
+def ping(call: Call) -> dict[str, Any]:
+    return {}

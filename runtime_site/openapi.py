@@ -1,0 +1,350 @@
+"""The REST API's contract as served at /runtime/schema (drf-spectacular).
+
+The views build their answers as plain dicts (tasks_app.selectors, command_body), so what
+they answer is declared here, next to the one error shape, the bearer scheme and the SSE
+endpoint that DRF cannot see. Attached to the views by drf-spectacular extensions, so the
+views stay thin; tests/test_api_contract.py holds the served schema against the running
+server with schemathesis. A field added to an answer belongs here too (the test fails
+on an undeclared status or a wrong type, not on a missing optional field).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.extensions import OpenApiAuthenticationExtension, OpenApiViewExtension
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import (
+    OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view, inline_serializer,
+)
+from rest_framework import serializers
+
+from common import json_safety
+from tasks_app.states import Status
+
+
+class BearerApiKey(OpenApiAuthenticationExtension):
+    target_class = "tasks_app.auth.ApiKeyAuthentication"
+    name = "bearerAuth"
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, Any]:
+        return {"type": "http", "scheme": "bearer", "bearerFormat": "rt_<prefix>_<secret>",
+                "description": "An API key, bound to one tenant and role: `Authorization: Bearer rt_...`."}
+
+
+# --- The one error shape (runtime_site/errors.py) ----------------------------------------------
+
+class ErrorDetail(serializers.Serializer):
+    def get_fields(self) -> dict[str, serializers.Field]:
+        # Built here: a declared attribute named "fields" would hide Serializer.fields.
+        return {
+            "code": serializers.CharField(help_text="machine-readable: invalid_request, not_found, ..."),
+            "message": serializers.CharField(),
+            "fields": serializers.JSONField(required=False, help_text="invalid_request: each field's problem"),
+            "currentVersion": serializers.IntegerField(required=False, help_text="version_conflict"),
+            "snapshot": serializers.JSONField(required=False, help_text="version_conflict: the task as it is now"),
+            "status": serializers.CharField(required=False, help_text="not_finished: the MCP status"),
+            "runtimeStatus": serializers.CharField(required=False, help_text="not_finished"),
+        }
+
+
+class Error(serializers.Serializer):
+    error = ErrorDetail()
+
+
+def _error(description: str) -> OpenApiResponse:
+    return OpenApiResponse(Error, description=description)
+
+
+# Every operation may answer these: a bad parameter or body, no or a bad key, a role too low,
+# and the database briefly unavailable (Retry-After).
+COMMON = {400: _error("invalid request (the error names the field)"), 401: _error("no or an invalid API key"),
+          403: _error("the key's role does not allow this"), 503: _error("the database is unavailable; retry")}
+ON_TASK = {**COMMON, 404: _error("no such task in the key's tenant")}
+
+
+# --- Answers -------------------------------------------------------------------------------------
+
+class InputRequestOut(serializers.Serializer):
+    key = serializers.CharField()
+    prompt = serializers.CharField()
+    schema = serializers.JSONField(help_text="JSON Schema the answer must match")
+
+
+class TaskUrls(serializers.Serializer):
+    statusUrl = serializers.CharField()  # noqa: N815
+    streamUrl = serializers.CharField(help_text="Server-Sent Events, see GET /runtime/tasks/{task_id}/events")  # noqa: N815
+    resultUrl = serializers.CharField()  # noqa: N815
+
+
+class TaskSnapshot(TaskUrls):
+    """tasks_app.selectors.task_snapshot: the same snapshot REST, MCP and the stream give."""
+
+    taskId = serializers.UUIDField()  # noqa: N815
+    agent = serializers.CharField()
+    status = serializers.ChoiceField(choices=["queued", "working", "input_required", "completed", "failed",
+                                              "cancelled"], help_text="the MCP Tasks status")
+    runtimeStatus = serializers.ChoiceField(choices=Status.choices)  # noqa: N815
+    statusMessage = serializers.CharField(allow_blank=True)  # noqa: N815
+    progress = serializers.FloatField()
+    phase = serializers.CharField(allow_blank=True)
+    stateVersion = serializers.IntegerField(help_text="send it as expectedVersion when steering")  # noqa: N815
+    planVersion = serializers.IntegerField()  # noqa: N815
+    stepsDone = serializers.IntegerField()  # noqa: N815
+    cost = serializers.FloatField()
+    lastCheckpoint = serializers.IntegerField(allow_null=True)  # noqa: N815
+    recoveries = serializers.IntegerField()
+    infrastructureFaults = serializers.IntegerField()  # noqa: N815
+    priority = serializers.IntegerField()
+    cancelRequested = serializers.BooleanField()  # noqa: N815
+    error = serializers.JSONField(allow_null=True)
+    goal = serializers.CharField(allow_blank=True)
+    constraints = serializers.JSONField()
+    inputRequests = InputRequestOut(many=True)  # noqa: N815
+    createdAt = serializers.DateTimeField(allow_null=True)  # noqa: N815
+    updatedAt = serializers.DateTimeField(allow_null=True)  # noqa: N815
+    expiresAt = serializers.DateTimeField(allow_null=True)  # noqa: N815
+
+
+class TaskCreated(TaskUrls):
+    taskId = serializers.UUIDField()  # noqa: N815
+    status = serializers.CharField()
+    runtimeStatus = serializers.ChoiceField(choices=Status.choices)  # noqa: N815
+
+
+class TaskPage(serializers.Serializer):
+    next = serializers.URLField(allow_null=True, help_text="the next page, or null")
+    previous = serializers.URLField(allow_null=True)
+    results = TaskSnapshot(many=True)
+
+
+class CheckpointOut(serializers.Serializer):
+    sequence = serializers.IntegerField()
+    stepName = serializers.CharField()  # noqa: N815
+    nextStep = serializers.CharField(allow_blank=True)  # noqa: N815
+    schemaVersion = serializers.IntegerField()  # noqa: N815
+    planVersion = serializers.IntegerField()  # noqa: N815
+    reason = serializers.CharField()
+    checksum = serializers.CharField()
+    valid = serializers.BooleanField()
+    discarded = serializers.BooleanField()
+    artifactRefs = serializers.JSONField()  # noqa: N815
+    createdAt = serializers.DateTimeField()  # noqa: N815
+
+
+class TaskResult(serializers.Serializer):
+    taskId = serializers.UUIDField()  # noqa: N815
+    status = serializers.CharField()
+    runtimeStatus = serializers.ChoiceField(choices=Status.choices)  # noqa: N815
+    result = serializers.JSONField(allow_null=True)
+    error = serializers.JSONField(allow_null=True)
+
+
+class AuditRecordOut(serializers.Serializer):
+    seq = serializers.IntegerField()
+    actor = serializers.CharField()
+    action = serializers.CharField()
+    fromStatus = serializers.CharField(allow_blank=True)  # noqa: N815
+    toStatus = serializers.CharField(allow_blank=True)  # noqa: N815
+    beforeVersion = serializers.IntegerField()  # noqa: N815
+    afterVersion = serializers.IntegerField()  # noqa: N815
+    reason = serializers.CharField(allow_blank=True)
+    createdAt = serializers.DateTimeField()  # noqa: N815
+    hash = serializers.CharField()
+
+
+class SteeringCommandOut(serializers.Serializer):
+    """steering_app.api.views.command_body."""
+
+    commandId = serializers.CharField()  # noqa: N815
+    type = serializers.CharField()
+    payload = serializers.JSONField()
+    status = serializers.CharField()
+    version = serializers.IntegerField()
+    expectedVersion = serializers.IntegerField()  # noqa: N815
+    requestedBy = serializers.CharField()  # noqa: N815
+    reason = serializers.CharField(allow_blank=True)
+    outcome = serializers.CharField(allow_blank=True)
+    createdAt = serializers.DateTimeField()  # noqa: N815
+    appliedAt = serializers.DateTimeField(allow_null=True)  # noqa: N815
+
+
+def _list_of(name: str, item: type[serializers.Serializer], **extra: serializers.Field) -> serializers.Serializer:
+    return inline_serializer(name, {**extra, "results": item(many=True)})
+
+
+_status = "(" + "|".join(Status.values) + ")"
+STATUS_LIST = f"^({_status}(,{_status})*)?$"
+TASK_ID = OpenApiParameter("task_id", OpenApiTypes.UUID, OpenApiParameter.PATH)
+
+
+# --- The operations ------------------------------------------------------------------------------
+
+VIEW_INPUT = "the view's InputSerializer"  # as `request`: the view's own, so the two never drift
+
+
+def _view(target: str, request_name: str = "", **methods: dict[str, Any]) -> type[OpenApiViewExtension]:
+    """A view extension declaring `methods` (extend_schema's arguments per method) on `target`."""
+
+    def view_replacement(self: OpenApiViewExtension) -> type:
+        view = self.target_class
+        # Named for what it is: every view's is called InputSerializer.
+        renamed = type(request_name, (view.InputSerializer,), {}) if request_name else None
+        return extend_schema_view(**{
+            method: extend_schema(**{**kwargs, "request": renamed} if kwargs.get("request") == VIEW_INPUT else kwargs)
+            for method, kwargs in methods.items()})(view)
+
+    return type(target.rsplit(".", 1)[1] + "Schema", (OpenApiViewExtension,),
+                {"target_class": target, "view_replacement": view_replacement})
+
+
+TaskListCreateSchema = _view(
+    "tasks_app.api.views.TaskListCreateApi", "CreateTask",
+    get=dict(
+        operation_id="listTasks", summary="The key's tenant's tasks, newest first",
+        parameters=[
+            # A pattern, not an array of enums: the empty value is valid too (no filter).
+            OpenApiParameter("status", {"type": "string", "pattern": STATUS_LIST},
+                             description="only these runtime statuses, comma-separated: " + ", ".join(Status.values)),
+            # Up to 18 digits are read; more than 200 are capped at 200.
+            OpenApiParameter("limit", {"type": "integer", "minimum": 1, "maximum": 10**18 - 1},
+                             description="page size (default 50, at most 200)"),
+            OpenApiParameter("cursor", str, description="from a page's next or previous link; anything else is a 400"),
+        ],
+        responses={200: TaskPage, **COMMON}),
+    post=dict(
+        operation_id="createTask", summary="Start a task", request=VIEW_INPUT,
+        examples=[OpenApiExample("noop", {"agent": "noop", "input": {"steps": 3}, "goal": "try it"},
+                                 request_only=True)],
+        parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER,
+                                     pattern=r"^[A-Za-z0-9._:\-]{1,200}$",
+                                     description="the same key and body again: the same task (200)")],
+        responses={201: TaskCreated, 200: OpenApiResponse(TaskCreated, description="replayed by Idempotency-Key"),
+                   422: _error("unknown agent, input not matching the agent's schema, or an "
+                               "Idempotency-Key reused with another body"), **COMMON}),
+)
+TaskDetailSchema = _view(
+    "tasks_app.api.views.TaskDetailApi",
+    get=dict(operation_id="getTask", summary="A task's snapshot", parameters=[TASK_ID],
+             responses={200: TaskSnapshot, **ON_TASK}))
+TaskCancelSchema = _view(
+    "tasks_app.api.views.TaskCancelApi", "CancelTask",
+    post=dict(operation_id="cancelTask", summary="Cancel a task (at its next safe point)", parameters=[TASK_ID],
+              request=VIEW_INPUT, responses={202: TaskSnapshot, 409: _error("already finished"), **ON_TASK}))
+TaskCheckpointsSchema = _view(
+    "tasks_app.api.views.TaskCheckpointsApi",
+    get=dict(operation_id="listCheckpoints", summary="A task's checkpoints", parameters=[TASK_ID],
+             responses={200: _list_of("CheckpointList", CheckpointOut), **ON_TASK}))
+TaskResultSchema = _view(
+    "tasks_app.api.views.TaskResultApi",
+    get=dict(operation_id="getTaskResult", summary="A finished task's result or error", parameters=[TASK_ID],
+             responses={200: TaskResult, 409: _error("not finished yet (not_finished)"), **ON_TASK}))
+TaskAuditSchema = _view(
+    "tasks_app.api.views.TaskAuditApi",
+    get=dict(operation_id="getTaskAudit", summary="A task's hash-chained audit records", parameters=[TASK_ID],
+             responses={200: _list_of("AuditList", AuditRecordOut, head=serializers.CharField(
+                 allow_blank=True, help_text="hash of the newest record")), **ON_TASK}))
+TaskSteeringSchema = _view(
+    "steering_app.api.views.TaskSteeringApi", "SteerTask",
+    get=dict(operation_id="listSteeringCommands", summary="A task's steering commands, in order",
+             parameters=[TASK_ID], responses={200: _list_of("SteeringCommandList", SteeringCommandOut), **ON_TASK}),
+    post=dict(
+        operation_id="steerTask", summary="Pause, resume, adjust, re-plan or answer (applied at a safe point)",
+        parameters=[TASK_ID], request=VIEW_INPUT,
+        responses={202: SteeringCommandOut,
+                   409: _error("version_conflict (with the task as it is now) or command_refused"),
+                   422: _error("a payload this command cannot take (invalid_payload)"), **ON_TASK}))
+TaskInputSchema = _view(
+    "steering_app.api.views.TaskInputApi", "Answer",
+    post=dict(
+        operation_id="answerInput", summary="Answer an open input request (an approval: approve or reject)",
+        parameters=[TASK_ID, OpenApiParameter("key", str, OpenApiParameter.PATH,
+                                              description="the input request's key (inputRequests[].key)")],
+        request=VIEW_INPUT,
+        responses={202: SteeringCommandOut, 409: _error("no such open request, or already answered"),
+                   422: _error("an answer not matching the request's schema"), **ON_TASK}))
+
+
+# --- The SSE endpoint (a plain Django view: DRF and so drf-spectacular cannot see it) ------------
+
+SSE_OPERATION = {
+    "get": {
+        "operationId": "streamTaskEvents",
+        "summary": "A task's events as Server-Sent Events (docs/streaming.md)",
+        "description": "`task.snapshot` first (its id is `<channel>:<seq>`), then every event after it: "
+                       "progress, status changes, input requests, logs, and a terminal event. Reconnect "
+                       "with `Last-Event-ID` to resume; past the replay window the stream starts with "
+                       "a fresh snapshot. A browser with a dashboard session may use its cookie instead "
+                       "of a key.",
+        "tags": ["runtime"],
+        "security": [{"bearerAuth": []}],
+        "parameters": [
+            {"name": "task_id", "in": "path", "required": True, "schema": {"type": "string", "format": "uuid"}},
+            {"name": "Last-Event-ID", "in": "header", "required": False, "schema": {"type": "string"},
+             "description": "the id of the last event received"},
+        ],
+        "responses": {
+            "200": {"description": "the event stream", "content": {"text/event-stream": {"schema": {
+                "type": "string", "description": "`id:`, `event:` and `data:` lines; data is a JSON object"}}}},
+            **{str(code): {"description": description, "content": {
+                "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+               for code, description in ((400, "a malformed Last-Event-ID"), (401, "no or an invalid API key"),
+                                         (404, "no such task in the key's tenant"),
+                                         (503, "the database is unavailable; retry"))},
+        },
+    },
+}
+
+
+# --- Free-form JSON in requests ------------------------------------------------------------------
+
+# What common.json_safety lets through to the database: an agent's input, a policy, a payload,
+# an answer, and fields a body carries beyond the documented ones (ignored) may be any JSON but
+# this (a 400 naming the place otherwise).
+_ref = {"JsonValue": {"$ref": "#/components/schemas/JsonValue"}, "JsonItem": {"$ref": "#/components/schemas/JsonItem"}}
+JSON_VALUE = {
+    "description": "any JSON but null that the database can store: no NUL character, numbers within "
+                   f"64-bit integers, nested at most {json_safety.MAX_DEPTH} levels deep",
+    "anyOf": [
+        {"type": "string"}, {"type": "boolean"},
+        {"type": "integer", "minimum": json_safety.MIN_INT, "maximum": json_safety.MAX_INT},
+        {"type": "number", "minimum": json_safety.MIN_INT, "maximum": json_safety.MAX_INT},
+        {"type": "array", "items": _ref["JsonItem"]},
+        {"type": "object", "additionalProperties": _ref["JsonItem"]},
+    ],
+}
+JSON_ITEM = {"description": "a JsonValue, or null", "anyOf": [
+    _ref["JsonValue"], {"type": "string", "nullable": True, "enum": [None]}]}
+
+
+# DRF trims a string field before it checks it is not blank: at least one character Python's
+# str.strip() keeps (ECMA's \s, and the separators \x1c-\x1f and \x85 it lacks).
+NOT_BLANK = r"[^\s\x1c-\x1f\x85]"
+
+
+def _free_form_to_json_value(schema: dict[str, Any]) -> None:
+    schema.setdefault("additionalProperties", _ref["JsonItem"])
+    for name, prop in schema.get("properties", {}).items():
+        if prop.get("type") == "string" and prop.get("minLength") and not {"pattern", "enum"} & prop.keys():
+            prop["pattern"] = NOT_BLANK
+        if prop.get("type") in ("integer", "number"):  # json_safety: 64 bits, whatever the field
+            prop.setdefault("minimum", json_safety.MIN_INT)
+            prop.setdefault("maximum", json_safety.MAX_INT)
+        if not {"type", "$ref", "allOf", "oneOf", "anyOf"} & prop.keys():  # a JSONField: any value
+            schema["properties"][name] = {**prop, "allOf": [_ref["JsonValue"]]}
+        elif prop.get("type") == "object" and prop.get("additionalProperties") == {}:  # a DictField
+            prop["additionalProperties"] = _ref["JsonItem"]
+
+
+# --- Hooks (SPECTACULAR_SETTINGS["POSTPROCESSING_HOOKS"]) ----------------------------------------
+
+def postprocess(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
+    """The stream beside the other operations; request bodies as what is accepted (free-form JSON
+    that json_safety lets through, numbers within 64 bits, strings not blank once trimmed)."""
+    result["paths"]["/runtime/tasks/{task_id}/events"] = SSE_OPERATION
+    schemas = result["components"]["schemas"]
+    for name, schema in schemas.items():
+        if name.endswith("Request"):  # COMPONENT_SPLIT_REQUEST: the request side of each body
+            _free_form_to_json_value(schema)
+    schemas["JsonValue"], schemas["JsonItem"] = JSON_VALUE, JSON_ITEM
+    return result

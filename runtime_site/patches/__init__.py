@@ -1,0 +1,1 @@
+"""Patches to libraries, each guarded by the library version it was written against."""

@@ -1,0 +1,84 @@
+"""The tool registry: what `ctx.tool(name, args)` may name (DESIGN §6).
+
+Only the registry lives here, beside the agent SDK; the implementations (HTTP, publish,
+email, remote MCP) are in ledger_app.tools, and a call with an external effect only ever
+happens through ledger_app.actions.execute_once, which commits a ledger row first and
+passes the row's key to the remote as its idempotency key."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tasks_app.redaction import tool_text
+
+
+class ToolError(Exception):
+    """A tool's failure. Its message often quotes the remote (an error body echoing the
+    payload), so it is masked and bounded here, before it becomes a reason, a ledger
+    error, an event or a log line."""
+
+    def __init__(self, message: str, *, retryable: bool) -> None:
+        super().__init__(tool_text(message))
+        self.retryable = retryable
+
+
+# What a reconcile hook may answer about a call made by an earlier run.
+DONE, NOT_DONE = "done", "not_done"
+# What a step gets from a call a person (or an operator) confirmed as done: the remote's
+# answer was lost with the worker that made it, and a null would pass for that answer
+# (a task once completed with `null` where the remote's answer belonged, issue 12 #4).
+ANSWER_LOST = {"reconciled": True, "answerLost": True}
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A call (or poll) answer: the remote took the call as a long-running task of its own.
+    The ledger stores `ref` and polls it; the call itself is never made again."""
+
+    ref: str
+    message: str = ""
+    poll_after: float = 1.0  # seconds; the remote's suggestion where it made one
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    input_schema: dict[str, Any]
+    call: Callable[[dict[str, Any], str, float], Any]  # (args, idempotency key, timeout) -> result
+    side_effect: bool = True
+    timeout: float = 10.0
+    retries: int = 2  # after the first attempt; bounded
+    backoff: float = 0.2  # seconds, doubled per retry
+    # (args, key) -> (DONE, result) | (NOT_DONE, None); None (or the hook raising) means it cannot tell
+    reconcile: Callable[[dict[str, Any], str], tuple[str, Any] | None] | None = None
+    # (args, remote ref, timeout) -> result | Pending: for tools whose call may answer Pending
+    poll: Callable[[dict[str, Any], str, float], Any] | None = None
+
+
+_TOOLS: dict[str, Tool] = {}
+
+
+class UnknownTool(LookupError):
+    pass
+
+
+def register(tool: Tool) -> Tool:
+    _TOOLS[tool.name] = tool
+    return tool
+
+
+# The brief's names for the guarded tools (its approvalPolicy example), accepted in policies.
+ALIASES = {"send_email": "email.send", "publish_report": "content.publish"}
+
+
+def get_tool(name: str) -> Tool:
+    try:
+        return _TOOLS[name]
+    except KeyError:
+        raise UnknownTool(f"no tool named {name!r}") from None
+
+
+def tool_names() -> list[str]:
+    return sorted(_TOOLS)

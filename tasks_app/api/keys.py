@@ -1,0 +1,107 @@
+"""REST edge for API keys: list, create, rotate, revoke (the same lifecycle as the admin's).
+
+A key manages its own user's keys in its tenant; a tenant admin's key manages all of the
+tenant's keys. A key never makes a key wider than itself (auth.check_key_grant).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import Http404
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status
+from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from tasks_app.auth import IsPrincipal, Principal, check_key_grant, issue_api_key, principal, revoke_api_key, \
+    rotate_api_key
+from tasks_app.models import ApiKey, Role, Scope
+
+
+def key_body(key: ApiKey, token: str | None = None) -> dict[str, Any]:
+    body = {"id": key.prefix, "name": key.name, "role": key.role, "scopes": key.scopes or None,
+            "userId": key.user_id, "createdAt": key.created_at, "expiresAt": key.expires_at,
+            "lastUsedAt": key.last_used_at, "revokedAt": key.revoked_at,
+            "rotatedFrom": key.rotated_from.prefix if key.rotated_from else None}
+    if token is not None:
+        body["token"] = token  # shown this once; only its hash is stored
+    return body
+
+
+def manageable_keys(who: Principal, user_id: int) -> Any:
+    keys = ApiKey.objects.filter(tenant=who.tenant).select_related("rotated_from").order_by("-created_at")
+    return keys if who.has_role(Role.ADMIN) else keys.filter(user_id=user_id)
+
+
+def manageable_key(request: Request, key_id: str) -> ApiKey:
+    """Another user's key (for a non-admin) or another tenant's is the same 404 as none."""
+    key = manageable_keys(principal(request), request.user.pk).filter(prefix=key_id).first()
+    if key is None:
+        raise Http404
+    return key
+
+
+class KeyListCreateApi(APIView):
+    permission_classes = [IsPrincipal]
+
+    class InputSerializer(serializers.Serializer):
+        name = serializers.CharField(max_length=100)
+        role = serializers.ChoiceField(choices=Role.choices, required=False)
+        scopes = serializers.ListField(child=serializers.ChoiceField(choices=Scope.choices), required=False,
+                                       allow_empty=False)
+        expiresAt = serializers.DateTimeField(required=False)  # noqa: N815 (wire names)
+
+    def get(self, request: Request) -> Response:
+        return Response({"keys": [key_body(k) for k in manageable_keys(principal(request), request.user.pk)]})
+
+    @extend_schema(request=InputSerializer)
+    def post(self, request: Request) -> Response:
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        body, who = data.validated_data, principal(request)
+        role = body.get("role", who.role)
+        # A narrow key's child is at most as narrow: it inherits the maker's scopes by default.
+        scopes = body.get("scopes") or (sorted(who.scopes) if who.scopes is not None else None)
+        if (expires := body.get("expiresAt")) is not None and expires <= timezone.now():
+            raise ValidationError({"expiresAt": "must be in the future"})
+        try:
+            check_key_grant(role, scopes, granted_by=who)
+        except ValueError as exc:
+            raise ValidationError({"scopes" if "scope" in str(exc) else "role": str(exc)}) from None
+        key, token = issue_api_key(who.tenant, request.user, role=role, name=body["name"], scopes=scopes,
+                                   expires_at=expires)
+        return Response(key_body(key, token), status=status.HTTP_201_CREATED)
+
+
+class KeyDetailApi(APIView):
+    permission_classes = [IsPrincipal]
+
+    def get(self, request: Request, key_id: str) -> Response:
+        return Response(key_body(manageable_key(request, key_id)))
+
+    def delete(self, request: Request, key_id: str) -> Response:
+        """Revoke: the key stops working on its next request."""
+        key = manageable_key(request, key_id)
+        revoke_api_key(key)
+        key.refresh_from_db()
+        return Response(key_body(key))
+
+
+class KeyRotateApi(APIView):
+    """POST /runtime/keys/{id}/rotate: a new key with the same grant; the old one keeps working
+    for security.key_rotation_grace_seconds, then expires: two keys are live while holders switch."""
+
+    permission_classes = [IsPrincipal]
+
+    def post(self, request: Request, key_id: str) -> Response:
+        key = manageable_key(request, key_id)
+        try:
+            new, token = rotate_api_key(key)
+        except ValueError as exc:  # revoked meanwhile
+            raise ValidationError({"id": str(exc)}) from None
+        return Response({**key_body(new, token), "previous": key_body(ApiKey.objects.get(pk=key.pk))},
+                        status=status.HTTP_201_CREATED)

@@ -1,0 +1,97 @@
+"""GET /runtime/tasks/{id}/events: the SSE edge (docs/streaming.md).
+
+The stream plumbing under it (storage, channel manager, the django-eventstream patches)
+is tasks_app/streams/; this module is only the view a client talks to.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import AsyncIterator
+from uuid import UUID
+
+from django.db import connection
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django_eventstream.eventrequest import EventRequest
+from django_eventstream.utils import add_default_headers, sse_encode_event
+from django_eventstream.views import Listener, stream
+from rest_framework.exceptions import AuthenticationFailed
+
+from common.json_safety import UnsafeInput, check
+from runtime_site.errors import DATABASE_UNAVAILABLE, error_body, unsafe_input_body
+from runtime_site.ratelimit import RateLimited
+from tasks_app.auth import ApiKeyAuthentication
+from tasks_app.models import Membership, Task
+from tasks_app.selectors import task_snapshot
+from tasks_app.streams.publish import channel_for
+
+logger = logging.getLogger(__name__)
+
+# An id this stream gives out: <channel>:<seq> (django-eventstream joins several with ",").
+LAST_EVENT_ID = re.compile(r"[^\s:,]+:[0-9]{1,18}(,[^\s:,]+:[0-9]{1,18})*")
+
+
+def check_last_event_id(request: HttpRequest) -> None:
+    """A reconnecting client's Last-Event-ID (or ?lastEventId=) must be one we sent. It is
+    only checked: a stream always restarts from a fresh snapshot (pitfall 3)."""
+    given = [("Last-Event-ID", request.headers.get("Last-Event-ID", ""))]
+    given += [("lastEventId", value) for value in request.GET.getlist("lastEventId")]
+    for name, value in given:
+        check(value, name)
+        if value and not LAST_EVENT_ID.fullmatch(value):
+            raise UnsafeInput(name, "not an event id this stream sent (<channel>:<seq>)")
+
+
+def task_events(request: HttpRequest, task_id: str) -> HttpResponse:
+    """GET /runtime/tasks/{id}/events: task.snapshot first, then every event after it."""
+    try:
+        check_last_event_id(request)
+    except UnsafeInput as exc:
+        return JsonResponse(unsafe_input_body(exc), status=400)
+    try:
+        authenticated = ApiKeyAuthentication().authenticate(request)  # only reads headers
+    except AuthenticationFailed as exc:
+        return JsonResponse(error_body("authentication_failed", str(exc.detail)), status=401)
+    except RateLimited as exc:
+        return JsonResponse(error_body("throttled", str(exc.detail)), status=429, headers={"Retry-After": str(exc.wait)})
+    if authenticated is not None:
+        request.user, tenant_ids = authenticated[0], [authenticated[1].tenant.id]
+    elif request.user.is_authenticated:
+        tenant_ids = list(Membership.objects.filter(user=request.user).values_list("tenant_id", flat=True))
+    else:
+        return JsonResponse(error_body("not_authenticated", "an API key or a session is required"), status=401)
+    try:
+        task = Task.objects.filter(id=UUID(task_id), tenant_id__in=tenant_ids).first()
+    except ValueError:
+        task = None
+    if task is None:  # another tenant's task: the same answer as no task at all
+        return JsonResponse(error_body("not_found", "no such task"), status=404)
+
+    channel = channel_for(task.id)
+    snapshot = {"seq": task.event_seq, **task_snapshot(task)}
+    # Made here, not from the request: its query (es-meta, recover, link) is not ours to
+    # honour, and django-eventstream's parsing of it answers anything malformed with a 500.
+    event_request = EventRequest()
+    event_request.channels, event_request.user = {channel}, request.user
+    event_request.is_next = event_request.is_recover = False
+    # Pitfall 3: start from an explicit id, the snapshot's; never from "now".
+    event_request.channel_last_ids = {channel: str(task.event_seq)}
+    connection.close()  # pitfall 1: the request's connection would otherwise live as long as the stream
+
+    listener = Listener()
+    listener.user_id = request.user.pk
+    listener.channels = event_request.channels
+    first = sse_encode_event("task.snapshot", snapshot, event_id=f"{channel}:{task.event_seq}", json_encode=True)
+
+    async def body() -> AsyncIterator[str]:
+        yield first
+        try:
+            async for chunk in stream(event_request, listener):
+                yield chunk
+        except DATABASE_UNAVAILABLE:  # the client reconnects, as SSE does, and gets 503 until it is back
+            logger.warning("the stream of task %s ended: the database is unavailable", task.id)
+
+    response = StreamingHttpResponse(body(), content_type="text/event-stream")
+    add_default_headers(response, request=request)
+    return response

@@ -1,0 +1,130 @@
+"""Waking this web process's open streams (pitfalls 2 and 4 in publish.py).
+
+With Redis, a reconnecting listener of django-eventstream's pub/sub channel replaces the
+library's own, which dies silently when Redis restarts; without Redis (the embedded
+profile), a database-polling bridge wakes the streams whose task's event_seq moved. One
+background task per process runs either, started with the first stream and restarted if
+it ended (ensure_running, hooked in by runtime_site/patches/eventstream.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import connection
+from django_eventstream.event import Event
+
+from tasks_app.models import Task
+from tasks_app.streams.publish import task_id_from
+
+logger = logging.getLogger(__name__)
+
+
+def wake_all(channels: set[str] | None = None) -> None:
+    """Make open streams (of `channels`, or all) re-read storage from their last id.
+
+    Queued items are dropped: the stream would send them before re-reading, move its
+    last id past the events it missed, and skip those (they are all in storage)."""
+    from django_eventstream.views import get_listener_manager
+
+    manager = get_listener_manager()
+    with manager.lock:
+        for channel, listeners in manager.listeners_by_channel.items():
+            if channels is None or channel in channels:
+                for listener in listeners:
+                    listener.overflow = True
+                    listener.channel_items = {}
+                    listener.wake_threadsafe()
+
+
+async def _resilient_listen() -> None:
+    from redis.asyncio import Redis
+
+    from django_eventstream.views import get_listener_manager
+
+    backoff = 0.2
+    while True:
+        client = Redis(**settings.EVENTSTREAM_REDIS)
+        try:
+            pubsub = client.pubsub()
+            await pubsub.subscribe("events_channel")
+            async for message in pubsub.listen():
+                if message["type"] == "subscribe":
+                    # First subscribe, or redis-py's own silent re-subscribe after a
+                    # reconnect: whatever was published meanwhile is only in storage.
+                    backoff = 0.2
+                    wake_all()
+                    continue
+                if message["type"] != "message":
+                    continue
+                event = json.loads(message["data"])
+                if task_id_from(event["channel"]) is None:
+                    continue  # pitfall 4: another deployment's event
+                get_listener_manager().add_to_queues(
+                    event["channel"], Event(event["channel"], event["event_type"], event["data"], id=event["pub_id"]))
+            raise ConnectionError("pub/sub stream ended")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.warning("SSE Redis listener lost its connection (%s); reconnecting in %.1fs", exc, backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+        finally:
+            try:
+                await client.aclose()
+            except Exception:  # noqa: S110 (the connection is already broken)
+                pass
+
+
+def _seqs(channels: list[str]) -> dict[str, int]:
+    try:
+        ids = {task_id_from(c): c for c in channels}
+        rows = Task.objects.filter(id__in=[i for i in ids if i]).values_list("id", "event_seq")
+        return {ids[task_id]: seq for task_id, seq in rows}
+    finally:
+        connection.close()
+
+
+async def _poll_bridge(interval: float) -> None:
+    """Embedded profile: no Redis, so watch event_seq of the tasks that have open streams."""
+    from django_eventstream.views import get_listener_manager
+
+    seen: dict[str, int] = {}
+    read = sync_to_async(_seqs, thread_sensitive=False)
+    while True:
+        await asyncio.sleep(interval)
+        manager = get_listener_manager()
+        with manager.lock:
+            channels = list(manager.listeners_by_channel)
+        if not channels:
+            seen.clear()
+            continue
+        try:
+            current = await read(channels)
+        except Exception:
+            logger.exception("SSE database bridge failed to poll")
+            continue
+        moved = {c for c, seq in current.items() if seen.get(c) != seq}  # a new stream counts as moved
+        seen = current
+        if moved:
+            wake_all(moved)
+
+
+_background: dict[str, asyncio.Task[None]] = {}  # strong references: the loop keeps only weak ones
+
+
+def ensure_running() -> None:
+    """On every new stream: the reconnecting Redis listener, or the database bridge without
+    Redis, runs in this process (django-eventstream starts its own listener with a bare
+    loop.create_task() and never again: once that task dies, no stream gets a live event)."""
+    task = _background.get("task")
+    if task is None or task.done():
+        if getattr(settings, "EVENTSTREAM_REDIS", None):
+            coroutine = _resilient_listen()
+        else:
+            coroutine = _poll_bridge(settings.RUNTIME["stream"]["poll_seconds"])
+        _background["task"] = asyncio.get_event_loop().create_task(coroutine)

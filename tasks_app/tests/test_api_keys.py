@@ -1,0 +1,197 @@
+"""API key lifecycle over real HTTP (the Django test client): a key stops working the moment
+its user is deactivated or leaves the tenant, on REST, /mcp and SSE alike; expiry; scopes
+narrower than the role; rotation with two live keys; last-used time written at most once a
+minute; the small REST API and the admin that manage keys."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from conftest import make_persona
+from steering_app.models import InputRequest
+from tasks_app import engine
+from tasks_app.models import ApiKey, Membership, Task
+from tasks_app.tests.test_engine import new_task
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def rest(token: str, method: str = "get", path: str = "/runtime/tasks", body: dict | None = None):
+    client = Client(headers={"Authorization": f"Bearer {token}"})
+    if body is None:
+        return getattr(client, method)(path)
+    return getattr(client, method)(path, data=json.dumps(body), content_type="application/json")
+
+
+def mcp(token: str):
+    from mcp_server.protocol import MODERN, TASKS_EXT
+
+    meta = {"io.modelcontextprotocol/protocolVersion": MODERN,
+            "io.modelcontextprotocol/clientCapabilities": {"extensions": {TASKS_EXT: {}}}}
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": meta}}
+    return Client().post("/mcp", data=json.dumps(body), content_type="application/json",
+                         headers={"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream",
+                                  "MCP-Protocol-Version": MODERN, "Mcp-Method": "tools/list"})
+
+
+def sse(token: str, task: Task):
+    """The SSE connect: only its status matters here (a 200 is a stream the test never reads)."""
+    response = Client().get(f"/runtime/tasks/{task.id}/events", headers={"Authorization": f"Bearer {token}"})
+    if response.streaming:
+        response.close()
+    return response
+
+
+def statuses(token: str, task: Task) -> tuple[int, int, int]:
+    return rest(token).status_code, mcp(token).status_code, sse(token, task).status_code
+
+
+def test_a_key_stops_working_the_moment_its_user_is_deactivated(alice):
+    task = new_task(alice)
+    assert statuses(alice.token, task) == (200, 200, 200)
+    get_user_model().objects.filter(pk=alice.user.pk).update(is_active=False)
+    assert statuses(alice.token, task) == (401, 401, 401)
+    assert "deactivated" in rest(alice.token).json()["error"]["message"]
+
+
+def test_a_key_stops_working_the_moment_its_user_leaves_the_tenant(alice):
+    task = new_task(alice)
+    Membership.objects.filter(user=alice.user, tenant=alice.tenant).delete()
+    assert statuses(alice.token, task) == (401, 401, 401)
+    assert "no longer a member" in rest(alice.token).json()["error"]["message"]
+
+
+def test_a_demoted_member_s_key_acts_with_the_lower_role(alice):
+    Membership.objects.filter(user=alice.user).update(role="viewer")
+    assert rest(alice.token).status_code == 200
+    assert rest(alice.token, "post", body={"agent": "noop", "input": {"steps": 1}}).status_code == 403
+
+
+def test_an_expired_key_is_refused(alice):
+    task = new_task(alice)
+    ApiKey.objects.filter(user=alice.user).update(expires_at=timezone.now() - timedelta(seconds=1))
+    assert statuses(alice.token, task) == (401, 401, 401)
+    assert "expired" in rest(alice.token).json()["error"]["message"]
+
+
+def test_last_used_is_written_once_a_minute_not_on_every_request(alice):
+    key = ApiKey.objects.get(user=alice.user)
+    assert key.last_used_at is None
+    assert rest(alice.token).status_code == 200
+    first = ApiKey.objects.get(pk=key.pk).last_used_at
+    assert first is not None
+    with CaptureQueriesContext(connection) as queries:
+        for _ in range(3):
+            assert rest(alice.token).status_code == 200
+    assert not [q for q in queries.captured_queries if q["sql"].startswith('UPDATE "tasks_app_apikey"')]
+    assert ApiKey.objects.get(pk=key.pk).last_used_at == first
+    ApiKey.objects.filter(pk=key.pk).update(last_used_at=first - timedelta(seconds=61))
+    assert rest(alice.token).status_code == 200
+    assert ApiKey.objects.get(pk=key.pk).last_used_at > first
+
+
+def make_key(persona, **body) -> dict:
+    response = rest(persona.token, "post", "/runtime/keys", {"name": "narrow", **body})
+    assert response.status_code == 201, response.content
+    return response.json()
+
+
+def test_a_read_scoped_key_reads_but_cannot_start_or_steer(alice):
+    read = make_key(alice, scopes=["read"])
+    assert read["scopes"] == ["read"] and read["role"] == "operator"
+    assert rest(read["token"]).status_code == 200
+    started = rest(read["token"], "post", body={"agent": "noop", "input": {"steps": 1}})
+    assert started.status_code == 403
+    # and it cannot mint itself a wider key
+    wider = rest(read["token"], "post", "/runtime/keys", {"name": "wider", "scopes": ["read", "operate"]})
+    assert wider.status_code == 400 and "beyond this key" in wider.json()["error"]["message"]
+    assert rest(alice.token, "post", "/runtime/keys", {"name": "x", "role": "admin"}).status_code == 400
+
+
+def waiting_task(persona, kind: str) -> tuple[Task, str]:
+    """A task stopped at an input request of this kind (the noop agent asks "continue")."""
+    task = new_task(persona, steps=6)
+    Task.objects.filter(id=task.id).update(input={"steps": 6, "askAt": 3})
+    engine.run_slice(task.id, worker_id="w1")
+    InputRequest.objects.filter(task_id=task.id, key="continue").update(kind=kind)
+    return task, "continue"
+
+
+def test_an_approve_scoped_key_approves_but_cannot_operate(alice):
+    april = make_persona("acme", "april", "approver")
+    approve = make_key(april, scopes=["approve"])
+    assert rest(approve["token"], "post", body={"agent": "noop", "input": {"steps": 1}}).status_code == 403
+    question, key = waiting_task(alice, "question")
+    assert rest(approve["token"], "post", f"/runtime/tasks/{question.id}/inputs/{key}",
+                {"answer": True}).status_code == 403
+    approval, key = waiting_task(alice, "approval")
+    answered = rest(approve["token"], "post", f"/runtime/tasks/{approval.id}/inputs/{key}", {"answer": True})
+    assert answered.status_code == 202, answered.content
+    # an operator-only key may not approve
+    operate = make_key(alice, scopes=["operate"])
+    other, key = waiting_task(alice, "approval")
+    assert rest(operate["token"], "post", f"/runtime/tasks/{other.id}/inputs/{key}", {"answer": True}).status_code == 403
+
+
+def test_rotation_keeps_two_keys_live_until_the_old_one_expires(alice, settings):
+    settings.RUNTIME = {**settings.RUNTIME, "security": {**settings.RUNTIME["security"],
+                                                         "key_rotation_grace_seconds": 3600}}
+    old = ApiKey.objects.get(user=alice.user)
+    rotated = rest(alice.token, "post", f"/runtime/keys/{old.prefix}/rotate")
+    assert rotated.status_code == 201, rotated.content
+    body = rotated.json()
+    assert body["rotatedFrom"] == old.prefix and body["previous"]["expiresAt"] is not None
+    expires = ApiKey.objects.get(pk=old.pk).expires_at
+    assert timedelta(minutes=59) < expires - timezone.now() <= timedelta(hours=1)
+    assert rest(alice.token).status_code == 200 and rest(body["token"]).status_code == 200  # both live
+    ApiKey.objects.filter(pk=old.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    assert rest(alice.token).status_code == 401 and rest(body["token"]).status_code == 200
+
+
+def test_the_keys_api_lists_revokes_and_hides_other_users_keys(alice, victor, mallory):
+    mine = make_key(alice, scopes=["read"], expiresAt=(timezone.now() + timedelta(days=1)).isoformat())
+    assert "token" not in rest(alice.token, path="/runtime/keys").json()["keys"][0]
+    listed = {k["id"] for k in rest(alice.token, path="/runtime/keys").json()["keys"]}
+    victors = ApiKey.objects.get(user=victor.user).prefix
+    assert mine["id"] in listed and victors not in listed
+    assert rest(alice.token, "delete", f"/runtime/keys/{victors}").status_code == 404
+    assert rest(mallory.token, "delete", f"/runtime/keys/{mine['id']}").status_code == 404  # another tenant
+    assert rest(mine["token"]).status_code == 200
+    revoked = rest(alice.token, "delete", f"/runtime/keys/{mine['id']}")
+    assert revoked.status_code == 200 and revoked.json()["revokedAt"] is not None
+    assert rest(mine["token"]).status_code == 401
+    past = rest(alice.token, "post", "/runtime/keys", {"name": "old", "expiresAt": "2020-01-01T00:00:00Z"})
+    assert past.status_code == 400 and "future" in past.json()["error"]["message"]
+    admin = make_persona("acme", "ada", "admin")
+    assert victors in {k["id"] for k in rest(admin.token, path="/runtime/keys").json()["keys"]}
+
+
+def test_the_admin_makes_a_key_showing_its_token_once_and_rotates_and_revokes(alice):
+    staff = get_user_model().objects.create_superuser("root", "root@example.com", "pw-root-123")
+    browser = Client()
+    browser.force_login(staff)
+    added = browser.post("/admin/tasks_app/apikey/add/", {"tenant": alice.tenant.pk, "user": alice.user.pk,
+                                                         "role": "viewer", "name": "exporter", "scopes": ["read"]},
+                         follow=True)
+    assert added.status_code == 200
+    token = re.search(r"rt_[0-9a-f]{12}_[A-Za-z0-9_\-]+", added.content.decode()).group(0)
+    assert rest(token).status_code == 200
+    assert rest(token, "post", body={"agent": "noop", "input": {"steps": 1}}).status_code == 403
+    key = ApiKey.objects.get(name="exporter")
+    rotated = browser.post("/admin/tasks_app/apikey/", {"action": "rotate", "_selected_action": [key.pk]}, follow=True)
+    new_token = re.search(r"rt_[0-9a-f]{12}_[A-Za-z0-9_\-]+", rotated.content.decode()).group(0)
+    assert new_token != token and rest(new_token).status_code == 200 and rest(token).status_code == 200
+    browser.post("/admin/tasks_app/apikey/", {"action": "revoke", "_selected_action": [key.pk]}, follow=True)
+    assert rest(token).status_code == 401 and rest(new_token).status_code == 200
+    wide = browser.post("/admin/tasks_app/apikey/add/", {"tenant": alice.tenant.pk, "user": alice.user.pk,
+                                                        "role": "viewer", "name": "wide", "scopes": ["approve"]})
+    assert wide.status_code == 200 and "beyond the viewer role" in wide.content.decode()

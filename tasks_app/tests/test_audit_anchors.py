@@ -1,0 +1,148 @@
+"""Audit anchors against real PostgreSQL: someone who can write the database rewrites, edits or
+deletes the audit, and verify_audit tells, because the signed heads live outside it."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection
+
+from common.canonical import canonical_json
+from runtime_site.blobstore import blob_store
+from tasks_app import audit, engine
+from tasks_app.actions import do_create_task
+from tasks_app.audit import verify_chain
+from tasks_app.models import AuditRecord, Task
+from tasks_app.tasks import anchor_audit
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def anchors_dir(settings, tmp_path: Path):  # noqa: ANN001, ANN201
+    """A blob store of this test's own, and a known key."""
+    settings.RUNTIME_BLOB_DIR = tmp_path / "blobs"
+    settings.RUNTIME_AUDIT_KEY = "key-one-" + "x" * 32
+    settings.RUNTIME_AUDIT_RETIRED_KEYS = []
+    blob_store.cache_clear()
+    yield tmp_path / "blobs" / audit.ANCHOR_PREFIX
+    blob_store.cache_clear()
+
+
+def finished_task(persona, steps: int = 3) -> Task:  # noqa: ANN001
+    task, _ = do_create_task(persona.tenant, actor="user:test", agent="noop", input={"steps": steps})
+    while engine.run_slice(task.id, worker_id="w1") is engine.SliceOutcome.CONTINUE:
+        pass
+    return Task.objects.get(id=task.id)
+
+
+def verify_audit_problems() -> str:
+    """verify_audit's complaints, one a line, or "" when everything verifies."""
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        call_command("verify_audit", stdout=out, stderr=err)
+    except CommandError as exc:
+        return f"{err.getvalue()}{exc}"
+    assert " 0 broken" in out.getvalue()
+    return ""
+
+
+def rewrite_chain_with_sql(task: Task) -> None:
+    """What an attacker with database access does: change a record, then recompute every hash
+    after it and the task's head, in plain SQL, so that the chain verifies again."""
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE tasks_app_auditrecord SET reason = 'nothing happened here' "
+                       "WHERE task_id = %s AND seq = 2", [task.id])
+        prev = audit.GENESIS
+        for record in AuditRecord.objects.filter(task=task).order_by("seq"):
+            record.prev_hash = prev
+            fields = record.chained_fields()
+            prev = hashlib.sha256(canonical_json(fields).encode()).hexdigest()
+            cursor.execute("UPDATE tasks_app_auditrecord SET prev_hash = %s, hash = %s WHERE id = %s",
+                           [record.prev_hash, prev, record.id])
+        cursor.execute("UPDATE tasks_app_task SET audit_head = %s WHERE id = %s", [prev, task.id])
+
+
+def test_a_rewrite_with_recomputed_hashes_is_caught_by_the_anchor(alice):
+    task = finished_task(alice)
+    assert audit.anchor_heads() is not None
+    assert verify_audit_problems() == ""
+
+    rewrite_chain_with_sql(task)
+
+    assert verify_chain(Task.objects.get(id=task.id)) is None  # the chain alone is fooled
+    problems = verify_audit_problems()
+    assert f"task {task.id}: record {task.audit_seq}: differs from its anchor" in problems
+    assert "chain rewritten" in problems
+
+
+def test_an_edited_record_is_named_by_the_chain_and_by_the_anchor(alice):
+    task = finished_task(alice)
+    audit.anchor_heads()
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE tasks_app_auditrecord SET data = '{\"approved\": true}' "
+                       "WHERE task_id = %s AND seq = 2", [task.id])
+    problems = verify_audit_problems()
+    assert f"task {task.id}: record 2: content does not match its hash (edited)" in problems
+
+
+def test_deleted_records_and_a_deleted_task_are_caught_by_the_anchor(alice):
+    task, other = finished_task(alice), finished_task(alice)
+    audit.anchor_heads()
+    # The newest record goes, and the head is set back to the one before: the chain verifies.
+    last = AuditRecord.objects.get(task=task, seq=task.audit_seq)
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM tasks_app_auditrecord WHERE id = %s", [last.id])
+        cursor.execute("UPDATE tasks_app_task SET audit_head = %s, audit_seq = audit_seq - 1 WHERE id = %s",
+                       [last.prev_hash, task.id])
+    assert verify_chain(Task.objects.get(id=task.id)) is None
+    Task.objects.filter(id=other.id).delete()
+
+    problems = verify_audit_problems()
+    assert "3 audit problem(s)" not in problems  # exactly two
+    assert "2 audit problem(s)" in problems
+    assert f"task {task.id}: record {task.audit_seq}: deleted (anchored in" in problems
+    assert f"task {other.id}: record {other.audit_seq}: task deleted (anchored in" in problems
+
+
+def test_an_anchor_edited_in_the_blob_store_fails_its_signature(alice, anchors_dir):
+    task = finished_task(alice)
+    key = audit.anchor_heads()
+    path = anchors_dir.parent / key
+    anchor = json.loads(path.read_text())
+    rewrite_chain_with_sql(task)
+    anchor["heads"][0]["hash"] = Task.objects.get(id=task.id).audit_head  # without the key
+    path.write_text(json.dumps(anchor))
+    assert "signature does not verify (anchor edited)" in verify_audit_problems()
+
+
+def test_a_rotated_key_still_verifies_the_old_anchors(alice, settings):
+    first = finished_task(alice)
+    audit.anchor_heads()
+    old = settings.RUNTIME_AUDIT_KEY
+
+    settings.RUNTIME_AUDIT_KEY, settings.RUNTIME_AUDIT_RETIRED_KEYS = "key-two-" + "y" * 32, [old]
+    second = finished_task(alice)
+    newer = json.loads(blob_store().get(audit.anchor_heads()))
+    assert newer["kid"] == audit.key_id(settings.RUNTIME_AUDIT_KEY) != audit.key_id(old)
+    assert [h["task"] for h in newer["heads"]] == [str(second.id)]  # only the chain that grew
+    assert verify_audit_problems() == ""
+
+    rewrite_chain_with_sql(first)  # old anchors keep their power after the rotation
+    assert f"task {first.id}: record {first.audit_seq}: differs from its anchor" in verify_audit_problems()
+
+    settings.RUNTIME_AUDIT_RETIRED_KEYS = []  # the retired key dropped too early
+    assert f"signed with unknown key '{audit.key_id(old)}'" in verify_audit_problems()
+
+
+def test_the_beat_job_anchors_only_what_grew(alice, anchors_dir, settings):
+    assert "tasks.anchor_audit" in {entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values()}
+    finished_task(alice)
+    anchor_audit()
+    anchor_audit()  # nothing grew: no second object
+    assert len(list(anchors_dir.rglob("*.json"))) == 1

@@ -1,0 +1,104 @@
+"""What flows in from a tool's answer is masked wherever it lands: a remote's 4xx body that
+quotes the payload (emails, card numbers, tokens, passwords) reaches the failure reason, the
+audit record, the terminal event, the task's error and the ledger only masked and bounded.
+The remote is a real HTTP server on loopback; the engine runs in-process on PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from ledger_app.models import LedgerEntry
+from tasks_app import engine
+from tasks_app.actions import do_create_task
+from tasks_app.models import AuditRecord, Task
+from tasks_app.redaction import MASK, RedactingFilter, redact, tool_text
+
+EMAIL, CARD, TOKEN = "ann.lee@example.com", "4111 1111 1111 1111", "ghp_" + "Z" * 36
+JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJhbm4ifQ.c2lnbmF0dXJlc2lnbmF0dXJl"
+PAYLOAD = {"customer": EMAIL, "card": CARD, "note": f"use {TOKEN}", "password": "hunter2-secret",
+           "session": JWT, "phone": "+1 555 0100", "filler": "x" * 2000}
+
+
+class EchoingRemote(BaseHTTPRequestHandler):
+    """Refuses every call with a 422 that quotes the whole request body, as many APIs do."""
+
+    def do_POST(self) -> None:  # noqa: N802
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode()
+        data = json.dumps({"error": "invalid customer", "received": body}).encode()
+        self.send_response(422)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def remote() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), EchoingRemote)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/customers"
+    server.shutdown()
+    server.server_close()
+
+
+def leaked(text: str) -> list[str]:
+    return [v for v in (EMAIL, CARD, TOKEN, "hunter2-secret", JWT, "555 0100") if v in text]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_remote_error_body_quoting_the_payload_lands_masked_and_bounded(alice, remote, settings):
+    settings.RUNTIME = {**settings.RUNTIME, "security": {**settings.RUNTIME["security"],
+                                                         "http_allowlist": ["127.0.0.1"]}}
+    task, _ = do_create_task(alice.tenant, actor="user:test", agent="webhook",
+                             input={"url": remote, "payload": PAYLOAD, "count": 1})
+    while engine.run_slice(task.id, worker_id="w") is engine.SliceOutcome.CONTINUE:
+        pass
+    task = Task.objects.get(id=task.id)
+    assert task.status == "failed" and "HTTP 422" in task.error["message"]
+    failed = AuditRecord.objects.get(task=task, to_status="failed")
+    terminal = task.events.get(type="terminal").data
+    entry = LedgerEntry.objects.get(task=task)
+    places = {"task error": json.dumps(task.error), "status message": task.status_message,
+              "audit reason": failed.reason, "audit data": json.dumps(failed.data),
+              "terminal event": json.dumps(terminal), "ledger error": json.dumps(entry.error)}
+    for place, text in places.items():
+        assert not leaked(text), f"{place} leaks {leaked(text)}: {text[:300]}"
+    assert MASK in task.error["message"] and "invalid customer" in task.error["message"]
+    # bounded: the 2000-character echo is cut, and says how much was left out
+    assert len(task.error["message"]) < 500 and "more characters" in task.error["message"]
+
+
+def test_values_that_look_like_secrets_or_personal_data_are_masked_in_any_text():
+    text = (f"to {EMAIL}, card {CARD}, Authorization: Bearer abcdefgh12345678, {JWT}, "
+            f"'phone': '+1 555 0100', password=hunter2-secret, order 1234567890123, task 2026-11-30")
+    masked = redact(text)
+    assert not leaked(masked) and "abcdefgh12345678" not in masked
+    # what only looks like a number stays: a non-card number (fails the checksum) and dates
+    assert "order 1234567890123" in masked and "2026-11-30" in masked
+    assert redact({"nested": [f"mail {EMAIL}"]}) == {"nested": [f"mail {MASK}"]}
+    assert tool_text("y" * 1000).endswith("(700 more characters)")
+
+
+def test_a_logged_traceback_quoting_a_tool_answer_is_masked(caplog):
+    logger = logging.getLogger("tasks_app.test_tool_redaction")
+    redacting = RedactingFilter()
+    caplog.handler.addFilter(redacting)
+    try:
+        with caplog.at_level(logging.ERROR, logger=logger.name):
+            try:
+                raise ValueError(f"remote said: customer {EMAIL} card {CARD}")
+            except ValueError:
+                logger.exception("step failed")
+    finally:
+        caplog.handler.removeFilter(redacting)
+    assert "remote said" in caplog.text and not leaked(caplog.text)

@@ -1,0 +1,174 @@
+"""Rate limits and quotas over real HTTP (the Django test client) on the shared Redis: per
+key and per tenant on REST, SSE connects and /mcp (429 + Retry-After; on /mcp the JSON-RPC
+error), the per-tenant cap on queued tasks, sign-in lockout for the dashboard and admin
+(django-axes), and that a Redis that is down or hung lets requests through, quickly."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+from django.test import Client
+
+from conftest import make_persona
+from runtime_site import ratelimit
+from mcp_server.protocol import MODERN, TASKS_EXT
+from tasks_app.models import Task
+from tasks_app.tests.test_engine import new_task
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# One window for the whole test (about 31 years): a count never resets halfway through.
+LONG_WINDOW = 10**9
+
+
+@pytest.fixture(autouse=True)
+def fresh_limiter() -> Iterator[None]:
+    ratelimit._skip_until = 0.0  # a failure in an earlier test must not switch limits off here
+    yield
+    ratelimit._skip_until = 0.0
+
+
+def limit(settings, **values: int) -> None:
+    limits = {"window_seconds": LONG_WINDOW, **{f"{s}_per_{w}": 0 for s in ratelimit.SURFACES
+                                                 for w in ("key", "tenant")}, **values}
+    settings.RUNTIME = {**settings.RUNTIME, "limits": {**settings.RUNTIME["limits"], **limits}}
+
+
+def rest(token: str, path: str = "/runtime/tasks"):
+    return Client(headers={"Authorization": f"Bearer {token}"}).get(path)
+
+
+def mcp(token: str):
+    meta = {"io.modelcontextprotocol/protocolVersion": MODERN,
+            "io.modelcontextprotocol/clientCapabilities": {"extensions": {TASKS_EXT: {}}}}
+    body = {"jsonrpc": "2.0", "id": 9, "method": "tools/list", "params": {"_meta": meta}}
+    return Client().post("/mcp", data=json.dumps(body), content_type="application/json",
+                         headers={"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream",
+                                  "MCP-Protocol-Version": MODERN, "Mcp-Method": "tools/list"})
+
+
+def sse(token: str, task: Task):
+    response = Client().get(f"/runtime/tasks/{task.id}/events", headers={"Authorization": f"Bearer {token}"})
+    if response.streaming:
+        response.close()
+    return response
+
+
+def until_refused(send, most: int = 50) -> tuple[int, object]:
+    """(requests accepted before the first refusal, that refusal)."""
+    for n in range(most):
+        response = send()
+        if response.status_code == 429:
+            return n, response
+        assert response.status_code == 200, response.content
+    raise AssertionError(f"no 429 in {most} requests")
+
+
+def test_rest_is_limited_per_key_with_retry_after(alice, settings):
+    limit(settings, rest_per_key=5)
+    accepted, refused = until_refused(lambda: rest(alice.token))
+    assert accepted == 5
+    assert refused.json()["error"]["code"] == "throttled" and "key" in refused.json()["error"]["message"]
+    assert 0 < int(refused["Retry-After"]) <= LONG_WINDOW
+    # another key of the same tenant has its own allowance
+    assert rest(make_persona("acme", "amy", "operator").token).status_code == 200
+
+
+def test_rest_is_limited_per_tenant_across_keys(alice, victor, mallory, settings):
+    limit(settings, rest_per_key=100, rest_per_tenant=8)
+    tokens = [alice.token, victor.token]
+    sent = iter(range(100))
+    accepted, refused = until_refused(lambda: rest(tokens[next(sent) % 2]))
+    assert accepted == 8 and "tenant" in refused.json()["error"]["message"]
+    assert rest(alice.token).status_code == 429 and rest(victor.token).status_code == 429
+    assert rest(mallory.token).status_code == 200  # another tenant is not held up
+
+
+def test_mcp_is_limited_with_the_json_rpc_error(alice, settings):
+    limit(settings, mcp_per_key=3)
+    accepted, refused = until_refused(lambda: mcp(alice.token))
+    assert accepted == 3
+    error = refused.json()
+    assert error["jsonrpc"] == "2.0" and error["id"] == 9 and error["error"]["code"] == ratelimit_code()
+    assert int(refused["Retry-After"]) > 0
+    assert rest(alice.token).status_code == 200  # each surface counts on its own
+
+
+def ratelimit_code() -> int:
+    from mcp_server.views import RATE_LIMITED
+
+    return RATE_LIMITED
+
+
+def test_sse_connects_are_limited(alice, settings):
+    limit(settings, sse_per_key=2)
+    task = new_task(alice)
+    accepted, refused = until_refused(lambda: sse(alice.token, task))
+    assert accepted == 2
+    assert refused.json()["error"]["code"] == "throttled" and int(refused["Retry-After"]) > 0
+
+
+def test_the_queue_cap_refuses_a_create_but_not_its_replay(alice, settings):
+    settings.RUNTIME = {**settings.RUNTIME, "limits": {**settings.RUNTIME["limits"], "queued_tasks_per_tenant": 2}}
+    client = alice.client()
+    body = {"agent": "noop", "input": {"steps": 1}}
+    first = client.post("/runtime/tasks", body, format="json", headers={"Idempotency-Key": "one"})
+    assert first.status_code == 201
+    assert client.post("/runtime/tasks", body, format="json").status_code == 201
+    third = client.post("/runtime/tasks", body, format="json")
+    assert third.status_code == 429 and third.json()["error"]["code"] == "quota_exceeded"
+    replay = client.post("/runtime/tasks", body, format="json", headers={"Idempotency-Key": "one"})
+    assert replay.status_code == 200 and replay.json()["taskId"] == first.json()["taskId"]
+    assert Task.objects.filter(tenant=alice.tenant).count() == 2
+    Task.objects.filter(tenant=alice.tenant).update(status="working")  # they started: room again
+    assert client.post("/runtime/tasks", body, format="json").status_code == 201
+
+
+@pytest.fixture
+def hung_redis() -> Iterator[str]:
+    """A port that accepts connections and never answers: a frozen Redis."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    yield f"redis://127.0.0.1:{server.getsockname()[1]}/0"
+    server.close()
+
+
+@pytest.mark.parametrize("down", ["refused", "hung"])
+def test_a_redis_that_is_down_or_hung_lets_requests_through_quickly(alice, settings, caplog, hung_redis, down):
+    limit(settings, rest_per_key=1, mcp_per_key=1)
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        refused_url = f"redis://127.0.0.1:{probe.getsockname()[1]}/0"
+    settings.REDIS_URL = refused_url if down == "refused" else hung_redis
+    with caplog.at_level(logging.WARNING, logger="runtime_site.ratelimit"):
+        started = time.monotonic()
+        statuses = [rest(alice.token).status_code for _ in range(5)] + [mcp(alice.token).status_code]
+        elapsed = time.monotonic() - started
+    assert statuses == [200] * 6  # fail open: over the limit of 1, and no 500
+    assert "rate limits not enforced" in caplog.text
+    # one Redis timeout at most (0.25 s), then Redis is left alone: no wait per request
+    assert elapsed < 5, elapsed
+
+
+def login(path: str, username: str, password: str):
+    return Client().post(path, {"username": username, "password": password})
+
+
+@pytest.mark.parametrize("path", ["/dashboard/login/", "/admin/login/"])
+def test_sign_in_locks_out_after_repeated_wrong_passwords(alice, path):
+    alice.user.set_password("right-pw-123")
+    alice.user.is_staff = True
+    alice.user.save()
+    assert login(path, "alice", "right-pw-123").status_code == 302  # signs in
+    wrong = [login(path, "alice", "wrong").status_code for _ in range(6)]
+    assert wrong == [200] * 4 + [429] * 2  # the form again, until the 5th failure locks the name
+    locked = login(path, "alice", "right-pw-123")
+    assert locked.status_code == 429  # the right password no longer helps
+    other = "/admin/login/" if path.startswith("/dashboard") else "/dashboard/login/"
+    assert login(other, "alice", "right-pw-123").status_code == 429  # one lockout for both
