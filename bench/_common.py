@@ -45,15 +45,15 @@ def setup(**overrides: str) -> None:
     django.setup()
 
 
-def start(args: list[str], log: Path | None = None, **env: str) -> subprocess.Popen[bytes]:
+def start(args: list[str], log: Path | None = None, cwd: Path = ROOT, **env: str) -> subprocess.Popen[bytes]:
     out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 (lives as long as the process)
-    return subprocess.Popen([sys.executable, "-m", *args], cwd=ROOT, env={**os.environ, **env}, stdout=out,
+    return subprocess.Popen([sys.executable, "-m", *args], cwd=cwd, env={**os.environ, **env}, stdout=out,
                             stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def worker(log: Path | None = None, *extra: str, **env: str) -> subprocess.Popen[bytes]:
+def worker(log: Path | None = None, *extra: str, cwd: Path = ROOT, **env: str) -> subprocess.Popen[bytes]:
     return start(["celery", "-A", "runtime_site", "worker", "-Q", "steps,maintenance", "-l", "WARNING",
-                  "--without-gossip", "--without-mingle", "-c", "1", *extra], log, **env)
+                  "--without-gossip", "--without-mingle", "-c", "1", *extra], log, cwd, **env)
 
 
 def wait(predicate: Callable[[], object], timeout: float = 600, interval: float = 0.01) -> None:
@@ -90,13 +90,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def web(logs: Path, **env: str) -> tuple[subprocess.Popen[bytes], str]:
-    """A uvicorn process on a free port, once it answers: (process, base URL)."""
+def web(logs: Path, *extra: str, cwd: Path = ROOT, **env: str) -> tuple[subprocess.Popen[bytes], str]:
+    """A uvicorn process on a free port, once it answers: (process, base URL). `cwd`: the
+    code it runs (another checkout, for a before/after comparison)."""
     import httpx
 
     port = free_port()
-    proc = start(["uvicorn", "runtime_site.asgi:application", "--port", str(port), "--log-level", "warning"],
-                 logs / "web.log", **env)
+    proc = start(["uvicorn", "runtime_site.asgi:application", "--port", str(port), "--log-level", "warning", *extra],
+                 logs / "web.log", cwd, **env)
     base = f"http://127.0.0.1:{port}"
 
     def up() -> bool:

@@ -79,6 +79,7 @@ class _Run:
     every_steps: int = 10
     max_interval: float = 60.0
     checkpoint_clock: float = field(default_factory=time.monotonic)
+    renewed_at: float = field(default_factory=time.monotonic)  # the last lease renewal by a step's commit
     progress_sent_at: float = 0.0  # progress events are coalesced to one per interval ...
     progress_unsent: bool = False  # ... and the latest value is flushed when the slice stops
 
@@ -417,7 +418,8 @@ def _wait_for_input(run: _Run, need: agents.InputNeeded) -> None:
 def _commit_step(run: _Run, ctx: agents.StepContext, new_state: dict[str, Any], began: Any, ms: float) -> None:
     """One transaction per step: a compare-and-set on the lease epoch (the fence) that also
     records progress and reserves the step's event seqs, then the step row, the events and
-    a checkpoint when the policy says so. Four statements on the hot path.
+    a checkpoint when the policy says so. On PostgreSQL a step with no events and no
+    checkpoint due is one statement (leases.fenced_write), one round trip.
 
     A step at or below the high-water mark ran before, in a run that crashed before its
     checkpoint: it becomes the next attempt of that sequence, and what it reports was shown
@@ -428,8 +430,13 @@ def _commit_step(run: _Run, ctx: agents.StepContext, new_state: dict[str, Any], 
     since = sequence - (run.checkpoint_sequence or 0)
     due = since >= run.every_steps or time.monotonic() - run.checkpoint_clock >= run.max_interval
     items: list[tuple[str, dict[str, Any]]] = []
-    fields: dict[str, Any] = {"steps_done": Greatest(F("steps_done"), sequence),
-                              "lease_expires_at": leases.deadline(settings.RUNTIME_LEASE_SECONDS)}
+    fields: dict[str, Any] = {"steps_done": Greatest(F("steps_done"), sequence)}
+    if time.monotonic() - run.renewed_at >= settings.RUNTIME_HEARTBEAT_SECONDS:
+        # Renewed here as often as the heartbeat renews, not at every step: lease_expires_at
+        # is indexed, and a write to it cannot be a HOT update (a new entry in each of the
+        # task table's indexes, at every step); steps_done and event_seq are not.
+        fields["lease_expires_at"] = leases.deadline(settings.RUNTIME_LEASE_SECONDS)
+        run.renewed_at = time.monotonic()
     if ctx.cost:
         fields["cost"] = F("cost") + ctx.cost
         run.task.cost += ctx.cost
@@ -451,28 +458,41 @@ def _commit_step(run: _Run, ctx: agents.StepContext, new_state: dict[str, Any], 
             run.progress_unsent = True
     items += [("log", {"step": sequence, **entry}) for entry in ctx.logs]
     items += [("artifact", {"step": sequence, **artifact}) for artifact in ctx.artifacts]
+    step = Step(
+        tenant_id=run.task.tenant_id, task_id=run.task.id, sequence=sequence, attempt=1, name=ctx.step_name,
+        status=Step.StepStatus.SUCCEEDED, worker=run.lease.worker_id, lease_epoch=run.lease.epoch, started_at=began,
+        finished_at=timezone.now(), duration_ms=ms, output=ctx.summary)
+    fields["event_seq"] = F("event_seq") + len(items)
+    if not (items or due or rerun):
+        # The common step: fence, progress and step row in one statement, its own transaction.
+        _took_step(run, ctx, new_state, sequence, leases.fenced_write(run.lease, fields, returning=FRESH, insert=step))
+        return
     with transaction.atomic(durable=True):
-        leases.fenced_update(run.lease, event_seq=F("event_seq") + len(items), **fields)
-        fresh = Task.objects.values("event_seq", "cancel_requested", "cancel_reason", "steering_head",
-                                    "steps_done").get(id=run.task.id)
-        attempt = 1
         if rerun:  # after the attempts before it (the fence's row lock keeps this race-free)
-            attempt += Step.objects.filter(task_id=run.task.id, sequence=sequence).aggregate(
+            fresh = leases.fenced_write(run.lease, fields, returning=FRESH)
+            step.attempt += Step.objects.filter(task_id=run.task.id, sequence=sequence).aggregate(
                 n=Max("attempt"))["n"] or 0
-        Step.objects.create(
-            tenant_id=run.task.tenant_id, task_id=run.task.id, sequence=sequence, attempt=attempt,
-            name=ctx.step_name, status=Step.StepStatus.SUCCEEDED, worker=run.lease.worker_id,
-            lease_epoch=run.lease.epoch, started_at=began, finished_at=timezone.now(), duration_ms=ms,
-            output=ctx.summary,
-        )
+            step.save(force_insert=True)
+        else:
+            fresh = leases.fenced_write(run.lease, fields, returning=FRESH, insert=step)
         if items:
             events.store(run.task, fresh["event_seq"] - len(items) + 1, items)
-        run.state, run.sequence, run.last_step_name = new_state, sequence, ctx.step_name
-        run.task.event_seq, run.task.steps_done = fresh["event_seq"], fresh["steps_done"]
-        run.task.cancel_requested, run.task.cancel_reason = fresh["cancel_requested"], fresh["cancel_reason"]
-        run.task.steering_head = fresh["steering_head"]
+        _took_step(run, ctx, new_state, sequence, fresh)
         if due:
             _checkpoint(run, run.task, "every_steps" if since >= run.every_steps else "interval")
+
+
+# What a step's commit reads back from the task row: what others changed since (events
+# appended by steering, a cancel, new commands) and the high-water mark.
+FRESH = ("event_seq", "cancel_requested", "cancel_reason", "steering_head", "steps_done")
+
+
+def _took_step(run: _Run, ctx: agents.StepContext, new_state: dict[str, Any], sequence: int,
+               fresh: dict[str, Any]) -> None:
+    run.state, run.sequence, run.last_step_name = new_state, sequence, ctx.step_name
+    run.task.event_seq, run.task.steps_done = fresh["event_seq"], fresh["steps_done"]
+    run.task.cancel_requested, run.task.cancel_reason = fresh["cancel_requested"], fresh["cancel_reason"]
+    run.task.steering_head = fresh["steering_head"]
 
 
 def _progress(task: Task, sequence: int) -> dict[str, Any]:

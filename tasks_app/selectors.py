@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import Exists, OuterRef, Prefetch, QuerySet, Subquery
+
 from tasks_app.models import Task
 
 
@@ -13,12 +15,41 @@ def task_urls(task: Task) -> dict[str, str]:
             "artifactsUrl": f"{base}/artifacts"}
 
 
+def with_snapshot(tasks: QuerySet[Task], *, prefetch_inputs: bool = False) -> QuerySet[Task]:
+    """`tasks` with what task_snapshot reads beside the row, in the row's own query: the
+    newest checkpoint's sequence and whether an input request is open (its rows are read
+    only then). A snapshot read is one query instead of three; with prefetch_inputs (a
+    list) the open requests of a whole page come in one more query, not one per task."""
+    from checkpoints_app.models import Checkpoint
+    from steering_app.models import InputRequest, InputStatus
+
+    tasks = tasks.annotate(
+        snapshot_last_checkpoint=Subquery(_last_checkpoint(Checkpoint.objects.filter(task_id=OuterRef("id")))[:1]),
+        snapshot_inputs_open=Exists(InputRequest.objects.filter(task_id=OuterRef("id"), status=InputStatus.OPEN)))
+    if prefetch_inputs:
+        tasks = tasks.prefetch_related(Prefetch("input_requests", to_attr="snapshot_open_inputs", queryset=(
+            InputRequest.objects.filter(status=InputStatus.OPEN).order_by("id"))))
+    return tasks
+
+
+def _last_checkpoint(checkpoints: QuerySet[Any]) -> QuerySet[Any]:
+    return checkpoints.filter(discarded=False).order_by("-sequence", "-id").values_list("sequence", flat=True)
+
+
 def task_snapshot(task: Task) -> dict[str, Any]:
     from checkpoints_app.models import Checkpoint
     from steering_app.models import InputRequest, InputStatus
 
-    last = Checkpoint.objects.filter(task_id=task.id, discarded=False).order_by("-sequence", "-id").values_list(
-        "sequence", flat=True).first()
+    if hasattr(task, "snapshot_last_checkpoint"):  # read by with_snapshot()
+        last = task.snapshot_last_checkpoint
+    else:
+        last = _last_checkpoint(Checkpoint.objects.filter(task_id=task.id)).first()
+    if hasattr(task, "snapshot_open_inputs"):
+        inputs = task.snapshot_open_inputs
+    elif getattr(task, "snapshot_inputs_open", True):
+        inputs = InputRequest.objects.filter(task_id=task.id, status=InputStatus.OPEN).order_by("id")
+    else:
+        inputs = []
     return {
         "taskId": str(task.id),
         "agent": task.agent,
@@ -39,10 +70,7 @@ def task_snapshot(task: Task) -> dict[str, Any]:
         "error": task.error,
         "goal": task.goal,
         "constraints": task.constraints,
-        "inputRequests": [
-            {"key": r.key, "prompt": r.prompt, "schema": r.answer_schema}
-            for r in InputRequest.objects.filter(task_id=task.id, status=InputStatus.OPEN).order_by("id")
-        ],
+        "inputRequests": [{"key": r.key, "prompt": r.prompt, "schema": r.answer_schema} for r in inputs],
         "createdAt": task.created_at.isoformat() if task.created_at else None,
         "updatedAt": task.updated_at.isoformat() if task.updated_at else None,
         "expiresAt": task.expires_at.isoformat() if task.expires_at else None,

@@ -6,6 +6,7 @@ import re
 from typing import Any
 from uuid import UUID
 
+from django.db.models import QuerySet
 from django.http import Http404
 from django.utils.dateparse import parse_datetime
 from drf_spectacular.utils import extend_schema
@@ -22,19 +23,20 @@ from steering_app.actions import do_cancel_task
 from tasks_app.actions import do_create_task
 from tasks_app.auth import principal, require_role
 from tasks_app.models import AuditRecord, Role, Task
-from tasks_app.selectors import task_snapshot, task_urls
+from tasks_app.selectors import task_snapshot, task_urls, with_snapshot
 from tasks_app.states import Status
 
 IDEMPOTENCY_KEY = re.compile(r"^[A-Za-z0-9._:\-]{1,200}\Z")  # \Z: "$" would let a trailing newline in
 
 
-def tenant_task(request: Request, task_id: str) -> Task:
-    """The caller's tenant's task; anything else (other tenant, bad id) is a plain 404."""
+def tenant_task(request: Request, task_id: str, tasks: QuerySet[Task] | None = None) -> Task:
+    """The caller's tenant's task (out of `tasks`, all by default); anything else (other
+    tenant, bad id) is a plain 404."""
     try:
         uuid = UUID(task_id)
     except ValueError:
         raise Http404 from None
-    task = Task.objects.filter(tenant=principal(request).tenant, id=uuid).first()
+    task = (Task.objects.all() if tasks is None else tasks).filter(tenant=principal(request).tenant, id=uuid).first()
     if task is None:
         raise Http404
     return task
@@ -93,7 +95,7 @@ class TaskListCreateApi(APIView):
         return [require_role(Role.OPERATOR if self.request.method == "POST" else Role.VIEWER)()]
 
     def get(self, request: Request) -> Response:
-        tasks = Task.objects.filter(tenant=principal(request).tenant)
+        tasks = with_snapshot(Task.objects.filter(tenant=principal(request).tenant), prefetch_inputs=True)
         if wanted := request.query_params.get("status"):
             statuses = wanted.split(",")
             if bad := [s for s in statuses if s not in Status.values]:
@@ -126,7 +128,7 @@ class TaskDetailApi(APIView):
     permission_classes = [require_role(Role.VIEWER)]
 
     def get(self, request: Request, task_id: str) -> Response:
-        return Response(task_snapshot(tenant_task(request, task_id)))
+        return Response(task_snapshot(tenant_task(request, task_id, with_snapshot(Task.objects.all()))))
 
 
 class TaskCancelApi(APIView):

@@ -108,6 +108,23 @@ def test_a_zombie_slice_commits_nothing_after_a_takeover(alice, settings):
     assert Step.objects.filter(task=task).count() == steps_before
 
 
+def test_a_step_with_nothing_else_to_write_is_one_statement(alice, settings):
+    """Fence, progress and step row in one round trip, its own transaction (was five:
+    BEGIN, the fenced UPDATE, a SELECT of the row back, the step INSERT, COMMIT)."""
+    from django.test.utils import CaptureQueriesContext
+
+    settings.RUNTIME_SLICE_STEPS = 1000
+
+    def statements(steps: int) -> int:
+        task = new_task(alice, steps=steps, checkpoint_policy={"everySteps": 1000})
+        with CaptureQueriesContext(connection) as queries:
+            assert engine.run_slice(task.id, worker_id="w1") is engine.SliceOutcome.DONE
+        assert Step.objects.filter(task=task).count() == steps
+        return len(queries.captured_queries)
+
+    assert statements(15) - statements(5) == 10
+
+
 def test_checkpoints_follow_the_policy_and_carry_valid_checksums(alice, settings):
     settings.RUNTIME_SLICE_STEPS = 7  # slice ends add checkpoints of their own
     task = new_task(alice, steps=25, checkpoint_policy={"everySteps": 5})

@@ -7,6 +7,8 @@ import uuid
 
 import pytest
 
+from checkpoints_app.models import Checkpoint
+from steering_app.models import InputRequest
 from tasks_app.models import AuditRecord, Task
 
 pytestmark = pytest.mark.django_db
@@ -157,6 +159,45 @@ def test_list_filters_by_status_and_pages_with_a_cursor(alice):
     assert [t["taskId"] for t in done] == [ids[0]]
     bad = client.get("/runtime/tasks?status=sleeping")
     assert bad.status_code == 400 and "sleeping" in bad.json()["error"]["message"]
+
+
+def _checkpoint(task: Task, sequence: int, *, discarded: bool = False) -> None:
+    Checkpoint.objects.create(tenant=task.tenant, task=task, sequence=sequence, step_name=f"s{sequence}",
+                              schema_version=1, plan_version=1, state={}, reason="every_steps", checksum="x",
+                              discarded=discarded)
+
+
+def _ask(task: Task, key: str, status: str = "open") -> None:
+    InputRequest.objects.create(tenant=task.tenant, task=task, key=key, prompt=f"{key}?", step_sequence=1,
+                                status=status)
+
+
+def test_a_snapshot_read_is_the_key_lookup_and_one_query(alice, django_assert_num_queries):
+    """The newest checkpoint and whether an input is open come with the task row; the open
+    requests are read only when there are some (it was four queries on every read)."""
+    task = Task.objects.get(id=create(alice).json()["taskId"])
+    _checkpoint(task, 4), _checkpoint(task, 7), _checkpoint(task, 9, discarded=True)
+    client = alice.client()
+    with django_assert_num_queries(2):  # the API key, the task
+        snap = client.get(f"/runtime/tasks/{task.id}").json()
+    assert (snap["lastCheckpoint"], snap["inputRequests"]) == (7, [])
+    _ask(task, "b"), _ask(task, "a"), _ask(task, "old", status="answered")
+    with django_assert_num_queries(3):  # ... and its open input requests
+        snap = client.get(f"/runtime/tasks/{task.id}").json()
+    assert [r["key"] for r in snap["inputRequests"]] == ["b", "a"]
+
+
+def test_a_list_page_costs_the_same_queries_whatever_its_length(alice, django_assert_num_queries):
+    """GET /runtime/tasks read two more queries per task (the N+1 of task_snapshot)."""
+    tasks = [Task.objects.get(id=create(alice).json()["taskId"]) for _ in range(6)]
+    for i, task in enumerate(tasks):
+        _checkpoint(task, i + 1)
+        _ask(task, f"q{i}")
+    with django_assert_num_queries(3):  # the API key, the page, the page's open input requests
+        page = alice.client().get("/runtime/tasks?limit=6").json()["results"]
+    by_id = {t["taskId"]: t for t in page}
+    assert [by_id[str(t.id)]["lastCheckpoint"] for t in tasks] == [1, 2, 3, 4, 5, 6]
+    assert [[r["key"] for r in by_id[str(t.id)]["inputRequests"]] for t in tasks] == [[f"q{i}"] for i in range(6)]
 
 
 def test_cancel_of_an_unleased_task_is_immediate_and_audited(alice):

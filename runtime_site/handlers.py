@@ -1,0 +1,59 @@
+"""The web process's ASGI handler: a sync view runs with its whole middleware chain in one
+thread, an async view (/mcp) on the event loop.
+
+Django's ASGIHandler runs the middleware chain in async mode: every MiddlewareMixin
+(sessions, CSRF, auth, messages ...) hops to a thread for its process_request and again
+for its process_response, and a sync middleware or view in between hops back. That is
+some fifteen thread hops for one sync REST request, each a wake-up through the event loop
+and a wait for the GIL: one web process served ~100 snapshot reads/s with 50 readers
+queueing 0.5 s, and /healthz, which does nothing, took 4 ms idle (bench/api.py). Loaded
+in sync mode, the chain is one hop: the request's thread runs every middleware and the
+view in a row, as under WSGI.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from asgiref.sync import iscoroutinefunction, sync_to_async
+from django.core.handlers import base
+from django.core.handlers.asgi import ASGIHandler
+from django.http import HttpRequest, HttpResponseBase
+from django.urls import Resolver404, get_resolver
+
+
+class SyncChainHandler(ASGIHandler):
+    """ASGIHandler whose middleware chain is loaded for sync views and run in one hop."""
+
+    def __init__(self) -> None:
+        base.BaseHandler.__init__(self)
+        self.load_middleware(is_async=False)
+
+    async def get_response_async(self, request: HttpRequest) -> HttpResponseBase:
+        # thread_sensitive: the request's own thread (ASGIHandler's ThreadSensitiveContext),
+        # the one request_started/request_finished close its database connection in.
+        return await sync_to_async(self.get_response, thread_sensitive=True)(request)
+
+
+class ByViewKind:
+    """Sends each HTTP request to the handler for its view's kind: async views (and anything
+    not HTTP) to Django's own ASGIHandler, every other request to SyncChainHandler."""
+
+    def __init__(self) -> None:
+        self.async_handler = ASGIHandler()
+        self.sync_handler = SyncChainHandler()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        handler = self.async_handler if scope["type"] != "http" or _async_view(scope) else self.sync_handler
+        await handler(scope, receive, send)
+
+
+def _async_view(scope: dict[str, Any]) -> bool:
+    path, root = scope["path"], scope.get("root_path", "")
+    if root and path.startswith(root):
+        path = path[len(root):]
+    try:
+        match = get_resolver().resolve(path)
+    except Resolver404:
+        return False  # a 404 page, rendered by the sync chain
+    return iscoroutinefunction(match.func)
