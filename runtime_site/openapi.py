@@ -20,6 +20,7 @@ from drf_spectacular.utils import (
 from rest_framework import serializers
 
 from common import json_safety
+from tasks_app.models import Role, Scope
 from tasks_app.states import Status
 
 
@@ -42,7 +43,8 @@ class ErrorDetail(serializers.Serializer):
             "message": serializers.CharField(),
             "fields": serializers.JSONField(required=False, help_text="invalid_request: each field's problem"),
             "currentVersion": serializers.IntegerField(required=False, help_text="version_conflict"),
-            "snapshot": serializers.JSONField(required=False, help_text="version_conflict: the task as it is now"),
+            "snapshot": serializers.JSONField(required=False, help_text="version_conflict, command_refused: the "
+                                                                         "task as it is now"),
             "status": serializers.CharField(required=False, help_text="not_finished: the MCP status"),
             "runtimeStatus": serializers.CharField(required=False, help_text="not_finished"),
         }
@@ -57,10 +59,14 @@ def _error(description: str) -> OpenApiResponse:
 
 
 # Every operation may answer these: a bad parameter or body, no or a bad key, a role too low,
-# and the database briefly unavailable (Retry-After).
+# the key's or tenant's request rate reached (runtime_site/ratelimit.py, config/runtime.yaml
+# `limits`), and the database briefly unavailable. 429 and 503 carry Retry-After (see postprocess).
+RATE_LIMITED = "the key's or the tenant's request rate limit is reached (throttled); retry after Retry-After"
 COMMON = {400: _error("invalid request (the error names the field)"), 401: _error("no or an invalid API key"),
-          403: _error("the key's role does not allow this"), 503: _error("the database is unavailable; retry")}
+          403: _error("the key's role does not allow this"), 429: _error(RATE_LIMITED),
+          503: _error("the database is unavailable; retry")}
 ON_TASK = {**COMMON, 404: _error("no such task in the key's tenant")}
+ON_KEY = {**COMMON, 404: _error("no such key among those this key may manage")}
 
 
 # --- Answers -------------------------------------------------------------------------------------
@@ -167,6 +173,37 @@ class SteeringCommandOut(serializers.Serializer):
     outcome = serializers.CharField(allow_blank=True)
     createdAt = serializers.DateTimeField()  # noqa: N815
     appliedAt = serializers.DateTimeField(allow_null=True)  # noqa: N815
+    killPolicy = inline_serializer("KillPolicy", {  # noqa: N815
+        "cut": serializers.ListField(child=serializers.CharField(), help_text="tools cut mid-call"),
+        "finishFirst": serializers.ListField(child=serializers.CharField(),
+                                             help_text="tools whose call in flight returns first"),
+        "default": serializers.CharField(help_text="cut or finish_first: what any other tool gets"),
+        "graceSeconds": serializers.FloatField(),
+    }, required=False, help_text="kill only: what the kill does to a tool call in flight (config/runtime.yaml kill)")
+
+
+class KeyOut(serializers.Serializer):
+    """tasks_app.api.keys.key_body."""
+
+    id = serializers.CharField(help_text="the key's public prefix (rt_<id>_...)")
+    name = serializers.CharField()
+    role = serializers.ChoiceField(choices=Role.choices)
+    scopes = serializers.ListField(child=serializers.ChoiceField(choices=Scope.choices), allow_null=True,
+                                   help_text="null: all its role allows")
+    userId = serializers.IntegerField()  # noqa: N815
+    createdAt = serializers.DateTimeField()  # noqa: N815
+    expiresAt = serializers.DateTimeField(allow_null=True)  # noqa: N815
+    lastUsedAt = serializers.DateTimeField(allow_null=True)  # noqa: N815
+    revokedAt = serializers.DateTimeField(allow_null=True)  # noqa: N815
+    rotatedFrom = serializers.CharField(allow_null=True, help_text="the id of the key it replaced")  # noqa: N815
+
+
+class KeyIssued(KeyOut):
+    token = serializers.CharField(help_text="the whole key, shown this once (only its hash is stored)")
+
+
+class KeyRotated(KeyIssued):
+    previous = KeyOut(help_text="the replaced key, expiring after security.key_rotation_grace_seconds")
 
 
 def _list_of(name: str, item: type[serializers.Serializer], **extra: serializers.Field) -> serializers.Serializer:
@@ -221,7 +258,9 @@ TaskListCreateSchema = _view(
                                      description="the same key and body again: the same task (200)")],
         responses={201: TaskCreated, 200: OpenApiResponse(TaskCreated, description="replayed by Idempotency-Key"),
                    422: _error("unknown agent, input not matching the agent's schema, or an "
-                               "Idempotency-Key reused with another body"), **COMMON}),
+                               "Idempotency-Key reused with another body"),
+                   **COMMON, 429: _error(RATE_LIMITED + "; or the tenant's queued tasks are at "
+                                         "limits.queued_tasks_per_tenant (quota_exceeded, no Retry-After)")}),
 )
 TaskDetailSchema = _view(
     "tasks_app.api.views.TaskDetailApi",
@@ -249,11 +288,17 @@ TaskSteeringSchema = _view(
     get=dict(operation_id="listSteeringCommands", summary="A task's steering commands, in order",
              parameters=[TASK_ID], responses={200: _list_of("SteeringCommandList", SteeringCommandOut), **ON_TASK}),
     post=dict(
-        operation_id="steerTask", summary="Pause, resume, adjust, re-plan or answer (applied at a safe point)",
+        operation_id="steerTask",
+        summary="Pause, resume, adjust, re-plan, answer (applied at a safe point) or kill (at once)",
+        description="`kill` is the emergency stop: it aborts the running step without waiting for a safe "
+                    "point, needs a `reason` (else 422 invalid_payload), and its answer carries the "
+                    "`killPolicy`, what it does to a tool call in flight.",
         parameters=[TASK_ID], request=VIEW_INPUT,
         responses={202: SteeringCommandOut,
-                   409: _error("version_conflict (with the task as it is now) or command_refused"),
-                   422: _error("a payload this command cannot take (invalid_payload)"), **ON_TASK}))
+                   409: _error("version_conflict or command_refused (finished, held): both with the task as "
+                               "it is now (snapshot)"),
+                   422: _error("a payload this command cannot take, or a kill without a reason "
+                               "(invalid_payload)"), **ON_TASK}))
 TaskInputSchema = _view(
     "steering_app.api.views.TaskInputApi", "Answer",
     post=dict(
@@ -263,6 +308,29 @@ TaskInputSchema = _view(
         request=VIEW_INPUT,
         responses={202: SteeringCommandOut, 409: _error("no such open request, or already answered"),
                    422: _error("an answer not matching the request's schema"), **ON_TASK}))
+
+
+
+# --- API keys (tasks_app/api/keys.py) ------------------------------------------------------------
+
+KEY_ID = OpenApiParameter("key_id", str, OpenApiParameter.PATH, description="a key's id (its prefix)")
+KeyListCreateSchema = _view(
+    "tasks_app.api.keys.KeyListCreateApi", "CreateKey",
+    get=dict(operation_id="listKeys", summary="The keys this key may manage (a tenant admin's: all of the tenant's)",
+             responses={200: inline_serializer("KeyList", {"keys": KeyOut(many=True)}), **COMMON}),
+    post=dict(operation_id="createKey", summary="Make a key, at most as wide as this one", request=VIEW_INPUT,
+              responses={201: KeyIssued, **COMMON}))
+KeyDetailSchema = _view(
+    "tasks_app.api.keys.KeyDetailApi",
+    get=dict(operation_id="getKey", summary="A key", parameters=[KEY_ID], responses={200: KeyOut, **ON_KEY}),
+    delete=dict(operation_id="revokeKey", summary="Revoke a key: it stops working on its next request",
+                parameters=[KEY_ID], responses={200: KeyOut, **ON_KEY}))
+KeyRotateSchema = _view(
+    "tasks_app.api.keys.KeyRotateApi",
+    post=dict(operation_id="rotateKey", summary="A new key with the same grant; the old one keeps working for "
+                                                "security.key_rotation_grace_seconds",
+              parameters=[KEY_ID], request=None,
+              responses={201: KeyRotated, **ON_KEY, 400: _error("a revoked key cannot be rotated")}))
 
 
 # --- The SSE endpoint (a plain Django view: DRF and so drf-spectacular cannot see it) ------------
@@ -289,7 +357,7 @@ SSE_OPERATION = {
             **{str(code): {"description": description, "content": {
                 "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
                for code, description in ((400, "a malformed Last-Event-ID"), (401, "no or an invalid API key"),
-                                         (404, "no such task in the key's tenant"),
+                                         (404, "no such task in the key's tenant"), (429, RATE_LIMITED),
                                          (503, "the database is unavailable; retry"))},
         },
     },
@@ -342,9 +410,18 @@ def postprocess(result: dict[str, Any], generator: Any, request: Any, public: bo
     """The stream beside the other operations; request bodies as what is accepted (free-form JSON
     that json_safety lets through, numbers within 64 bits, strings not blank once trimmed)."""
     result["paths"]["/runtime/tasks/{task_id}/events"] = SSE_OPERATION
+    for item in result["paths"].values():
+        for operation in item.values():
+            if "429" in operation["responses"]:
+                # DRF's Throttled (and the SSE view) set it; a quota_exceeded create does not.
+                operation["responses"]["429"]["headers"] = {"Retry-After": {
+                    "required": operation["operationId"] != "createTask",
+                    "schema": {"type": "integer", "minimum": 1},
+                    "description": "seconds until the rate limit's window ends"}}
     schemas = result["components"]["schemas"]
     for name, schema in schemas.items():
         if name.endswith("Request"):  # COMPONENT_SPLIT_REQUEST: the request side of each body
             _free_form_to_json_value(schema)
     schemas["JsonValue"], schemas["JsonItem"] = JSON_VALUE, JSON_ITEM
+    schemas["CreateKeyRequest"]["properties"]["scopes"]["minItems"] = 1  # allow_empty=False, which drf-spectacular drops
     return result

@@ -18,6 +18,10 @@ from conftest import ROOT, Processes, free_port, make_persona
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SSE_PATH = "/runtime/tasks/{task_id}/events"
+# The fuzzer sends far more requests than a client may (config/runtime.yaml `limits`): it tests
+# the contract, not the limits (tests/test_rate_limits.py does), so its server runs without them,
+# as the benchmarks' do (bench/_common.py).
+NO_REST_LIMITS = {"LIMITS_REST_PER_KEY": "0", "LIMITS_REST_PER_TENANT": "0"}
 
 
 def test_generating_the_schema_logs_no_error_or_warning(tmp_path: Path):
@@ -37,11 +41,13 @@ def test_the_served_schema_documents_every_operation(processes: Processes):
     error = schema["components"]["schemas"]["Error"]
     assert error["required"] == ["error"]
     operations = {(path, method): op for path, item in schema["paths"].items() for method, op in item.items()}
-    assert len(operations) == 11
+    assert len(operations) == 16
     for (path, method), op in operations.items():
         assert op["security"] == [{"bearerAuth": []}], (method, path)
         ok = [code for code in op["responses"] if code.startswith("2")]
         assert ok, (method, path)
+        # Every authenticated request counts against its key's and tenant's rate limits.
+        assert "Retry-After" in op["responses"]["429"]["headers"], (method, path)
         for code, response in op["responses"].items():
             assert response.get("content"), f"{method} {path} {code}: no body documented"
             if not code.startswith("2"):
@@ -51,13 +57,22 @@ def test_the_served_schema_documents_every_operation(processes: Processes):
         assert operations[(path, "post")]["requestBody"]["content"]["application/json"]["schema"], path
     assert {p["name"] for p in operations[("/runtime/tasks", "get")]["parameters"]} == {"status", "limit", "cursor"}
     assert "text/event-stream" in operations[(SSE_PATH, "get")]["responses"]["200"]["content"]
+    for path in ("/runtime/keys", "/runtime/keys/{key_id}/rotate"):
+        assert "token" in schema["components"]["schemas"][
+            operations[(path, "post")]["responses"]["201"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
+        ]["required"], path
+    steering = operations[("/runtime/tasks/{task_id}/steering", "post")]
+    command = schema["components"]["schemas"]["SteeringCommandOut"]
+    assert "killPolicy" in command["properties"] and "killPolicy" not in command["required"]
+    request = steering["requestBody"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
+    assert "kill" in schema["components"]["schemas"][schema["components"]["schemas"][request]["properties"]["type"]["$ref"].rsplit("/", 1)[1]]["enum"]
 
 
 def test_schemathesis_with_every_check_finds_no_server_error_and_no_schema_violation(
         processes: Processes, tmp_path: Path):
     ada = make_persona("acme", "ada", "admin")
     port = free_port()
-    processes.web(port)
+    processes.web(port, **NO_REST_LIMITS)
     report = tmp_path / "report.xml"
     started = time.monotonic()
     run = subprocess.run(
@@ -72,8 +87,8 @@ def test_schemathesis_with_every_check_finds_no_server_error_and_no_schema_viola
     print(run.stdout[-3000:], run.stderr[-2000:], f"schemathesis took {time.monotonic() - started:.1f}s", sep="\n")
     assert run.returncode == 0, run.stdout[-8000:]
     suite = ElementTree.parse(report).getroot()
-    # Ten operations (all but the stream) and the stateful scenarios, each with every check.
-    assert (suite.get("tests"), suite.get("failures"), suite.get("errors")) == ("11", "0", "0")
+    # Fifteen operations (all but the stream) and the stateful scenarios, each with every check.
+    assert (suite.get("tests"), suite.get("failures"), suite.get("errors")) == ("16", "0", "0")
 
 
 @pytest.mark.parametrize(("path", "body", "field"), [

@@ -11,7 +11,6 @@ from typing import Any, cast
 from django.contrib.auth.models import User
 from django.http import Http404
 from django.utils import timezone
-from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
@@ -59,7 +58,6 @@ class KeyListCreateApi(APIView):
     def get(self, request: Request) -> Response:
         return Response({"keys": [key_body(k) for k in manageable_keys(principal(request), request.user.pk)]})
 
-    @extend_schema(request=InputSerializer)
     def post(self, request: Request) -> Response:
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
