@@ -224,7 +224,7 @@ def _view(target: str, request_name: str = "", **methods: dict[str, Any]) -> typ
     """A view extension declaring `methods` (extend_schema's arguments per method) on `target`."""
 
     def view_replacement(self: OpenApiViewExtension) -> type:
-        view = self.target_class
+        view: Any = self.target_class  # the class itself by now (target_class names it by dotted path)
         # Named for what it is: every view's is called InputSerializer.
         renamed = type(request_name, (view.InputSerializer,), {}) if request_name else None
         return extend_schema_view(**{
@@ -237,9 +237,9 @@ def _view(target: str, request_name: str = "", **methods: dict[str, Any]) -> typ
 
 TaskListCreateSchema = _view(
     "tasks_app.api.views.TaskListCreateApi", "CreateTask",
-    get=dict(
-        operation_id="listTasks", summary="The key's tenant's tasks, newest first",
-        parameters=[
+    get={
+        "operation_id": "listTasks", "summary": "The key's tenant's tasks, newest first",
+        "parameters": [
             # A pattern, not an array of enums: the empty value is valid too (no filter).
             OpenApiParameter("status", {"type": "string", "pattern": STATUS_LIST},
                              description="only these runtime statuses, comma-separated: " + ", ".join(Status.values)),
@@ -248,66 +248,66 @@ TaskListCreateSchema = _view(
                              description="page size (default 50, at most 200)"),
             OpenApiParameter("cursor", str, description="from a page's next or previous link; anything else is a 400"),
         ],
-        responses={200: TaskPage, **COMMON}),
-    post=dict(
-        operation_id="createTask", summary="Start a task", request=VIEW_INPUT,
-        examples=[OpenApiExample("noop", {"agent": "noop", "input": {"steps": 3}, "goal": "try it"},
+        "responses": {200: TaskPage, **COMMON}},
+    post={
+        "operation_id": "createTask", "summary": "Start a task", "request": VIEW_INPUT,
+        "examples": [OpenApiExample("noop", {"agent": "noop", "input": {"steps": 3}, "goal": "try it"},
                                  request_only=True)],
-        parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER,
+        "parameters": [OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER,
                                      pattern=r"^[A-Za-z0-9._:\-]{1,200}$",
                                      description="the same key and body again: the same task (200)")],
-        responses={201: TaskCreated, 200: OpenApiResponse(TaskCreated, description="replayed by Idempotency-Key"),
+        "responses": {201: TaskCreated, 200: OpenApiResponse(TaskCreated, description="replayed by Idempotency-Key"),
                    422: _error("unknown agent, input not matching the agent's schema, or an "
                                "Idempotency-Key reused with another body"),
                    **COMMON, 429: _error(RATE_LIMITED + "; or the tenant's queued tasks are at "
-                                         "limits.queued_tasks_per_tenant (quota_exceeded, no Retry-After)")}),
+                                         "limits.queued_tasks_per_tenant (quota_exceeded, no Retry-After)")}},
 )
 TaskDetailSchema = _view(
     "tasks_app.api.views.TaskDetailApi",
-    get=dict(operation_id="getTask", summary="A task's snapshot", parameters=[TASK_ID],
-             responses={200: TaskSnapshot, **ON_TASK}))
+    get={"operation_id": "getTask", "summary": "A task's snapshot", "parameters": [TASK_ID],
+             "responses": {200: TaskSnapshot, **ON_TASK}})
 TaskCancelSchema = _view(
     "tasks_app.api.views.TaskCancelApi", "CancelTask",
-    post=dict(operation_id="cancelTask", summary="Cancel a task (at its next safe point)", parameters=[TASK_ID],
-              request=VIEW_INPUT, responses={202: TaskSnapshot, 409: _error("already finished"), **ON_TASK}))
+    post={"operation_id": "cancelTask", "summary": "Cancel a task (at its next safe point)", "parameters": [TASK_ID],
+              "request": VIEW_INPUT, "responses": {202: TaskSnapshot, 409: _error("already finished"), **ON_TASK}})
 TaskCheckpointsSchema = _view(
     "tasks_app.api.views.TaskCheckpointsApi",
-    get=dict(operation_id="listCheckpoints", summary="A task's checkpoints", parameters=[TASK_ID],
-             responses={200: _list_of("CheckpointList", CheckpointOut), **ON_TASK}))
+    get={"operation_id": "listCheckpoints", "summary": "A task's checkpoints", "parameters": [TASK_ID],
+             "responses": {200: _list_of("CheckpointList", CheckpointOut), **ON_TASK}})
 TaskResultSchema = _view(
     "tasks_app.api.views.TaskResultApi",
-    get=dict(operation_id="getTaskResult", summary="A finished task's result or error", parameters=[TASK_ID],
-             responses={200: TaskResult, 409: _error("not finished yet (not_finished)"), **ON_TASK}))
+    get={"operation_id": "getTaskResult", "summary": "A finished task's result or error", "parameters": [TASK_ID],
+             "responses": {200: TaskResult, 409: _error("not finished yet (not_finished)"), **ON_TASK}})
 TaskAuditSchema = _view(
     "tasks_app.api.views.TaskAuditApi",
-    get=dict(operation_id="getTaskAudit", summary="A task's hash-chained audit records", parameters=[TASK_ID],
-             responses={200: _list_of("AuditList", AuditRecordOut, head=serializers.CharField(
-                 allow_blank=True, help_text="hash of the newest record")), **ON_TASK}))
+    get={"operation_id": "getTaskAudit", "summary": "A task's hash-chained audit records", "parameters": [TASK_ID],
+             "responses": {200: _list_of("AuditList", AuditRecordOut, head=serializers.CharField(
+                 allow_blank=True, help_text="hash of the newest record")), **ON_TASK}})
 TaskSteeringSchema = _view(
     "steering_app.api.views.TaskSteeringApi", "SteerTask",
-    get=dict(operation_id="listSteeringCommands", summary="A task's steering commands, in order",
-             parameters=[TASK_ID], responses={200: _list_of("SteeringCommandList", SteeringCommandOut), **ON_TASK}),
-    post=dict(
-        operation_id="steerTask",
-        summary="Pause, resume, adjust, re-plan, answer (applied at a safe point) or kill (at once)",
-        description="`kill` is the emergency stop: it aborts the running step without waiting for a safe "
+    get={"operation_id": "listSteeringCommands", "summary": "A task's steering commands, in order",
+             "parameters": [TASK_ID], "responses": {200: _list_of("SteeringCommandList", SteeringCommandOut), **ON_TASK}},
+    post={
+        "operation_id": "steerTask",
+        "summary": "Pause, resume, adjust, re-plan, answer (applied at a safe point) or kill (at once)",
+        "description": "`kill` is the emergency stop: it aborts the running step without waiting for a safe "
                     "point, needs a `reason` (else 422 invalid_payload), and its answer carries the "
                     "`killPolicy`, what it does to a tool call in flight.",
-        parameters=[TASK_ID], request=VIEW_INPUT,
-        responses={202: SteeringCommandOut,
+        "parameters": [TASK_ID], "request": VIEW_INPUT,
+        "responses": {202: SteeringCommandOut,
                    409: _error("version_conflict or command_refused (finished, held): both with the task as "
                                "it is now (snapshot)"),
                    422: _error("a payload this command cannot take, or a kill without a reason "
-                               "(invalid_payload)"), **ON_TASK}))
+                               "(invalid_payload)"), **ON_TASK}})
 TaskInputSchema = _view(
     "steering_app.api.views.TaskInputApi", "Answer",
-    post=dict(
-        operation_id="answerInput", summary="Answer an open input request (an approval: approve or reject)",
-        parameters=[TASK_ID, OpenApiParameter("key", str, OpenApiParameter.PATH,
+    post={
+        "operation_id": "answerInput", "summary": "Answer an open input request (an approval: approve or reject)",
+        "parameters": [TASK_ID, OpenApiParameter("key", str, OpenApiParameter.PATH,
                                               description="the input request's key (inputRequests[].key)")],
-        request=VIEW_INPUT,
-        responses={202: SteeringCommandOut, 409: _error("no such open request, or already answered"),
-                   422: _error("an answer not matching the request's schema"), **ON_TASK}))
+        "request": VIEW_INPUT,
+        "responses": {202: SteeringCommandOut, 409: _error("no such open request, or already answered"),
+                   422: _error("an answer not matching the request's schema"), **ON_TASK}})
 
 
 
@@ -316,21 +316,21 @@ TaskInputSchema = _view(
 KEY_ID = OpenApiParameter("key_id", str, OpenApiParameter.PATH, description="a key's id (its prefix)")
 KeyListCreateSchema = _view(
     "tasks_app.api.keys.KeyListCreateApi", "CreateKey",
-    get=dict(operation_id="listKeys", summary="The keys this key may manage (a tenant admin's: all of the tenant's)",
-             responses={200: inline_serializer("KeyList", {"keys": KeyOut(many=True)}), **COMMON}),
-    post=dict(operation_id="createKey", summary="Make a key, at most as wide as this one", request=VIEW_INPUT,
-              responses={201: KeyIssued, **COMMON}))
+    get={"operation_id": "listKeys", "summary": "The keys this key may manage (a tenant admin's: all of the tenant's)",
+             "responses": {200: inline_serializer("KeyList", {"keys": KeyOut(many=True)}), **COMMON}},
+    post={"operation_id": "createKey", "summary": "Make a key, at most as wide as this one", "request": VIEW_INPUT,
+              "responses": {201: KeyIssued, **COMMON}})
 KeyDetailSchema = _view(
     "tasks_app.api.keys.KeyDetailApi",
-    get=dict(operation_id="getKey", summary="A key", parameters=[KEY_ID], responses={200: KeyOut, **ON_KEY}),
-    delete=dict(operation_id="revokeKey", summary="Revoke a key: it stops working on its next request",
-                parameters=[KEY_ID], responses={200: KeyOut, **ON_KEY}))
+    get={"operation_id": "getKey", "summary": "A key", "parameters": [KEY_ID], "responses": {200: KeyOut, **ON_KEY}},
+    delete={"operation_id": "revokeKey", "summary": "Revoke a key: it stops working on its next request",
+                "parameters": [KEY_ID], "responses": {200: KeyOut, **ON_KEY}})
 KeyRotateSchema = _view(
     "tasks_app.api.keys.KeyRotateApi",
-    post=dict(operation_id="rotateKey", summary="A new key with the same grant; the old one keeps working for "
+    post={"operation_id": "rotateKey", "summary": "A new key with the same grant; the old one keeps working for "
                                                 "security.key_rotation_grace_seconds",
-              parameters=[KEY_ID], request=None,
-              responses={201: KeyRotated, **ON_KEY, 400: _error("a revoked key cannot be rotated")}))
+              "parameters": [KEY_ID], "request": None,
+              "responses": {201: KeyRotated, **ON_KEY, 400: _error("a revoked key cannot be rotated")}})
 
 
 # --- The SSE endpoint (a plain Django view: DRF and so drf-spectacular cannot see it) ------------

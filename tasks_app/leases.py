@@ -220,7 +220,7 @@ def _fence_query(lease: Lease) -> UpdateQuery:
 
 @functools.cache
 def _columns(model: type[models.Model], names: tuple[str, ...]) -> str:
-    return ", ".join(connection.ops.quote_name(cast(models.Field[Any, Any], model._meta.get_field(name)).column or name)
+    return ", ".join(connection.ops.quote_name(cast("models.Field[Any, Any]", model._meta.get_field(name)).column or name)
                      for name in names)
 
 

@@ -81,14 +81,18 @@ def test_schemathesis_with_every_check_finds_no_server_error_and_no_schema_viola
          "--header", f"Authorization: Bearer {ada.token}",
          # An event stream never ends, so no response is ever complete: documented, not fuzzed.
          "--exclude-path", SSE_PATH,
+         # Revoking a key is tested in tasks_app/tests/test_api_keys.py: here the stateful phase
+         # would find the fuzzer's own key in GET /runtime/keys and revoke it, and every later
+         # request would be a (correct) 401.
+         "--exclude-operation-id", "revokeKey",
          "--max-examples", "25", "--seed", "16", "--workers", "2", "--request-timeout", "10",
          "--generation-database", "none", "--no-color", "--report", "junit", "--report-junit-path", str(report)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300)  # its caches stay out of the repository
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)  # its caches stay out of the repository
     print(run.stdout[-3000:], run.stderr[-2000:], f"schemathesis took {time.monotonic() - started:.1f}s", sep="\n")
     assert run.returncode == 0, run.stdout[-8000:]
-    suite = ElementTree.parse(report).getroot()
-    # Fifteen operations (all but the stream) and the stateful scenarios, each with every check.
-    assert (suite.get("tests"), suite.get("failures"), suite.get("errors")) == ("16", "0", "0")
+    suite = ElementTree.parse(report).getroot()  # noqa: S314 (schemathesis's own report, written just now)
+    # Fourteen operations (all but the stream and revokeKey) and the stateful scenarios, each with every check.
+    assert (suite.get("tests"), suite.get("failures"), suite.get("errors")) == ("15", "0", "0")
 
 
 @pytest.mark.parametrize(("path", "body", "field"), [
