@@ -278,6 +278,28 @@ TaskResultSchema = _view(
     "tasks_app.api.views.TaskResultApi",
     get={"operation_id": "getTaskResult", "summary": "A finished task's result or error", "parameters": [TASK_ID],
              "responses": {200: TaskResult, 409: _error("not finished yet (not_finished)"), **ON_TASK}})
+class ArtifactOut(serializers.Serializer):
+    """tasks_app.artifacts.listing."""
+
+    name = serializers.CharField()
+    contentType = serializers.CharField()  # noqa: N815
+    url = serializers.CharField(help_text="where GET serves it (this API)")
+
+
+TaskArtifactsSchema = _view(
+    "tasks_app.api.artifacts.TaskArtifactsApi",
+    get={"operation_id": "listTaskArtifacts", "summary": "What a task wrote for people to read (its reports, files)",
+         "parameters": [TASK_ID],
+         "responses": {200: _list_of("ArtifactList", ArtifactOut, taskId=serializers.UUIDField()), **ON_TASK}})
+TaskArtifactSchema = _view(
+    "tasks_app.api.artifacts.TaskArtifactApi",
+    get={"operation_id": "getTaskArtifact", "summary": "One artifact, as stored (its content type by its name)",
+         "parameters": [TASK_ID, OpenApiParameter("name", OpenApiTypes.STR, OpenApiParameter.PATH),
+                        OpenApiParameter("download", OpenApiTypes.STR, OpenApiParameter.QUERY,
+                                         description="1 or true: as an attachment")],
+         "responses": {(200, "*/*"): OpenApiResponse(OpenApiTypes.BINARY, description="the artifact's bytes"),
+                       **ON_TASK, 404: _error("no such task in the key's tenant, or no such artifact"),
+                       413: _error("larger than api.max_artifact_bytes (too_large)")}})
 TaskAuditSchema = _view(
     "tasks_app.api.views.TaskAuditApi",
     get={"operation_id": "getTaskAudit", "summary": "A task's hash-chained audit records", "parameters": [TASK_ID],
