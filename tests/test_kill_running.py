@@ -153,3 +153,24 @@ def test_a_kill_cuts_a_call_to_a_tool_on_a_remote_mcp_server_and_the_worker_goes
     after = settled(do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 2})[0])
     assert after.status == "completed" and {int(s.worker.rsplit(":", 1)[1]) for s in after.steps.all()} == {pid}
     assert remote.stats()["effects"].get("slow", 0) == 0
+
+
+def test_a_call_that_must_finish_and_fails_still_ends_the_task_killed_not_failed(alice, processes, settings,
+                                                                                 monkeypatch):
+    sink = Sink(processes)
+    monkeypatch.setitem(settings.RUNTIME["kill"], "finish_first", ["http.request"])
+    processes.worker(**FAST, KILL_FINISH_FIRST="http.request")
+    # The remote holds the call, then refuses it for good (a declined payment): the step fails.
+    task = calls(alice, f"{sink.url}/effects?hang=8&status=402", f"{sink.url}/effects")
+    wait_until(lambda: sink.stats()["hanging"] == 1, timeout=60, what="the call to be in flight")
+
+    answer = kill(alice, task, reason="wrong account")
+    assert answer.status_code == 202, answer.content
+    assert answer.json()["status"] == "pending"  # waiting for the call to return, then stopping
+
+    wait_until(lambda: Task.objects.get(id=task.id).status in ("cancelled", "failed"), timeout=60,
+               what="the task to stop")
+    assert_killed(task.id, "wrong account")  # the accepted kill is what ended it, not the step's failure
+    assert SteeringCommand.objects.get(task=task, type="kill").status == "applied"
+    assert LedgerEntry.objects.get(task=task).status == "failed"  # the remote's refusal is recorded
+    assert sink.stats()["posts"] == 1
