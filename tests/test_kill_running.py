@@ -174,3 +174,28 @@ def test_a_call_that_must_finish_and_fails_still_ends_the_task_killed_not_failed
     assert SteeringCommand.objects.get(task=task, type="kill").status == "applied"
     assert LedgerEntry.objects.get(task=task).status == "failed"  # the remote's refusal is recorded
     assert sink.stats()["posts"] == 1
+
+
+def test_a_must_finish_call_sent_again_after_reconciliation_is_waited_for_too(alice, processes, settings,
+                                                                              monkeypatch, tmp_path):
+    sink = Sink(processes)
+    monkeypatch.setitem(settings.RUNTIME["kill"], "finish_first", ["http.request"])
+    marker = tmp_path / "crashed"
+    # The first worker process dies with the call's row started and nothing sent; the next
+    # asks the remote by key, hears "never happened", and sends the call (under the same key).
+    processes.worker(**FAST, KILL_FINISH_FIRST="http.request", RUNTIME_FAULT_INJECTION=f"ledger:before_call:{marker}")
+    processes.beat(**FAST)
+    task = do_create_task(alice.tenant, actor="user:test", agent="tool_calls", input={"calls": [
+        {"tool": "http.request", "args": {"url": f"{sink.url}/effects?hang=8", "json": {"n": 0},
+                                          "reconcileUrl": f"{sink.url}/effects/{{key}}"}}]})[0]
+    wait_until(lambda: sink.stats()["hanging"] == 1, timeout=90, what="the call to be in flight again")
+    assert marker.exists()
+
+    answer = kill(alice, task, reason="wrong account")
+    assert answer.status_code == 202, answer.content
+    assert answer.json()["status"] == "pending"  # it must finish: the kill waits for it, as for a first send
+    wait_until(lambda: Task.objects.get(id=task.id).status == "cancelled", timeout=60, what="the task to stop")
+    assert_killed(task.id, "wrong account")
+    entry = LedgerEntry.objects.get(task=task)
+    assert entry.status == "succeeded" and entry.result["status"] == 201  # its answer is recorded
+    assert sink.stats()["posts"] == 1
