@@ -5,11 +5,12 @@ connections its callers drop. The kill of tasks nobody runs: steering_app/tests/
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import FAST_LEASES, settled, wait_until
+from conftest import FAST_LEASES, WORKER, settled, wait_until
 from ledger_app.models import LedgerEntry
 from steering_app.models import InputRequest, SteeringCommand
 from steering_app.tests.test_kill import assert_killed, kill
@@ -199,3 +200,28 @@ def test_a_must_finish_call_sent_again_after_reconciliation_is_waited_for_too(al
     entry = LedgerEntry.objects.get(task=task)
     assert entry.status == "succeeded" and entry.result["status"] == 201  # its answer is recorded
     assert sink.stats()["posts"] == 1
+
+
+def test_a_kill_waiting_on_a_must_finish_call_of_a_frozen_worker_ends_the_task_when_its_lease_runs_out(
+        alice, processes, settings, monkeypatch):
+    import signal
+
+    sink = Sink(processes)
+    monkeypatch.setitem(settings.RUNTIME["kill"], "finish_first", ["http.request"])
+    worker = processes.worker(**FAST, KILL_FINISH_FIRST="http.request")
+    processes.beat(**FAST)
+    task = calls(alice, f"{sink.url}/effects?hang=600")
+    wait_until(lambda: sink.stats()["hanging"] == 1, timeout=60, what="the call to be in flight")
+    assert kill(alice, task, reason="wrong account").json()["status"] == "pending"
+    processes.kill(worker, signal.SIGSTOP)  # the only steps worker freezes: the call never returns to it
+    # The reaper's own worker (maintenance queue only) is alive.
+    processes.start("maintenance", [sys.executable, "-m", *WORKER[:4], "-Q", "maintenance", *WORKER[6:], "1"],
+                    **FAST)
+
+    # The kill waited for that worker; lost, it cannot stop the task: the reaper does, at once,
+    # instead of handing a killed task to a next worker (there may be none) just to end it.
+    wait_until(lambda: Task.objects.get(id=task.id).status == "cancelled", timeout=30,
+               what="the killed task to end once its worker's lease ran out")
+    assert_killed(task.id, "wrong account")
+    assert LedgerEntry.objects.get(task=task).status == "unknown"  # in flight when lost: reconciled, never re-sent
+    assert SteeringCommand.objects.get(task=task, type="kill").status == "applied"
