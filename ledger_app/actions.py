@@ -103,6 +103,11 @@ def _execute_once(lease: leases.Lease, *, tenant_id: int, sequence: int, index: 
             return LedgerEntry.objects.get(id=entry.id).result
         # The remote says it never happened: the call is safe to make (under the same key).
         _guard(lease, tool, key, args, answers)
+        with transaction.atomic(durable=True):
+            leases.fenced_update(lease)
+            # Started again, under this lease: a kill now sees the call in flight and waits
+            # for one that must finish (steering_app.actions), as for a first send.
+            LedgerEntry.objects.filter(id=entry.id).update(status=EffectStatus.STARTED, lease_epoch=lease.epoch)
     else:
         _guard(lease, tool, key, args, answers)
         with transaction.atomic(durable=True):

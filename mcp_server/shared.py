@@ -214,6 +214,11 @@ def steer(call: Call, tool: tools.SteeringTool, arguments: dict[str, Any]) -> di
     task_id, expected = arguments.get("taskId"), arguments.get("expectedVersion")
     if not isinstance(task_id, str) or not isinstance(expected, int) or isinstance(expected, bool):
         return tools.error_result("taskId (string) and expectedVersion (integer) are required")
+    reason = arguments.get("reason", "")
+    # As the tool's inputSchema (and REST) say: made up from a null or cut to fit, a kill's
+    # required reason would be audited as "None" or as half of what the operator wrote.
+    if not isinstance(reason, str) or len(reason) > 500:
+        return tools.error_result("reason must be a string of at most 500 characters")
     if not call.principal.has_role(Role.OPERATOR):
         return tools.error_result("steering needs the operator role")
     try:
@@ -225,7 +230,7 @@ def steer(call: Call, tool: tools.SteeringTool, arguments: dict[str, Any]) -> di
         command, _ = do_enqueue_command(
             task.id, tenant=call.principal.tenant, command_id=str(command_id)[:64], type=tool.command,
             payload=tool.payload(arguments), expected_version=expected, requested_by=call.principal.actor,
-            reason=str(arguments.get("reason", ""))[:500])
+            reason=reason)
     except VersionConflict as exc:
         return tools.error_result(f"version conflict: {exc}; read the task again (currentVersion "
                                   f"{exc.task.state_version}) and retry with that expectedVersion")

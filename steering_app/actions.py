@@ -303,6 +303,9 @@ def _kill_running(task: Task, command: SteeringCommand, *, actor: str) -> None:
         if kills.must_finish(tool)})
     if not finishing:
         apply_command(task, command, actor=actor)
+        # Commands accepted earlier wait for a safe point the killed step never reaches (its
+        # worker is fenced out): settled now, as refused by the ended task, not left pending.
+        apply_pending(task, actor=actor, by_worker=False)
         return
     _request_kill(task, command)
     command.outcome = f"waiting for {', '.join(finishing)} to return (kill.finish_first), then stopping"

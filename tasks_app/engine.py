@@ -559,9 +559,18 @@ def _finish(run: _Run, to: str, *, reason: str = "", result: dict[str, Any] | No
 
 
 def _stop(lease: leases.Lease, to: str, *, reason: str, error: dict[str, Any], message: str = "") -> None:
-    """Fail or dead-letter without a checkpoint (there is nothing trustworthy to record)."""
+    """Fail or dead-letter without a checkpoint (there is nothing trustworthy to record).
+
+    A kill accepted while a call that had to finish was in flight (kills.must_finish) kept
+    our lease so the call could return: if the step then fails, the kill still ends the
+    task (cancelled, "killed: <reason>"), as its answer promised, not the step's failure."""
     with transaction.atomic(durable=True):
         task = leases.fenced(lease)
+        if task.kill_requested:
+            steering.apply_pending(task, actor=f"worker:{lease.worker_id}")
+            leases.release_fields(task)
+            task.save(update_fields=steering.STEERING_FIELDS)
+            return
         transition(task, to, actor=f"worker:{lease.worker_id}", reason=reason, data={"error": error})
         # The error quotes what failed (a tool's answer, an exception's text): masked like
         # the audit record and the event, since snapshots show it to everyone who can read.

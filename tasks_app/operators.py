@@ -19,7 +19,7 @@ from django.db.models.functions import Now
 from checkpoints_app.actions import discard_back_to_last_good
 from ledger_app.actions import ToolFailed
 from ledger_app.models import EffectStatus, LedgerEntry
-from steering_app.actions import CommandRefused, VersionConflict, do_enqueue_command
+from steering_app.actions import STEERING_FIELDS, CommandRefused, VersionConflict, apply_pending, do_enqueue_command
 from steering_app.models import CommandType, InputRequest, InputStatus
 from tasks_app import events
 from tasks_app.actions import TRANSITION_FIELDS, IllegalTransition, transition
@@ -96,6 +96,13 @@ def _recover(task: Task, *, actor: str, lost: str, max_recoveries: int | None = 
     """On a locked row whose lease was just dropped: count the recovery and enqueue the
     next slice, or dead-letter past max_recoveries. `lost` says what happened, `cause`
     (audited, and kept in the dead letter's error) what an operator should look at."""
+    if task.kill_requested:
+        # A kill waited for this worker's call that had to finish (kills.must_finish). The
+        # worker is lost, so it will never stop the task: the kill applies now (the call's
+        # row becomes unknown), rather than in a next slice that may never come.
+        apply_pending(task, actor=actor, by_worker=False)
+        task.save(update_fields=STEERING_FIELDS)
+        return task
     max_recoveries = settings.RUNTIME["runtime"]["max_recoveries"] if max_recoveries is None else max_recoveries
     task.recoveries += 1
     fields = [*TRANSITION_FIELDS, *LEASE_FIELDS, "recoveries"]

@@ -7,6 +7,7 @@ POST /effects           records the call; the same key again gets the first answ
                         with --delay-ms, a slow remote: it answers that much later
 POST /effects?hang=S    records the call, then holds the answer S seconds while watching the
                         connection: a caller that drops it is counted (a remote whose call was cut)
+POST /effects?status=N  records the call, then answers with status N (with hang=S: after S seconds)
 GET  /effects/<key>     200 with the effect, 404 if it never happened (a reconcile endpoint)
 GET  /stats             {"posts": total POSTs, "perKey": {key: POSTs with that key}, "effects": n,
                          "traceparents": {key: the traceparent header of its last POST},
@@ -55,9 +56,12 @@ class Handler(BaseHTTPRequestHandler):
                 return self._send(200, effects[key])
             effects[key] = {"key": key, "payload": payload, "n": len(effects) + 1}
             answer = effects[key]
-        hang = float(parse_qs(urlsplit(self.path).query).get("hang", ["0"])[0])
+        query = parse_qs(urlsplit(self.path).query)
+        hang = float(query.get("hang", ["0"])[0])
         if hang and self._caller_hung_up_within(hang):
             return None
+        if "status" in query:  # a remote that refuses the call (after holding it)
+            return self._send(int(query["status"][0]), {"error": "refused"})
         return self._send(201, answer)
 
     def _caller_hung_up_within(self, seconds: float) -> bool:

@@ -5,11 +5,12 @@ connections its callers drop. The kill of tasks nobody runs: steering_app/tests/
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import FAST_LEASES, settled, wait_until
+from conftest import FAST_LEASES, WORKER, settled, wait_until
 from ledger_app.models import LedgerEntry
 from steering_app.models import InputRequest, SteeringCommand
 from steering_app.tests.test_kill import assert_killed, kill
@@ -153,3 +154,74 @@ def test_a_kill_cuts_a_call_to_a_tool_on_a_remote_mcp_server_and_the_worker_goes
     after = settled(do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 2})[0])
     assert after.status == "completed" and {int(s.worker.rsplit(":", 1)[1]) for s in after.steps.all()} == {pid}
     assert remote.stats()["effects"].get("slow", 0) == 0
+
+
+def test_a_call_that_must_finish_and_fails_still_ends_the_task_killed_not_failed(alice, processes, settings,
+                                                                                 monkeypatch):
+    sink = Sink(processes)
+    monkeypatch.setitem(settings.RUNTIME["kill"], "finish_first", ["http.request"])
+    processes.worker(**FAST, KILL_FINISH_FIRST="http.request")
+    # The remote holds the call, then refuses it for good (a declined payment): the step fails.
+    task = calls(alice, f"{sink.url}/effects?hang=8&status=402", f"{sink.url}/effects")
+    wait_until(lambda: sink.stats()["hanging"] == 1, timeout=60, what="the call to be in flight")
+
+    answer = kill(alice, task, reason="wrong account")
+    assert answer.status_code == 202, answer.content
+    assert answer.json()["status"] == "pending"  # waiting for the call to return, then stopping
+
+    wait_until(lambda: Task.objects.get(id=task.id).status in ("cancelled", "failed"), timeout=60,
+               what="the task to stop")
+    assert_killed(task.id, "wrong account")  # the accepted kill is what ended it, not the step's failure
+    assert SteeringCommand.objects.get(task=task, type="kill").status == "applied"
+    assert LedgerEntry.objects.get(task=task).status == "failed"  # the remote's refusal is recorded
+    assert sink.stats()["posts"] == 1
+
+
+def test_a_must_finish_call_sent_again_after_reconciliation_is_waited_for_too(alice, processes, settings,
+                                                                              monkeypatch, tmp_path):
+    sink = Sink(processes)
+    monkeypatch.setitem(settings.RUNTIME["kill"], "finish_first", ["http.request"])
+    marker = tmp_path / "crashed"
+    # The first worker process dies with the call's row started and nothing sent; the next
+    # asks the remote by key, hears "never happened", and sends the call (under the same key).
+    processes.worker(**FAST, KILL_FINISH_FIRST="http.request", RUNTIME_FAULT_INJECTION=f"ledger:before_call:{marker}")
+    processes.beat(**FAST)
+    task = do_create_task(alice.tenant, actor="user:test", agent="tool_calls", input={"calls": [
+        {"tool": "http.request", "args": {"url": f"{sink.url}/effects?hang=8", "json": {"n": 0},
+                                          "reconcileUrl": f"{sink.url}/effects/{{key}}"}}]})[0]
+    wait_until(lambda: sink.stats()["hanging"] == 1, timeout=90, what="the call to be in flight again")
+    assert marker.exists()
+
+    answer = kill(alice, task, reason="wrong account")
+    assert answer.status_code == 202, answer.content
+    assert answer.json()["status"] == "pending"  # it must finish: the kill waits for it, as for a first send
+    wait_until(lambda: Task.objects.get(id=task.id).status == "cancelled", timeout=60, what="the task to stop")
+    assert_killed(task.id, "wrong account")
+    entry = LedgerEntry.objects.get(task=task)
+    assert entry.status == "succeeded" and entry.result["status"] == 201  # its answer is recorded
+    assert sink.stats()["posts"] == 1
+
+
+def test_a_kill_waiting_on_a_must_finish_call_of_a_frozen_worker_ends_the_task_when_its_lease_runs_out(
+        alice, processes, settings, monkeypatch):
+    import signal
+
+    sink = Sink(processes)
+    monkeypatch.setitem(settings.RUNTIME["kill"], "finish_first", ["http.request"])
+    worker = processes.worker(**FAST, KILL_FINISH_FIRST="http.request")
+    processes.beat(**FAST)
+    task = calls(alice, f"{sink.url}/effects?hang=600")
+    wait_until(lambda: sink.stats()["hanging"] == 1, timeout=60, what="the call to be in flight")
+    assert kill(alice, task, reason="wrong account").json()["status"] == "pending"
+    processes.kill(worker, signal.SIGSTOP)  # the only steps worker freezes: the call never returns to it
+    # The reaper's own worker (maintenance queue only) is alive.
+    processes.start("maintenance", [sys.executable, "-m", *WORKER[:4], "-Q", "maintenance", *WORKER[6:], "1"],
+                    **FAST)
+
+    # The kill waited for that worker; lost, it cannot stop the task: the reaper does, at once,
+    # instead of handing a killed task to a next worker (there may be none) just to end it.
+    wait_until(lambda: Task.objects.get(id=task.id).status == "cancelled", timeout=30,
+               what="the killed task to end once its worker's lease ran out")
+    assert_killed(task.id, "wrong account")
+    assert LedgerEntry.objects.get(task=task).status == "unknown"  # in flight when lost: reconciled, never re-sent
+    assert SteeringCommand.objects.get(task=task, type="kill").status == "applied"

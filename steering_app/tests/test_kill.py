@@ -161,3 +161,35 @@ def test_a_kill_cuts_a_step_sleeping_in_the_agents_own_code_and_the_slice_return
     assert outcome is engine.SliceOutcome.DROPPED  # cut: the kill had ended the task and fenced the slice
     assert_killed(task.id, "stuck")
     assert not Task.objects.get(id=task.id).steps.exists()
+
+
+def test_a_kill_of_a_running_task_settles_the_commands_still_waiting_for_its_safe_point(alice):
+    # A worker holds the task (mid-step): a pause waits for its safe point, which the kill
+    # takes away (the epoch moves, the worker never commits again). Nobody else would ever
+    # settle the pause: it must not stay pending on a cancelled task.
+    task = new_task(alice, steps=100)
+    assert leases.claim(task.id, worker_id="w1", ttl=60) is not None
+    Task.objects.filter(id=task.id).update(status="working")
+    assert steer(alice, task, "pause", command_id="p1").json()["status"] == "pending"
+    assert kill(alice, task, reason="runaway").json()["status"] == "applied"
+    assert Task.objects.get(id=task.id).status == "cancelled"
+    pause = SteeringCommand.objects.get(task=task, command_id="p1")
+    assert pause.status == "rejected" and "cancelled" in pause.outcome
+    assert not SteeringCommand.objects.filter(task=task, status="pending").exists()
+
+
+@pytest.mark.parametrize("reason", [None, 7, {"why": "runaway"}, ["runaway"], "x" * 501])
+def test_the_mcp_kill_tool_refuses_a_reason_that_is_no_reason_instead_of_making_one_up(alice, reason):
+    import json
+
+    from tests.test_hostile_input import mcp
+
+    task = new_task(alice)
+    arguments = {"taskId": str(task.id), "expectedVersion": Task.objects.get(id=task.id).state_version,
+                 "reason": reason}
+    response = mcp(alice.token, json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                                            "params": {"name": "kill_task", "arguments": arguments}}))
+    assert response.status_code == 200, response.content
+    result = response.json()["result"]
+    assert result["isError"] and "reason" in result["content"][0]["text"], result
+    assert Task.objects.get(id=task.id).status == "queued"  # not killed for "None", "7" or a cut-off reason
