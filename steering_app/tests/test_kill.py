@@ -50,7 +50,7 @@ def test_a_kill_of_a_paused_task_ends_it_at_once_and_keeps_its_checkpoint_loadab
     assert answer.status_code == 202, answer.content
     body = answer.json()
     assert body["type"] == "kill" and body["status"] == "applied"
-    assert body["killPolicy"]["cut"] == ["http.request", "mcp.call", "model.chat"]
+    assert body["killPolicy"]["cut"] == ["http.request", "mcp.call", "llm.chat"]
     assert body["killPolicy"]["finishFirst"] == ["payment.create", "email.send"]
     assert_killed(task.id, "agent is spamming the CRM")
     assert latest_checkpoint(task).sequence == checkpoint.sequence  # still there, still verifies
