@@ -42,8 +42,11 @@ def settled(task: Any, timeout: float = 90) -> Any:
     """The task, re-read once it stopped for good or for a person (completed, failed, input_required)."""
     from tasks_app.models import Task
 
-    wait_until(lambda: Task.objects.get(id=task.id).status in ("completed", "failed", "input_required"),
-               timeout=timeout, what="the task to settle")
+    wait_until(
+        lambda: Task.objects.get(id=task.id).status in ("completed", "failed", "input_required"),
+        timeout=timeout,
+        what="the task to settle",
+    )
     return Task.objects.get(id=task.id)
 
 
@@ -110,8 +113,19 @@ WEB = ["uvicorn", "runtime_site.asgi:application", "--host", "127.0.0.1", "--por
 # Leases that expire in seconds, for the tests that kill, freeze or steer real workers.
 FAST_LEASES = {"RUNTIME_LEASE_SECONDS": "3", "RUNTIME_HEARTBEAT_SECONDS": "1", "RUNTIME_SCAN_SECONDS": "1"}
 
-WORKER = ["celery", "-A", "runtime_site", "worker", "-Q", "steps,maintenance", "-l", "INFO",
-          "--without-gossip", "--without-mingle", "-c"]
+WORKER = [
+    "celery",
+    "-A",
+    "runtime_site",
+    "worker",
+    "-Q",
+    "steps,maintenance",
+    "-l",
+    "INFO",
+    "--without-gossip",
+    "--without-mingle",
+    "-c",
+]
 BEAT = ["celery", "-A", "runtime_site", "beat", "-l", "INFO", "-s"]
 
 
@@ -128,8 +142,9 @@ class Processes:
 
     def start(self, name: str, args: list[str], **env: str) -> subprocess.Popen[bytes]:
         log = open(self.tmp / f"{name}-{len(self.procs)}.log", "wb")  # noqa: SIM115 (closed with the process)
-        proc = subprocess.Popen(args, cwd=ROOT, env=self.env(**env), stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # its own group: kill -9 takes the pool children too
+        proc = subprocess.Popen(
+            args, cwd=ROOT, env=self.env(**env), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )  # its own group: kill -9 takes the pool children too
         proc.log_path = log.name  # type: ignore[attr-defined]
         self.procs.append(proc)
         return proc
@@ -160,8 +175,10 @@ class Processes:
                 self.kill(proc)
 
     def logs(self) -> str:
-        return "\n".join(f"--- {p.log_path}\n" + Path(p.log_path).read_text(errors="replace")[-4000:]  # type: ignore[attr-defined]
-                         for p in self.procs)
+        return "\n".join(
+            f"--- {p.log_path}\n" + Path(p.log_path).read_text(errors="replace")[-4000:]  # type: ignore[attr-defined]
+            for p in self.procs
+        )
 
 
 @pytest.fixture
@@ -204,13 +221,32 @@ def private_redis(tmp_path: Path, processes: Processes) -> tuple[int, Callable[[
     port = free_port()
     binary = shutil.which("redis-server")
     assert binary, "redis-server is needed for this test"
-    args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-            "--dir", str(tmp_path)]
+    args = [
+        binary,
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        str(tmp_path),
+    ]
 
     def start() -> subprocess.Popen[bytes]:
         proc = processes.start("redis", args)
-        wait_until(lambda: subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True,
-                                          text=True, check=False).stdout.strip() == "PONG", timeout=10, what="redis")
+        wait_until(
+            lambda: (
+                subprocess.run(
+                    ["redis-cli", "-p", str(port), "ping"], capture_output=True, text=True, check=False
+                ).stdout.strip()
+                == "PONG"
+            ),
+            timeout=10,
+            what="redis",
+        )
         return proc
 
     return port, start
@@ -235,7 +271,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Any:
 
 def pytest_configure(config: pytest.Config) -> None:
     settings.RUNTIME_BLOB_DIR.mkdir(parents=True, exist_ok=True)
-    config.addinivalue_line("markers", "e2e: starts real processes or a browser (the slow tier; bin/test -m 'not e2e' skips it)")
+    config.addinivalue_line(
+        "markers", "e2e: starts real processes or a browser (the slow tier; bin/test -m 'not e2e' skips it)"
+    )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -272,8 +310,10 @@ class SseClient:
         if self.last_event_id:
             headers["Last-Event-ID"] = self.last_event_id
         try:
-            with httpx.Client(timeout=httpx.Timeout(10, read=60)) as client, \
-                    client.stream("GET", self.url, headers=headers) as response:
+            with (
+                httpx.Client(timeout=httpx.Timeout(10, read=60)) as client,
+                client.stream("GET", self.url, headers=headers) as response,
+            ):
                 self.status = response.status_code
                 event: dict[str, Any] = {}
                 for line in response.iter_lines():

@@ -35,8 +35,14 @@ def setup(**overrides: str) -> None:
 
     url = urlsplit(os.environ["DATABASE_URL"])
     name = url.path.lstrip("/")
-    with psycopg.connect(host=url.hostname, port=url.port or 5432, user=url.username, password=url.password,
-                         dbname="postgres", autocommit=True) as conn:
+    with psycopg.connect(
+        host=url.hostname,
+        port=url.port or 5432,
+        user=url.username,
+        password=url.password,
+        dbname="postgres",
+        autocommit=True,
+    ) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{name}"')
     subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, check=True)
@@ -47,13 +53,37 @@ def setup(**overrides: str) -> None:
 
 def start(args: list[str], log: Path | None = None, cwd: Path = ROOT, **env: str) -> subprocess.Popen[bytes]:
     out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 (lives as long as the process)
-    return subprocess.Popen([sys.executable, "-m", *args], cwd=cwd, env={**os.environ, **env}, stdout=out,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", *args],
+        cwd=cwd,
+        env={**os.environ, **env},
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def worker(log: Path | None = None, *extra: str, cwd: Path = ROOT, **env: str) -> subprocess.Popen[bytes]:
-    return start(["celery", "-A", "runtime_site", "worker", "-Q", "steps,maintenance", "-l", "WARNING",
-                  "--without-gossip", "--without-mingle", "-c", "1", *extra], log, cwd, **env)
+    return start(
+        [
+            "celery",
+            "-A",
+            "runtime_site",
+            "worker",
+            "-Q",
+            "steps,maintenance",
+            "-l",
+            "WARNING",
+            "--without-gossip",
+            "--without-mingle",
+            "-c",
+            "1",
+            *extra,
+        ],
+        log,
+        cwd,
+        **env,
+    )
 
 
 def wait(predicate: Callable[[], object], timeout: float = 600, interval: float = 0.01) -> None:
@@ -96,8 +126,12 @@ def web(logs: Path, *extra: str, cwd: Path = ROOT, **env: str) -> tuple[subproce
     import httpx
 
     port = free_port()
-    proc = start(["uvicorn", "runtime_site.asgi:application", "--port", str(port), "--log-level", "warning", *extra],
-                 logs / "web.log", cwd, **env)
+    proc = start(
+        ["uvicorn", "runtime_site.asgi:application", "--port", str(port), "--log-level", "warning", *extra],
+        logs / "web.log",
+        cwd,
+        **env,
+    )
     base = f"http://127.0.0.1:{port}"
 
     def up() -> bool:

@@ -55,15 +55,18 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def measure(base: str, token: str, task_ids: list[str], readers: int, seconds: float,
-                  pid: int) -> dict[str, list[float]]:
+async def measure(
+    base: str, token: str, task_ids: list[str], readers: int, seconds: float, pid: int
+) -> dict[str, list[float]]:
     import httpx
 
-    out: dict[str, list[float]] = {k: [] for k in ("idle healthz", "idle snapshot", "snapshot", "list", "create",
-                                                    "steer accept", "healthz")}
+    out: dict[str, list[float]] = {
+        k: [] for k in ("idle healthz", "idle snapshot", "snapshot", "list", "create", "steer accept", "healthz")
+    }
     limits = httpx.Limits(max_connections=readers + 8, max_keepalive_connections=readers + 8)
-    async with httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {token}"}, limits=limits,
-                                 timeout=30) as http:
+    async with httpx.AsyncClient(
+        base_url=base, headers={"Authorization": f"Bearer {token}"}, limits=limits, timeout=30
+    ) as http:
         for _ in range(100):
             await timed(out["idle healthz"], http.get("/healthz"))
         for _ in range(100):
@@ -83,16 +86,21 @@ async def measure(base: str, token: str, task_ids: list[str], readers: int, seco
 
         async def creator() -> None:
             while time.monotonic() < stop:
-                r = await timed(out["create"], http.post("/runtime/tasks", json={
-                    "agent": "noop", "input": {"steps": 1}}))
+                r = await timed(
+                    out["create"], http.post("/runtime/tasks", json={"agent": "noop", "input": {"steps": 1}})
+                )
                 assert r.status_code == 201, r.text
                 await asyncio.sleep(0.02)
 
         async def steerer() -> None:
             while time.monotonic() < stop:
                 version = (await http.get(f"/runtime/tasks/{steer_task}")).json()["stateVersion"]
-                body = {"commandId": f"c{time.monotonic_ns()}", "type": "set_priority",
-                        "payload": {"priority": random.randint(0, 9)}, "expectedVersion": version}
+                body = {
+                    "commandId": f"c{time.monotonic_ns()}",
+                    "type": "set_priority",
+                    "payload": {"priority": random.randint(0, 9)},
+                    "expectedVersion": version,
+                }
                 t0 = time.perf_counter()
                 r = await http.post(f"/runtime/tasks/{steer_task}/steering", json=body)
                 if r.status_code == 202:  # a 409 (the worker moved the version) is retried, not timed
@@ -128,8 +136,10 @@ def main() -> None:
 
     tenant, token = _common.operator_key()
     logs = Path(tempfile.mkdtemp(prefix="bench-api-"))
-    task_ids = [str(do_create_task(tenant, actor="user:bench", agent="noop",
-                                   input={"steps": 1_000_000, "sleepMs": 20})[0].id) for _ in range(args.tasks)]
+    task_ids = [
+        str(do_create_task(tenant, actor="user:bench", agent="noop", input={"steps": 1_000_000, "sleepMs": 20})[0].id)
+        for _ in range(args.tasks)
+    ]
     builds = {"this checkout": _common.ROOT}
     if args.baseline:
         builds = {args.baseline: export(args.baseline), **builds}
@@ -155,17 +165,23 @@ def main() -> None:
             if folder != _common.ROOT:
                 shutil.rmtree(folder, ignore_errors=True)
 
-    print(f"one uvicorn process; {args.tasks} running no-op tasks (one worker -c 1); {args.readers} concurrent "
-          f"snapshot readers + 1 list, 1 create, 1 steering, 1 healthz client; {args.rounds} x {args.seconds:g} s "
-          f"per build, interleaved")
+    print(
+        f"one uvicorn process; {args.tasks} running no-op tasks (one worker -c 1); {args.readers} concurrent "
+        f"snapshot readers + 1 list, 1 create, 1 steering, 1 healthz client; {args.rounds} x {args.seconds:g} s "
+        f"per build, interleaved"
+    )
     print(f"{'build':16} {'request':16} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'n':>7}")
     for name, got in results.items():
         for key in ("idle healthz", "idle snapshot", "snapshot", "list", "create", "steer accept", "healthz"):
             values = got.get(key) or [float("nan")]
-            print(f"{name:16} {key:16} {statistics.median(values):8.2f} {_common.percentile(values, 95):8.2f} "
-                  f"{_common.percentile(values, 99):8.2f} {len(got.get(key, [])):7}")
+            print(
+                f"{name:16} {key:16} {statistics.median(values):8.2f} {_common.percentile(values, 95):8.2f} "
+                f"{_common.percentile(values, 99):8.2f} {len(got.get(key, [])):7}"
+            )
         print(f"{name:16} {'reads/s':16} {statistics.mean(got['reads/s']):8.0f}")
-        print(f"{name:16} {'web CPU ms/req':16} {statistics.mean(got['cpu ms/request']):8.2f}   (under load, all kinds)")
+        print(
+            f"{name:16} {'web CPU ms/req':16} {statistics.mean(got['cpu ms/request']):8.2f}   (under load, all kinds)"
+        )
     print("targets: snapshot p95 <= 20 ms, create p95 <= 40 ms, steer accept p99 <= 50 ms, idle healthz p50 <= 2 ms")
 
 

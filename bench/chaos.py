@@ -27,8 +27,13 @@ from pathlib import Path
 
 import _common
 
-SETTINGS = {"RUNTIME_LEASE_SECONDS": "3", "RUNTIME_HEARTBEAT_SECONDS": "1", "RUNTIME_SCAN_SECONDS": "1",
-            "RUNTIME_STALL_SECONDS": "10", "RUNTIME_SLICE_STEPS": "20"}
+SETTINGS = {
+    "RUNTIME_LEASE_SECONDS": "3",
+    "RUNTIME_HEARTBEAT_SECONDS": "1",
+    "RUNTIME_SCAN_SECONDS": "1",
+    "RUNTIME_STALL_SECONDS": "10",
+    "RUNTIME_SLICE_STEPS": "20",
+}
 
 
 def held_by(proc, owners: dict[str, str]) -> list[str]:
@@ -70,26 +75,37 @@ def main() -> None:
     generate_corpus(blob_store(), "corpora/chaos", args.docs, 42, "2026-11-01")
     tenant = Tenant.objects.create(slug="chaos", name="chaos")
     logs = Path(tempfile.mkdtemp(prefix="chaos-"))
-    beat = _common.start(["celery", "-A", "runtime_site", "beat", "-l", "WARNING", "-s", str(logs / "beat")],
-                         logs / "beat.log")
+    beat = _common.start(
+        ["celery", "-A", "runtime_site", "beat", "-l", "WARNING", "-s", str(logs / "beat")], logs / "beat.log"
+    )
     workers = [_common.worker(logs / f"worker-{i}.log") for i in range(2)]
-    ids = [str(do_create_task(tenant, actor="user:chaos", agent="document_review",
-                              input={"corpus": "corpora/chaos", "batchSize": args.batch},
-                              checkpoint_policy={"everySteps": args.every_steps})[0].id)
-           for _ in range(args.tasks)]
+    ids = [
+        str(
+            do_create_task(
+                tenant,
+                actor="user:chaos",
+                agent="document_review",
+                input={"corpus": "corpora/chaos", "batchSize": args.batch},
+                checkpoint_policy={"everySteps": args.every_steps},
+            )[0].id
+        )
+        for _ in range(args.tasks)
+    ]
     kills: list[tuple[datetime, list[str]]] = []
     started = time.monotonic()
     next_kill = started + rng.uniform(low, high)
     try:
-        while Task.objects.filter(id__in=ids, status__in=["completed", "failed", "cancelled",
-                                                          "dead_lettered"]).count() < len(ids):
+        while Task.objects.filter(
+            id__in=ids, status__in=["completed", "failed", "cancelled", "dead_lettered"]
+        ).count() < len(ids):
             if time.monotonic() - started > args.timeout:
                 print("TIMEOUT")
                 break
             if time.monotonic() >= next_kill:
                 victim = rng.randrange(len(workers))
-                owners = dict(Task.objects.filter(id__in=ids, lease_owner__isnull=False)
-                              .values_list("id", "lease_owner"))
+                owners = dict(
+                    Task.objects.filter(id__in=ids, lease_owner__isnull=False).values_list("id", "lease_owner")
+                )
                 held = held_by(workers[victim], {str(k): v for k, v in owners.items()})
                 os.killpg(workers[victim].pid, signal.SIGKILL)
                 workers[victim].wait()
@@ -112,24 +128,41 @@ def main() -> None:
     takeovers = []
     for at, held in kills:
         for task_id in held:
-            resumed = (AuditRecord.objects.filter(task_id=task_id, from_status="recovering", to_status="working",
-                                                  created_at__gt=at).order_by("seq").first())
+            resumed = (
+                AuditRecord.objects.filter(
+                    task_id=task_id, from_status="recovering", to_status="working", created_at__gt=at
+                )
+                .order_by("seq")
+                .first()
+            )
             if resumed:
                 takeovers.append((resumed.created_at - at).total_seconds())
-    print(f"chaos: {args.tasks} document reviews x {args.docs} docs (batch {args.batch}, "
-          f"{sum(t.steps_done for t in tasks)} steps), 2 workers, a kill every {low:g}-{high:g}s; "
-          f"lease {SETTINGS['RUNTIME_LEASE_SECONDS']}s, heartbeat {SETTINGS['RUNTIME_HEARTBEAT_SECONDS']}s, "
-          f"scan {SETTINGS['RUNTIME_SCAN_SECONDS']}s, max recoveries {args.max_recoveries}, "
-          f"checkpoint every {args.every_steps} step(s)")
-    print(f"  ran {elapsed:.1f}s; kills: {len(kills)}; tasks held by the killed worker: "
-          f"{sum(len(h) for _, h in kills)}; recoveries: {sum(t.recoveries for t in tasks)}")
+    print(
+        f"chaos: {args.tasks} document reviews x {args.docs} docs (batch {args.batch}, "
+        f"{sum(t.steps_done for t in tasks)} steps), 2 workers, a kill every {low:g}-{high:g}s; "
+        f"lease {SETTINGS['RUNTIME_LEASE_SECONDS']}s, heartbeat {SETTINGS['RUNTIME_HEARTBEAT_SECONDS']}s, "
+        f"scan {SETTINGS['RUNTIME_SCAN_SECONDS']}s, max recoveries {args.max_recoveries}, "
+        f"checkpoint every {args.every_steps} step(s)"
+    )
+    print(
+        f"  ran {elapsed:.1f}s; kills: {len(kills)}; tasks held by the killed worker: "
+        f"{sum(len(h) for _, h in kills)}; recoveries: {sum(t.recoveries for t in tasks)}"
+    )
     print(f"  tasks lost (neither completed nor held as a dead letter): {len(lost)}")
-    print(f"  steps committed twice: {twice}" + ("" if args.every_steps == 1 else
-          f" (expected with --every-steps {args.every_steps}: steps after a checkpoint re-run after a kill)"))
+    print(
+        f"  steps committed twice: {twice}"
+        + (
+            ""
+            if args.every_steps == 1
+            else f" (expected with --every-steps {args.every_steps}: steps after a checkpoint re-run after a kill)"
+        )
+    )
     print(f"  dead letters: {len(dead)}")
     if takeovers:
-        print(f"  kill -> new lease takeover: p50 {statistics.median(takeovers):.2f}s, "
-              f"p99 {_common.percentile(takeovers, 99):.2f}s, max {max(takeovers):.2f}s (n={len(takeovers)})")
+        print(
+            f"  kill -> new lease takeover: p50 {statistics.median(takeovers):.2f}s, "
+            f"p99 {_common.percentile(takeovers, 99):.2f}s, max {max(takeovers):.2f}s (n={len(takeovers)})"
+        )
     print(f"  logs: {logs}")
     raise SystemExit(1 if lost or (twice and args.every_steps == 1) else 0)
 

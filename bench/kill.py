@@ -17,8 +17,8 @@ Prints p50, p99 and max of each.
 
 from __future__ import annotations
 
-import contextlib
 import argparse
+import contextlib
 import os
 import signal
 import statistics
@@ -48,8 +48,9 @@ def main() -> None:
     tenant = Tenant.objects.create(slug="kill", name="kill")
     logs = Path(tempfile.mkdtemp(prefix="kill-"))
     port = _free_port()
-    sink = subprocess.Popen([sys.executable, str(_common.ROOT / "tests" / "sink.py"), "--port", str(port)],
-                            start_new_session=True)
+    sink = subprocess.Popen(
+        [sys.executable, str(_common.ROOT / "tests" / "sink.py"), "--port", str(port)], start_new_session=True
+    )
     url = f"http://127.0.0.1:{port}"
     workers = [_common.worker(logs / f"worker-{i}.log", "-l", "INFO") for i in range(2)]
     client = httpx.Client(timeout=5)
@@ -61,29 +62,57 @@ def main() -> None:
             _common.wait(lambda log=log: b" ready." in log.read_bytes(), timeout=120, interval=0.05)
         for n in range(args.kills):
             before = client.get(f"{url}/stats").json()
-            task, _ = do_create_task(tenant, actor="user:bench", agent="tool_calls", input={"calls": [
-                {"tool": "http.request", "args": {"url": f"{url}/effects?hang=600", "json": {"n": n},
-                                                  "timeoutSeconds": 600}}]})
-            _common.wait(lambda before=before: client.get(f"{url}/stats").json()["hanging"] > before["hanging"], timeout=60,
-                         interval=0.02)
+            task, _ = do_create_task(
+                tenant,
+                actor="user:bench",
+                agent="tool_calls",
+                input={
+                    "calls": [
+                        {
+                            "tool": "http.request",
+                            "args": {"url": f"{url}/effects?hang=600", "json": {"n": n}, "timeoutSeconds": 600},
+                        }
+                    ]
+                },
+            )
+            _common.wait(
+                lambda before=before: client.get(f"{url}/stats").json()["hanging"] > before["hanging"],
+                timeout=60,
+                interval=0.02,
+            )
             version = Task.objects.values_list("state_version", flat=True).get(id=task.id)
             t0 = time.monotonic()
-            do_enqueue_command(task.id, tenant=tenant, command_id=f"kill-{n}", type=CommandType.KILL, payload={},
-                               expected_version=version, requested_by="user:bench", reason="bench")
+            do_enqueue_command(
+                task.id,
+                tenant=tenant,
+                command_id=f"kill-{n}",
+                type=CommandType.KILL,
+                payload={},
+                expected_version=version,
+                requested_by="user:bench",
+                reason="bench",
+            )
             accepted.append(time.monotonic() - t0)
-            _common.wait(lambda before=before: client.get(f"{url}/stats").json()["dropped"] > before["dropped"], timeout=120,
-                         interval=0.002)
+            _common.wait(
+                lambda before=before: client.get(f"{url}/stats").json()["dropped"] > before["dropped"],
+                timeout=120,
+                interval=0.002,
+            )
             stopped.append(time.monotonic() - t0)
             assert Task.objects.get(id=task.id).status == "cancelled"
     finally:
         for proc in [*workers, sink]:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-    print(f"kill of a step stuck in a 10-minute HTTP call: 2 workers (-c 1), lease 30 s, heartbeat 10 s, "
-          f"{len(stopped)} kills")
+    print(
+        f"kill of a step stuck in a 10-minute HTTP call: 2 workers (-c 1), lease 30 s, heartbeat 10 s, "
+        f"{len(stopped)} kills"
+    )
     for name, times in (("accepted", accepted), ("stopped", stopped)):
-        print(f"  {name:9s} p50 {statistics.median(times) * 1000:.0f} ms  "
-              f"p99 {_common.percentile(times, 99) * 1000:.0f} ms  max {max(times) * 1000:.0f} ms")
+        print(
+            f"  {name:9s} p50 {statistics.median(times) * 1000:.0f} ms  "
+            f"p99 {_common.percentile(times, 99) * 1000:.0f} ms  max {max(times) * 1000:.0f} ms"
+        )
     print(f"  logs: {logs}")
 
 

@@ -48,8 +48,10 @@ def _answers(httpx, url: str) -> bool:
 def row(label: str, values: list[float], base: list[float] | None = None) -> str:
     mean = sum(values) / len(values)
     ratio = f"  ratio {mean / (sum(base) / len(base)):.2f}" if base else ""
-    return (f"{label:<34} {mean:7.2f} ms/call  p50 {_common.percentile(values, 50):6.2f}"
-            f"  p99 {_common.percentile(values, 99):6.2f}{ratio}")
+    return (
+        f"{label:<34} {mean:7.2f} ms/call  p50 {_common.percentile(values, 50):6.2f}"
+        f"  p99 {_common.percentile(values, 99):6.2f}{ratio}"
+    )
 
 
 def main() -> None:
@@ -75,33 +77,49 @@ def main() -> None:
         assert lease is not None
 
         def through_ledger(sequence: int, name: str, call_args: dict) -> None:
-            execute_once(lease, tenant_id=tenant.id, sequence=sequence, index=1, name=name, args=call_args,
-                         answers={})
+            execute_once(lease, tenant_id=tenant.id, sequence=sequence, index=1, name=name, args=call_args, answers={})
 
         n = args.calls
         bare = httpx.Client()  # as the tool does: one pooled client
-        bare_http = [timed(lambda i=i: bare.post(f"{sink_url}/effects", json={"n": i},
-                                                 headers={"Idempotency-Key": f"bare-{i}"}, timeout=10))
-                     for i in range(n)]
-        ledger_http = [timed(lambda i=i: through_ledger(i + 1, "http.request",
-                                                        {"url": f"{sink_url}/effects", "json": {"n": i}}))
-                       for i in range(n)]
-        replays = [timed(lambda i=i: through_ledger(i + 1, "http.request",
-                                                    {"url": f"{sink_url}/effects", "json": {"n": i}}))
-                   for i in range(n)]
+        bare_http = [
+            timed(
+                lambda i=i: bare.post(
+                    f"{sink_url}/effects", json={"n": i}, headers={"Idempotency-Key": f"bare-{i}"}, timeout=10
+                )
+            )
+            for i in range(n)
+        ]
+        ledger_http = [
+            timed(lambda i=i: through_ledger(i + 1, "http.request", {"url": f"{sink_url}/effects", "json": {"n": i}}))
+            for i in range(n)
+        ]
+        replays = [
+            timed(lambda i=i: through_ledger(i + 1, "http.request", {"url": f"{sink_url}/effects", "json": {"n": i}}))
+            for i in range(n)
+        ]
         mcp = f"{remote_url}/mcp"
-        bare_mcp = [timed(lambda i=i: mcp_client.call_tool(mcp, "record", {"text": str(i)}, key=f"bare-{i}",
-                                                           timeout=10)) for i in range(n)]
-        ledger_mcp = [timed(lambda i=i: through_ledger(n + i + 1, "mcp.call", {
-            "server": mcp, "tool": "record", "arguments": {"text": str(i)}})) for i in range(n)]
+        bare_mcp = [
+            timed(lambda i=i: mcp_client.call_tool(mcp, "record", {"text": str(i)}, key=f"bare-{i}", timeout=10))
+            for i in range(n)
+        ]
+        ledger_mcp = [
+            timed(
+                lambda i=i: through_ledger(
+                    n + i + 1, "mcp.call", {"server": mcp, "tool": "record", "arguments": {"text": str(i)}}
+                )
+            )
+            for i in range(n)
+        ]
         effects = httpx.get(f"{sink_url}/stats").json()["effects"]
         remote_effects = httpx.get(f"{remote_url}/stats").json()["effects"]["record"]
     finally:
         for proc in (sink, remote):
             proc.terminate()
             proc.wait()
-    print(f"{n} calls each (receiver counted {effects} HTTP effects and {remote_effects} MCP effects; "
-          f"expected {2 * n} each)")
+    print(
+        f"{n} calls each (receiver counted {effects} HTTP effects and {remote_effects} MCP effects; "
+        f"expected {2 * n} each)"
+    )
     print(row("http.request, bare httpx", bare_http))
     print(row("http.request, through the ledger", ledger_http, bare_http))
     print(row("replay of a settled key (no call)", replays))

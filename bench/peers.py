@@ -39,12 +39,19 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 # --- the peers (run with --run in the peers' environment) -------------------------------
 
+
 def fresh_database(base_url: str, name: str) -> str:
     import psycopg
 
     url = urlsplit(base_url)
-    with psycopg.connect(host=url.hostname, port=url.port or 5432, user=url.username, password=url.password,
-                         dbname="postgres", autocommit=True) as conn:
+    with psycopg.connect(
+        host=url.hostname,
+        port=url.port or 5432,
+        user=url.username,
+        password=url.password,
+        dbname="postgres",
+        autocommit=True,
+    ) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{name}"')
     return url._replace(path=f"/{name}").geturl()
@@ -124,11 +131,12 @@ PEERS = {"pg": run_pg, "dbos": run_dbos, "langgraph": run_langgraph}
 
 # --- the runtime and the rounds (run in the project's environment) -----------------------
 
+
 def runtime(n: int, tenant: object) -> float:
+    import _common
+
     from tasks_app.actions import do_create_task
     from tasks_app.models import Task
-
-    import _common
 
     start = time.time()
     task, _ = do_create_task(tenant, actor="user:bench", agent="noop", input={"steps": n})
@@ -139,8 +147,12 @@ def runtime(n: int, tenant: object) -> float:
 
 
 def peer(python: str, name: str, n: int, base_url: str) -> float:
-    out = subprocess.run([python, __file__, "--run", name, "--steps", str(n), "--database-url", base_url],
-                         check=True, capture_output=True, text=True)
+    out = subprocess.run(
+        [python, __file__, "--run", name, "--steps", str(n), "--database-url", base_url],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])["seconds"]
 
 
@@ -152,8 +164,9 @@ def main() -> None:
     parser.add_argument("--peers", default="pg,dbos,langgraph")
     parser.add_argument("--baseline", help="a git ref whose runtime to measure beside this checkout, e.g. main")
     parser.add_argument("--run", choices=sorted(PEERS), help=argparse.SUPPRESS)
-    parser.add_argument("--database-url", default=os.getenv("DATABASE_URL",
-                                                            "postgres://postgres@127.0.0.1:5432/runtime_bench"))
+    parser.add_argument(
+        "--database-url", default=os.getenv("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/runtime_bench")
+    )
     args = parser.parse_args()
     if args.run:  # one peer, one round, in the peers' environment
         url = fresh_database(args.database_url, f"bench_peer_{args.run}")
@@ -193,8 +206,10 @@ def main() -> None:
 
     n = args.steps
     ms = {name: statistics.median(values) / n * 1000 for name, values in seconds.items()}
-    print(f"N = {n} sequential no-op steps, each durable before the next; median of {args.rounds} interleaved "
-          f"rounds; PostgreSQL + Redis on loopback")
+    print(
+        f"N = {n} sequential no-op steps, each durable before the next; median of {args.rounds} interleaved "
+        f"rounds; PostgreSQL + Redis on loopback"
+    )
     print(f"{'system':14} {'ms/step':>9} {'rounds (ms/step)':>32} {'runtime / it':>13}")
     for name, value in ms.items():
         rounds = " ".join(f"{s / n * 1000:.2f}" for s in seconds[name])

@@ -62,8 +62,12 @@ import chaos
 # chaos.py's timings (lease 3 s, heartbeat 1 s, scan 1 s, stall 10 s, 20-step slices), so the
 # two benches' takeover figures compare; recoveries are not limited: a task hit by many random
 # kills is not a poison task, and the soak is about surviving them.
-SETTINGS = {**chaos.SETTINGS, "RUNTIME_MAX_RECOVERIES": "1000", "SECURITY_HTTP_ALLOWLIST": "127.0.0.1",
-            "PYTHONUNBUFFERED": "1"}
+SETTINGS = {
+    **chaos.SETTINGS,
+    "RUNTIME_MAX_RECOVERIES": "1000",
+    "SECURITY_HTTP_ALLOWLIST": "127.0.0.1",
+    "PYTHONUNBUFFERED": "1",
+}
 SETTLED = ("completed", "failed", "cancelled", "dead_lettered", "input_required")
 OPEN = "queued,working,pausing,paused,input_required,recovering"
 FULL = {"kills": 200, "freezes": 20, "db_terminations": 10, "sigterms": 20, "redis_restarts": 1, "tasks": 40}
@@ -155,10 +159,23 @@ class Soak:
 
     def start_redis(self) -> None:
         self.procs["redis"] = subprocess.Popen(
-            [shutil.which("redis-server") or "redis-server", "--port", str(self.args.redis_port), "--bind",
-             "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(self.logs)],
-            stdout=open(self.logs / "redis.log", "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
-            start_new_session=True)
+            [
+                shutil.which("redis-server") or "redis-server",
+                "--port",
+                str(self.args.redis_port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.logs),
+            ],
+            stdout=open(self.logs / "redis.log", "ab"),  # noqa: SIM115
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         import redis
 
         client = redis.Redis(port=self.args.redis_port, socket_connect_timeout=1)
@@ -199,8 +216,11 @@ class Soak:
             if worker.frozen_until is not None and now >= worker.frozen_until:
                 os.killpg(worker.proc.pid, signal.SIGCONT)
                 worker.frozen_until = None
-            if worker.stopping_since is not None and worker.proc.poll() is None \
-                    and now - worker.stopping_since > self.args.sigterm_grace:
+            if (
+                worker.stopping_since is not None
+                and worker.proc.poll() is None
+                and now - worker.stopping_since > self.args.sigterm_grace
+            ):
                 self.figures.sigterms_forced += 1
                 os.killpg(worker.proc.pid, signal.SIGKILL)
                 worker.proc.wait()
@@ -223,12 +243,29 @@ class Soak:
         sink = self.sink
         kind = ("webhook", "noop", "tool_calls", "noop")[n % 4]
         if kind == "webhook":
-            return {"agent": "webhook", "checkpointPolicy": {"everySteps": 5}, "input": {
-                "url": f"{sink}/effects", "reconcileUrl": f"{sink}/effects/{{key}}", "payload": {"task": n},
-                "count": 25, "sleepMs": 100}}, 25
+            return {
+                "agent": "webhook",
+                "checkpointPolicy": {"everySteps": 5},
+                "input": {
+                    "url": f"{sink}/effects",
+                    "reconcileUrl": f"{sink}/effects/{{key}}",
+                    "payload": {"task": n},
+                    "count": 25,
+                    "sleepMs": 100,
+                },
+            }, 25
         if kind == "tool_calls":
-            calls = [{"tool": "http.request", "args": {"url": f"{sink}/effects", "json": {"task": n, "call": i},
-                                                        "reconcileUrl": f"{sink}/effects/{{key}}"}} for i in range(20)]
+            calls = [
+                {
+                    "tool": "http.request",
+                    "args": {
+                        "url": f"{sink}/effects",
+                        "json": {"task": n, "call": i},
+                        "reconcileUrl": f"{sink}/effects/{{key}}",
+                    },
+                }
+                for i in range(20)
+            ]
             return {"agent": "tool_calls", "checkpointPolicy": {"everySteps": 5}, "input": {"calls": calls}}, 20
         # Checkpoints only at slice ends (every 20 steps): a crash leaves up to 19 committed
         # steps to re-run, the range a second kill aims at.
@@ -240,8 +277,9 @@ class Soak:
         import httpx
 
         now = time.monotonic()
-        open_now = sum(1 for t in self.tasks.values() if not t.get("settled")
-                       and now - t["moved"] < self.args.stuck_after)
+        open_now = sum(
+            1 for t in self.tasks.values() if not t.get("settled") and now - t["moved"] < self.args.stuck_after
+        )
         if self.pending_create is None:
             if open_now >= self.args.in_flight or not (faults_left or self.submitted < self.args.tasks):
                 return
@@ -259,8 +297,11 @@ class Soak:
             return
         if response.status_code not in (200, 201):
             raise SystemExit(f"the soak's own request was refused: {response.status_code} {response.text}")
-        self.tasks[response.json()["taskId"]] = {"kind": spec["body"]["agent"], "effects": spec["effects"],
-                                                 "moved": time.monotonic()}
+        self.tasks[response.json()["taskId"]] = {
+            "kind": spec["body"]["agent"],
+            "effects": spec["effects"],
+            "moved": time.monotonic(),
+        }
         self.pending_create = None
 
     # --- watching -----------------------------------------------------------------------
@@ -269,8 +310,9 @@ class Soak:
         """Record a snapshot that moved backwards (stepsDone or progress below the previous look)."""
         last = seen.get(task_id, (0, 0.0))
         if steps < last[0] or progress < last[1] - 1e-9:
-            self.figures.backwards.append(f"{source} {task_id}: stepsDone {last[0]}→{steps}, "
-                                          f"progress {last[1]:.3f}→{progress:.3f}")
+            self.figures.backwards.append(
+                f"{source} {task_id}: stepsDone {last[0]}→{steps}, progress {last[1]:.3f}→{progress:.3f}"
+            )
         seen[task_id] = (steps, progress)
 
     def open_rows(self) -> dict[str, Row]:
@@ -282,9 +324,12 @@ class Soak:
 
         ids = [i for i, t in self.tasks.items() if not t.get("settled")]
         now = timezone.now()
-        return {str(task_id): (status, steps, progress, owner if expires and expires > now else None)
-                for task_id, status, steps, progress, owner, expires in Task.objects.filter(id__in=ids).values_list(
-                    "id", "status", "steps_done", "progress", "lease_owner", "lease_expires_at")}
+        return {
+            str(task_id): (status, steps, progress, owner if expires and expires > now else None)
+            for task_id, status, steps, progress, owner, expires in Task.objects.filter(id__in=ids).values_list(
+                "id", "status", "steps_done", "progress", "lease_owner", "lease_expires_at"
+            )
+        }
 
     def watch_db(self) -> dict[str, Row]:
         rows = self.open_rows()
@@ -357,8 +402,13 @@ class Soak:
             return
         for task_id in held:
             steps = rows[task_id][1]
-            checkpoint = Checkpoint.objects.filter(task_id=task_id).order_by("-sequence").values_list(
-                "sequence", flat=True).first() or 0
+            checkpoint = (
+                Checkpoint.objects.filter(task_id=task_id)
+                .order_by("-sequence")
+                .values_list("sequence", flat=True)
+                .first()
+                or 0
+            )
             previous = self.reruns.pop(task_id, None)
             high = max(steps, previous.high if previous else 0)
             if depth < self.args.rekill_depth and high - checkpoint >= 3:
@@ -375,8 +425,12 @@ class Soak:
             if now > rerun.expires or row is None or row[0] in SETTLED:
                 del self.reruns[task_id]
                 continue
-            if row[3] is None or not Step.objects.filter(task_id=task_id, finished_at__gt=rerun.since,
-                                                         sequence__lt=rerun.high - 1).exists():
+            if (
+                row[3] is None
+                or not Step.objects.filter(
+                    task_id=task_id, finished_at__gt=rerun.since, sequence__lt=rerun.high - 1
+                ).exists()
+            ):
                 continue
             for i, worker in enumerate(self.workers):
                 if worker.usable and row[3] in group_identities(worker.proc.pid):
@@ -392,15 +446,18 @@ class Soak:
         os.killpg(worker.proc.pid, signal.SIGSTOP)
         worker.frozen_until = time.monotonic() + self.args.freeze_seconds
         self.figures.freezes += 1
-        self.figures.signalled.append(Signalled("SIGSTOP", timezone.now(), identities,
-                                                [t for t, row in rows.items() if row[3] in identities]))
+        self.figures.signalled.append(
+            Signalled("SIGSTOP", timezone.now(), identities, [t for t, row in rows.items() if row[3] in identities])
+        )
 
     def terminate_backends(self) -> None:
         from django.db import connection
 
         with connection.cursor() as cursor:  # this database only, never the shared server
-            cursor.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                           "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+            cursor.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
             self.figures.backends_terminated += cursor.fetchone()[0]
         self.figures.db_terminations += 1
 
@@ -442,8 +499,12 @@ class Soak:
     def plan(self) -> list[str]:
         a = self.args
         self.rekills_left = a.kills // 4
-        plan = (["SIGKILL"] * (a.kills - self.rekills_left) + ["freeze"] * a.freezes
-                + ["database"] * a.db_terminations + ["SIGTERM"] * a.sigterms)
+        plan = (
+            ["SIGKILL"] * (a.kills - self.rekills_left)
+            + ["freeze"] * a.freezes
+            + ["database"] * a.db_terminations
+            + ["SIGTERM"] * a.sigterms
+        )
         self.rng.shuffle(plan)
         for _ in range(a.redis_restarts):  # in the middle of the run, with work under way
             plan.insert(self.rng.randrange(len(plan) // 3, 2 * len(plan) // 3 + 1), "redis")
@@ -498,8 +559,10 @@ class Soak:
                 if all(t.get("settled") for t in self.tasks.values()) and self.pending_create is None:
                     break
                 if now - drain_from > self.args.drain_timeout:
-                    print(f"DRAIN TIMEOUT: {sum(not t.get('settled') for t in self.tasks.values())} tasks unsettled "
-                          f"{self.args.drain_timeout:g}s after the last fault")
+                    print(
+                        f"DRAIN TIMEOUT: {sum(not t.get('settled') for t in self.tasks.values())} tasks unsettled "
+                        f"{self.args.drain_timeout:g}s after the last fault"
+                    )
                     break
             time.sleep(self.args.tick)
         self.watch_db()
@@ -526,8 +589,13 @@ def takeovers(signalled: list[Signalled], logs: Path) -> dict[str, list[float]]:
         for s in signalled:
             taken = {}
             for task_id in s.held:
-                first = (Step.objects.filter(task_id=task_id, finished_at__gt=s.at).exclude(worker__in=s.identities)
-                         .order_by("finished_at").values_list("finished_at", flat=True).first())
+                first = (
+                    Step.objects.filter(task_id=task_id, finished_at__gt=s.at)
+                    .exclude(worker__in=s.identities)
+                    .order_by("finished_at")
+                    .values_list("finished_at", flat=True)
+                    .first()
+                )
                 taken[task_id] = None if first is None else (first - s.at).total_seconds()
                 if first is not None:
                     times[s.how].append(taken[task_id])
@@ -576,49 +644,69 @@ def report(soak: Soak, elapsed: float) -> bool:
             expected += len(want)
             missing += len(want - got)
     broken = [t for t in tasks.values() if t.status in ("failed", "dead_lettered")]
-    reasons = Counter(f"{t.status}: {(t.error or {}).get('code', '')} {(t.error or {}).get('message', '')[:90]}"
-                      for t in broken)
+    reasons = Counter(
+        f"{t.status}: {(t.error or {}).get('code', '')} {(t.error or {}).get('message', '')[:90]}" for t in broken
+    )
     taken = takeovers(f.signalled, soak.logs)
 
     env = os.environ
-    print(f"soak: {a.workers} workers (-c {a.concurrency}), beat, uvicorn, sink, private redis :{a.redis_port}, "
-          f"database {soak.db_name}; lease {env['RUNTIME_LEASE_SECONDS']}s, heartbeat "
-          f"{env['RUNTIME_HEARTBEAT_SECONDS']}s, scan {env['RUNTIME_SCAN_SECONDS']}s, stall "
-          f"{env['RUNTIME_STALL_SECONDS']}s, slices of {env['RUNTIME_SLICE_STEPS']} steps, "
-          f"max recoveries {env['RUNTIME_MAX_RECOVERIES']}, seed {a.seed}")
+    print(
+        f"soak: {a.workers} workers (-c {a.concurrency}), beat, uvicorn, sink, private redis :{a.redis_port}, "
+        f"database {soak.db_name}; lease {env['RUNTIME_LEASE_SECONDS']}s, heartbeat "
+        f"{env['RUNTIME_HEARTBEAT_SECONDS']}s, scan {env['RUNTIME_SCAN_SECONDS']}s, stall "
+        f"{env['RUNTIME_STALL_SECONDS']}s, slices of {env['RUNTIME_SLICE_STEPS']} steps, "
+        f"max recoveries {env['RUNTIME_MAX_RECOVERIES']}, seed {a.seed}"
+    )
     print(f"  ran {elapsed:.0f}s (faults {soak.faults_seconds:.0f}s, then drain)")
-    print(f"  faults: SIGKILL {f.kills} ({f.same_range_kills} again in a step range being re-run), "
-          f"freezes {f.freezes} ({a.freeze_seconds:g}s each), database terminations {f.db_terminations} "
-          f"({f.backends_terminated} backends), Redis restarts {f.redis_restarts}, SIGTERM restarts {f.sigterms} "
-          f"({f.sigterms_forced} still running after {a.sigterm_grace:g}s: SIGKILLed); "
-          f"unexpected exits {dict(f.unexpected_exits) or 0}")
-    print(f"  tasks: {len(soak.tasks)} ({dict(Counter(s['kind'] for s in soak.tasks.values()))}); "
-          f"by status {dict(by_status)}; steps {sum(t.steps_done for t in tasks.values())}; "
-          f"recoveries {sum(t.recoveries for t in tasks.values())} "
-          f"(at most {max((t.recoveries for t in tasks.values()), default=0)} for one task)")
+    print(
+        f"  faults: SIGKILL {f.kills} ({f.same_range_kills} again in a step range being re-run), "
+        f"freezes {f.freezes} ({a.freeze_seconds:g}s each), database terminations {f.db_terminations} "
+        f"({f.backends_terminated} backends), Redis restarts {f.redis_restarts}, SIGTERM restarts {f.sigterms} "
+        f"({f.sigterms_forced} still running after {a.sigterm_grace:g}s: SIGKILLed); "
+        f"unexpected exits {dict(f.unexpected_exits) or 0}"
+    )
+    print(
+        f"  tasks: {len(soak.tasks)} ({dict(Counter(s['kind'] for s in soak.tasks.values()))}); "
+        f"by status {dict(by_status)}; steps {sum(t.steps_done for t in tasks.values())}; "
+        f"recoveries {sum(t.recoveries for t in tasks.values())} "
+        f"(at most {max((t.recoveries for t in tasks.values()), default=0)} for one task)"
+    )
     for reason, n in reasons.most_common(8):
         print(f"    {n} x {reason}")
-    print(f"  effects at the receiver: {stats['effects']} ({stats['posts']} POSTs); expected of completed "
-          f"tasks {expected}; duplicated {resent + unexpected} ({resent} re-sent with one key, {unexpected} "
-          f"under keys never due); missing {missing}")
-    print(f"  snapshot moved backwards: {len(f.backwards)} times ({f.db_polls} database polls, "
-          f"{f.api_polls} API polls)")
+    print(
+        f"  effects at the receiver: {stats['effects']} ({stats['posts']} POSTs); expected of completed "
+        f"tasks {expected}; duplicated {resent + unexpected} ({resent} re-sent with one key, {unexpected} "
+        f"under keys never due); missing {missing}"
+    )
+    print(
+        f"  snapshot moved backwards: {len(f.backwards)} times ({f.db_polls} database polls, {f.api_polls} API polls)"
+    )
     for line in f.backwards[:5]:
         print(f"    {line}")
     print(f"  API: 5xx answers {dict(f.api_5xx) or 0}, transport errors {f.api_transport_errors}")
     for how, times in taken.items():
         held = sum(len(s.held) for s in f.signalled if s.how == how)
-        print(f"  takeover after {how} (signal → next step committed by another worker): {held} tasks held, "
-              f"{len(times)} taken over" + (f": p50 {statistics.median(times):.2f}s, p99 "
-                                            f"{_common.percentile(times, 99):.2f}s, max {max(times):.2f}s"
-                                            if times else ""))
+        print(
+            f"  takeover after {how} (signal → next step committed by another worker): {held} tasks held, "
+            f"{len(times)} taken over"
+            + (
+                f": p50 {statistics.median(times):.2f}s, p99 "
+                f"{_common.percentile(times, 99):.2f}s, max {max(times):.2f}s"
+                if times
+                else ""
+            )
+        )
     print(f"  in the logs: {dict(log_counts(soak.logs))}")
     print(f"  logs: {soak.logs}")
 
     not_completed = len(soak.tasks) - by_status["completed"]
-    injected = {"SIGKILL": (f.kills, a.kills), "freezes": (f.freezes, a.freezes),
-                "database terminations": (f.db_terminations, a.db_terminations),
-                "Redis restarts": (f.redis_restarts, a.redis_restarts), "SIGTERM": (f.sigterms, a.sigterms)}
+    injected = {
+        "SIGKILL": (f.kills, a.kills),
+        "freezes": (f.freezes, a.freezes),
+        "database terminations": (f.db_terminations, a.db_terminations),
+        "Redis restarts": (f.redis_restarts, a.redis_restarts),
+        "SIGTERM": (f.sigterms, a.sigterms),
+    }
     short = {k: f"{got}/{want}" for k, (got, want) in injected.items() if got < want}
     server_errors = sum(n for status, n in f.api_5xx.items() if status != 503)
     promises = [
@@ -641,34 +729,56 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a 2-3 minute smoke: fewer faults and tasks")
     parser.add_argument("--kills", type=int, help=f"SIGKILLs (default {FULL['kills']}, quick {QUICK['kills']})")
     parser.add_argument("--freezes", type=int, help=f"freezes past the lease ({FULL['freezes']}, {QUICK['freezes']})")
-    parser.add_argument("--db-terminations", type=int,
-                        help=f"times every backend of the soak's database is terminated ({FULL['db_terminations']}, "
-                             f"{QUICK['db_terminations']})")
-    parser.add_argument("--sigterms", type=int, help=f"rolling SIGTERM restarts ({FULL['sigterms']}, "
-                                                      f"{QUICK['sigterms']})")
+    parser.add_argument(
+        "--db-terminations",
+        type=int,
+        help=f"times every backend of the soak's database is terminated ({FULL['db_terminations']}, "
+        f"{QUICK['db_terminations']})",
+    )
+    parser.add_argument(
+        "--sigterms", type=int, help=f"rolling SIGTERM restarts ({FULL['sigterms']}, {QUICK['sigterms']})"
+    )
     parser.add_argument("--redis-restarts", type=int, help="restarts of the private redis-server (1)")
-    parser.add_argument("--tasks", type=int, help=f"tasks at least ({FULL['tasks']}, {QUICK['tasks']}); more are "
-                                                   "submitted while faults remain")
+    parser.add_argument(
+        "--tasks",
+        type=int,
+        help=f"tasks at least ({FULL['tasks']}, {QUICK['tasks']}); more are submitted while faults remain",
+    )
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=1, help="pool processes per worker")
-    parser.add_argument("--in-flight", type=int,
-                        help="tasks kept moving at once (default: one per pool process but one, so the takeover "
-                             "measures the runtime, not a queue behind busy workers)")
-    parser.add_argument("--stuck-after", type=float, default=30,
-                        help="seconds without a new step after which a task no longer counts as in flight")
+    parser.add_argument(
+        "--in-flight",
+        type=int,
+        help="tasks kept moving at once (default: one per pool process but one, so the takeover "
+        "measures the runtime, not a queue behind busy workers)",
+    )
+    parser.add_argument(
+        "--stuck-after",
+        type=float,
+        default=30,
+        help="seconds without a new step after which a task no longer counts as in flight",
+    )
     parser.add_argument("--gap", default="1.5:3", help="seconds between faults, min:max")
     parser.add_argument("--warmup", type=float, default=5, help="seconds of work before the first fault")
-    parser.add_argument("--freeze-seconds", type=float,
-                        help="how long a frozen worker stays stopped (default: the lease + 2 s)")
+    parser.add_argument(
+        "--freeze-seconds", type=float, help="how long a frozen worker stays stopped (default: the lease + 2 s)"
+    )
     parser.add_argument("--redis-outage", type=float, default=2)
     parser.add_argument("--sigterm-grace", type=float, default=60, help="then a SIGTERMed worker is SIGKILLed")
-    parser.add_argument("--rekill-depth", type=int, default=2,
-                        help="times one re-run step range is killed again (a quarter of --kills aim so)")
+    parser.add_argument(
+        "--rekill-depth",
+        type=int,
+        default=2,
+        help="times one re-run step range is killed again (a quarter of --kills aim so)",
+    )
     parser.add_argument("--api-poll", type=float, default=1.0)
     parser.add_argument("--tick", type=float, default=0.1)
     parser.add_argument("--timeout", type=float, default=3600, help="seconds for the faults")
-    parser.add_argument("--drain-timeout", type=float, help="seconds after the last fault for every task to settle "
-                                                            "(default 300, quick 90)")
+    parser.add_argument(
+        "--drain-timeout",
+        type=float,
+        help="seconds after the last fault for every task to settle (default 300, quick 90)",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--keep-db", action="store_true", help="keep the soak's database for inspection")
     args = parser.parse_args()
@@ -704,8 +814,14 @@ def _drop(server: Any, name: str) -> None:
     from django.db import connection
 
     connection.close()
-    with psycopg.connect(host=server.hostname, port=server.port or 5432, user=server.username,
-                         password=server.password, dbname="postgres", autocommit=True) as conn:
+    with psycopg.connect(
+        host=server.hostname,
+        port=server.port or 5432,
+        user=server.username,
+        password=server.password,
+        dbname="postgres",
+        autocommit=True,
+    ) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 

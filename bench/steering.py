@@ -54,8 +54,12 @@ def main() -> None:
         accepts = []
         for i in range(args.commands):
             version = http.get(url).json()["stateVersion"]
-            body = {"commandId": f"p{i}", "type": "set_priority", "payload": {"priority": i % 10},
-                    "expectedVersion": version}
+            body = {
+                "commandId": f"p{i}",
+                "type": "set_priority",
+                "payload": {"priority": i % 10},
+                "expectedVersion": version,
+            }
             t0 = time.perf_counter()
             response = http.post(f"{url}/steering", json=body)
             accepts.append((time.perf_counter() - t0) * 1000)
@@ -63,8 +67,9 @@ def main() -> None:
         applied = []
         for i in range(args.pauses):
             version = http.get(url).json()["stateVersion"]
-            response = http.post(f"{url}/steering", json={"commandId": f"pause{i}", "type": "pause",
-                                                          "expectedVersion": version})
+            response = http.post(
+                f"{url}/steering", json={"commandId": f"pause{i}", "type": "pause", "expectedVersion": version}
+            )
             assert response.status_code == 202, response.text
             _common.wait(lambda: Task.objects.get(id=task.id).status == "paused", timeout=30, interval=0.002)
             command = SteeringCommand.objects.get(task=task, command_id=f"pause{i}")
@@ -80,8 +85,10 @@ def main() -> None:
             proc.wait()
 
     def row(label: str, values: list[float]) -> str:
-        return (f"{label:44} p50 {statistics.median(values):7.2f} ms   p99 {_common.percentile(values, 99):7.2f} ms"
-                f"   (n={len(values)})")
+        return (
+            f"{label:44} p50 {statistics.median(values):7.2f} ms   p99 {_common.percentile(values, 99):7.2f} ms"
+            f"   (n={len(values)})"
+        )
 
     print("steering latency; one uvicorn process, one worker (-c 1), a running no-op task with 20 ms steps")
     print(row("baseline: GET /healthz", health))

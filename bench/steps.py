@@ -39,8 +39,9 @@ def runtime(n: int, tenant) -> float:
     from tasks_app.models import Task
 
     start = time.time()
-    task, _ = do_create_task(tenant, actor="user:bench", agent="noop", input={"steps": n},
-                             checkpoint_policy={"everySteps": 10})
+    task, _ = do_create_task(
+        tenant, actor="user:bench", agent="noop", input={"steps": n}, checkpoint_policy={"everySteps": 10}
+    )
     _common.wait(lambda: Task.objects.filter(id=task.id, status="completed").exists())
     task.refresh_from_db()
     assert task.steps_done == n, task.steps_done

@@ -31,12 +31,17 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-async def listen(base: str, token: str, task_id: str, received: list[tuple[int, float]], ready: asyncio.Event,
-                 stop: asyncio.Event) -> None:
+async def listen(
+    base: str, token: str, task_id: str, received: list[tuple[int, float]], ready: asyncio.Event, stop: asyncio.Event
+) -> None:
     import httpx
 
-    async with httpx.AsyncClient(timeout=httpx.Timeout(30, read=None)) as client, client.stream(
-            "GET", f"{base}/runtime/tasks/{task_id}/events", headers={"Authorization": f"Bearer {token}"}) as r:
+    async with (
+        httpx.AsyncClient(timeout=httpx.Timeout(30, read=None)) as client,
+        client.stream(
+            "GET", f"{base}/runtime/tasks/{task_id}/events", headers={"Authorization": f"Bearer {token}"}
+        ) as r,
+    ):
         kind, last = None, -1
         async for line in r.aiter_lines():
             if line.startswith("event:"):
@@ -76,8 +81,9 @@ def resume(task_id: str) -> None:
 def latencies(task_id: str, results: list[list[tuple[int, float]]]) -> list[float]:
     from tasks_app.models import TaskEvent
 
-    created = {seq: at.timestamp() for seq, at in TaskEvent.objects.filter(task_id=task_id).values_list("seq",
-                                                                                                         "created_at")}
+    created = {
+        seq: at.timestamp() for seq, at in TaskEvent.objects.filter(task_id=task_id).values_list("seq", "created_at")
+    }
     return [(arrived - created[seq]) * 1000 for stream in results for seq, arrived in stream if seq in created]
 
 
@@ -96,13 +102,19 @@ def main() -> None:
     rows = []
     try:
         for n in (1, args.streams):
-            task = Task.objects.create(tenant=tenant, created_by="user:bench", agent="noop", status="paused",
-                                       input={"steps": args.steps, "sleepMs": 50})
+            task = Task.objects.create(
+                tenant=tenant,
+                created_by="user:bench",
+                agent="noop",
+                status="paused",
+                input={"steps": args.steps, "sleepMs": 50},
+            )
             idle_rss = rss_mb(web.pid)
             holder: dict[str, float] = {}
 
-            async def measure(n: int = n, task_id: str = str(task.id),
-                              holder: dict[str, float] = holder) -> list[list[tuple[int, float]]]:
+            async def measure(
+                n: int = n, task_id: str = str(task.id), holder: dict[str, float] = holder
+            ) -> list[list[tuple[int, float]]]:
                 async def sample() -> None:
                     from asgiref.sync import sync_to_async
 
@@ -127,9 +139,11 @@ def main() -> None:
             proc.wait()
     print(f"SSE delivery; one uvicorn process, one worker; a {args.steps}-step no-op task, 50 ms steps")
     for n, lat, complete, idle, peak, db in rows:
-        print(f"  {n:4d} stream(s): commit->client p50 {statistics.median(lat):6.1f} ms, "
-              f"p95 {_common.percentile(lat, 95):6.1f} ms ({len(lat)} deliveries); streams that saw the terminal "
-              f"event: {complete}/{n}; web RSS {idle:.0f} -> {peak:.0f} MB; web DB connections held (max) {db:.0f}")
+        print(
+            f"  {n:4d} stream(s): commit->client p50 {statistics.median(lat):6.1f} ms, "
+            f"p95 {_common.percentile(lat, 95):6.1f} ms ({len(lat)} deliveries); streams that saw the terminal "
+            f"event: {complete}/{n}; web RSS {idle:.0f} -> {peak:.0f} MB; web DB connections held (max) {db:.0f}"
+        )
 
 
 def db_connections() -> int:

@@ -30,8 +30,13 @@ from pathlib import Path
 
 import _common
 
-SETTINGS = {"RUNTIME_LEASE_SECONDS": "3", "RUNTIME_HEARTBEAT_SECONDS": "1", "RUNTIME_SCAN_SECONDS": "1",
-            "RUNTIME_STALL_SECONDS": "10", "RUNTIME_MAX_RECOVERIES": "100000"}
+SETTINGS = {
+    "RUNTIME_LEASE_SECONDS": "3",
+    "RUNTIME_HEARTBEAT_SECONDS": "1",
+    "RUNTIME_SCAN_SECONDS": "1",
+    "RUNTIME_STALL_SECONDS": "10",
+    "RUNTIME_MAX_RECOVERIES": "100000",
+}
 SIGNALS = {"kill": (signal.SIGKILL, True), "term": (signal.SIGTERM, False), "term-group": (signal.SIGTERM, True)}
 
 
@@ -59,11 +64,14 @@ def main() -> None:
 
     tenant = Tenant.objects.create(slug="takeover", name="takeover")
     logs = Path(tempfile.mkdtemp(prefix="takeover-"))
-    beat = _common.start(["celery", "-A", "runtime_site", "beat", "-l", "WARNING", "-s", str(logs / "beat")],
-                         logs / "beat.log")
+    beat = _common.start(
+        ["celery", "-A", "runtime_site", "beat", "-l", "WARNING", "-s", str(logs / "beat")], logs / "beat.log"
+    )
     workers = [ready_worker(logs / f"worker-{i}.log") for i in range(3)]
-    ids = [do_create_task(tenant, actor="user:bench", agent="noop",
-                          input={"steps": 1_000_000, "sleepMs": 200})[0].id for _ in range(2)]
+    ids = [
+        do_create_task(tenant, actor="user:bench", agent="noop", input={"steps": 1_000_000, "sleepMs": 200})[0].id
+        for _ in range(2)
+    ]
     results: dict[str, list[float]] = {mode: [] for mode in args.mode}
     try:
         for mode in args.mode:
@@ -77,7 +85,8 @@ def main() -> None:
                 pending = dict(held)
                 while pending:
                     for task_id, owner, epoch in Task.objects.filter(id__in=pending).values_list(
-                            "id", "lease_owner", "lease_epoch"):
+                        "id", "lease_owner", "lease_epoch"
+                    ):
                         if owner and epoch > pending[task_id] and group_of(owner) != victim.pid:
                             results[mode].append(time.monotonic() - signalled)
                             del pending[task_id]
@@ -91,12 +100,16 @@ def main() -> None:
         for proc in [*workers, beat]:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-    print(f"takeover after a worker is signalled: 3 workers (-c 1), 2 endless tasks of 200 ms steps; "
-          f"lease {SETTINGS['RUNTIME_LEASE_SECONDS']}s, heartbeat {SETTINGS['RUNTIME_HEARTBEAT_SECONDS']}s, "
-          f"scan {SETTINGS['RUNTIME_SCAN_SECONDS']}s, stall {SETTINGS['RUNTIME_STALL_SECONDS']}s")
+    print(
+        f"takeover after a worker is signalled: 3 workers (-c 1), 2 endless tasks of 200 ms steps; "
+        f"lease {SETTINGS['RUNTIME_LEASE_SECONDS']}s, heartbeat {SETTINGS['RUNTIME_HEARTBEAT_SECONDS']}s, "
+        f"scan {SETTINGS['RUNTIME_SCAN_SECONDS']}s, stall {SETTINGS['RUNTIME_STALL_SECONDS']}s"
+    )
     for mode, times in results.items():
-        print(f"  {mode:10s} p50 {statistics.median(times):.2f}s  p99 {_common.percentile(times, 99):.2f}s  "
-              f"max {max(times):.2f}s  (n={len(times)})")
+        print(
+            f"  {mode:10s} p50 {statistics.median(times):.2f}s  p99 {_common.percentile(times, 99):.2f}s  "
+            f"max {max(times):.2f}s  (n={len(times)})"
+        )
     print(f"  logs: {logs}")
 
 
@@ -110,8 +123,10 @@ def wait_for_leases(task_model, ids) -> dict:
     """{task id: (owner, epoch)} once every task is held by a live worker."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        rows = {t: (o, e) for t, o, e in task_model.objects.filter(id__in=ids).values_list(
-            "id", "lease_owner", "lease_epoch")}
+        rows = {
+            t: (o, e)
+            for t, o, e in task_model.objects.filter(id__in=ids).values_list("id", "lease_owner", "lease_epoch")
+        }
         if all(o and group_of(o) for o, _ in rows.values()):
             return rows
         time.sleep(0.05)

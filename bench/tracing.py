@@ -42,8 +42,9 @@ def run(n: int, tenant) -> float:
     from tasks_app.models import Task
 
     start = time.time()
-    task, _ = do_create_task(tenant, actor="user:bench", agent="noop", input={"steps": n},
-                             checkpoint_policy={"everySteps": 10})
+    task, _ = do_create_task(
+        tenant, actor="user:bench", agent="noop", input={"steps": n}, checkpoint_policy={"everySteps": 10}
+    )
     _common.wait(lambda: Task.objects.filter(id=task.id, status="completed").exists())
     task.refresh_from_db()
     return task.finished_at.timestamp() - start
@@ -67,8 +68,12 @@ def cpu_seconds(group: int) -> float:
 def spans() -> int:
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-    return sum(len(scope.spans) for body in bodies for rs in ExportTraceServiceRequest.FromString(body).resource_spans
-               for scope in rs.scope_spans)
+    return sum(
+        len(scope.spans)
+        for body in bodies
+        for rs in ExportTraceServiceRequest.FromString(body).resource_spans
+        for scope in rs.scope_spans
+    )
 
 
 def main() -> None:
@@ -99,16 +104,20 @@ def main() -> None:
                 worker.wait()
     n = args.steps
     off, on = (statistics.median(times[m]) / n * 1000 for m in ("off", "on"))
-    print(f"N = {n} steps per task, median of {args.repeat} (off and on alternating); one worker (-c 1); "
-          "PostgreSQL + Redis on loopback")
+    print(
+        f"N = {n} steps per task, median of {args.repeat} (off and on alternating); one worker (-c 1); "
+        "PostgreSQL + Redis on loopback"
+    )
     cpu_off, cpu_on = (statistics.median(cpu[m]) / n * 1000 for m in ("off", "on"))
     print(f"{'tracing':10} {'ms/step':>9} {'steps/s':>9} {'worker CPU ms/step':>19}")
     for label, ms, cpu_ms in (("off", off, cpu_off), ("on", on, cpu_on)):
         print(f"{label:10} {ms:9.3f} {1000 / ms:9.0f} {cpu_ms:19.3f}")
     steps = (n + 20) * args.repeat  # with the warm-up tasks
-    print(f"overhead: wall {on - off:+.3f} ms per step ({(on / off - 1) * 100:+.1f} %), worker CPU "
-          f"{cpu_on - cpu_off:+.3f} ms per step ({(cpu_on / cpu_off - 1) * 100:+.1f} %); the worker exported "
-          f"{spans() / steps:.1f} spans and {sum(map(len, bodies)) / steps:.0f} bytes of OTLP per step")
+    print(
+        f"overhead: wall {on - off:+.3f} ms per step ({(on / off - 1) * 100:+.1f} %), worker CPU "
+        f"{cpu_on - cpu_off:+.3f} ms per step ({(cpu_on / cpu_off - 1) * 100:+.1f} %); the worker exported "
+        f"{spans() / steps:.1f} spans and {sum(map(len, bodies)) / steps:.0f} bytes of OTLP per step"
+    )
 
 
 if __name__ == "__main__":

@@ -25,16 +25,31 @@ def _fields(cp: Checkpoint) -> dict[str, Any]:
 
 
 def record_checkpoint(
-    task: Task, *, sequence: int, step_name: str, next_step: str, state: dict[str, Any],
-    artifact_refs: list[str], reason: str, plan_version: int, steering_cursor: int = 0,
+    task: Task,
+    *,
+    sequence: int,
+    step_name: str,
+    next_step: str,
+    state: dict[str, Any],
+    artifact_refs: list[str],
+    reason: str,
+    plan_version: int,
+    steering_cursor: int = 0,
 ) -> Checkpoint:
     """In-transaction helper: the caller's (fenced) transaction commits it with the step."""
     assert transaction.get_connection().in_atomic_block, "record_checkpoint needs the caller's transaction"
     cp = Checkpoint(
-        tenant_id=task.tenant_id, task=task, sequence=sequence, step_name=step_name,
-        schema_version=codec.CURRENT_SCHEMA_VERSION, plan_version=plan_version,
-        next_step=next_step, state=state, artifact_refs=artifact_refs,
-        steering_cursor=steering_cursor, reason=reason,
+        tenant_id=task.tenant_id,
+        task=task,
+        sequence=sequence,
+        step_name=step_name,
+        schema_version=codec.CURRENT_SCHEMA_VERSION,
+        plan_version=plan_version,
+        next_step=next_step,
+        state=state,
+        artifact_refs=artifact_refs,
+        steering_cursor=steering_cursor,
+        reason=reason,
     )
     cp.checksum = codec.checksum(_fields(cp))
     cp.save()

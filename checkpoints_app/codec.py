@@ -16,9 +16,12 @@ CURRENT_SCHEMA_VERSION: int = settings.RUNTIME["checkpoint"]["schema_version"]
 MIGRATIONS: dict[int, Callable[[dict[str, Any], str], dict[str, Any]]] = {}
 
 
-def migration(from_version: int) -> Callable[[Callable[[dict[str, Any], str], dict[str, Any]]],
-                                              Callable[[dict[str, Any], str], dict[str, Any]]]:
-    def register(fn: Callable[[dict[str, Any], str], dict[str, Any]]) -> Callable[[dict[str, Any], str], dict[str, Any]]:
+def migration(
+    from_version: int,
+) -> Callable[[Callable[[dict[str, Any], str], dict[str, Any]]], Callable[[dict[str, Any], str], dict[str, Any]]]:
+    def register(
+        fn: Callable[[dict[str, Any], str], dict[str, Any]],
+    ) -> Callable[[dict[str, Any], str], dict[str, Any]]:
         if from_version in MIGRATIONS:
             raise ValueError(f"a migration from checkpoint schema_version {from_version} already exists")
         MIGRATIONS[from_version] = fn

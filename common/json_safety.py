@@ -66,8 +66,9 @@ def _float(text: str) -> float | _Refused:
     return value if math.isfinite(value) else _Refused("a number too large to store")
 
 
-_DECODER = json.JSONDecoder(parse_constant=lambda name: _Refused(f"{name} is not a JSON number"),
-                            parse_int=_int, parse_float=_float)
+_DECODER = json.JSONDecoder(
+    parse_constant=lambda name: _Refused(f"{name} is not a JSON number"), parse_int=_int, parse_float=_float
+)
 
 
 def parse(data: bytes | str, *, encoding: str = "utf-8") -> Any:
@@ -160,7 +161,7 @@ def peek_member(data: bytes | str, name: str) -> Any:
             depth -= 1
         elif kind == ":" and depth == 1 and previous.startswith('"') and _string(previous) == name:
             start = _SPACE.match(text, token.end()).end()  # type: ignore[union-attr]
-            if text[start:start + 1] in ("[", "{", ""):
+            if text[start : start + 1] in ("[", "{", ""):
                 return None  # not a scalar: nothing to read without parsing it
             try:
                 value, _ = _DECODER.raw_decode(text, start)

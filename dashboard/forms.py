@@ -15,12 +15,18 @@ class StartReviewForm(forms.Form):
 
     tenant = forms.ChoiceField()
     corpus = forms.CharField(max_length=200, initial="corpora/demo")
-    goal = forms.CharField(max_length=10_000, required=False, initial="Find risky contracts",
-                           widget=forms.TextInput(attrs={"size": 50}))
+    goal = forms.CharField(
+        max_length=10_000, required=False, initial="Find risky contracts", widget=forms.TextInput(attrs={"size": 50})
+    )
     limit = forms.IntegerField(min_value=1, required=False, initial=200, help_text="documents to review")
     batch_size = forms.IntegerField(min_value=1, max_value=500, initial=20, label="Batch size")
-    pacing_ms = forms.IntegerField(min_value=0, max_value=60_000, initial=0, label="Pacing (ms per batch)",
-                                   help_text="slows each batch down, to have a run to watch")
+    pacing_ms = forms.IntegerField(
+        min_value=0,
+        max_value=60_000,
+        initial=0,
+        label="Pacing (ms per batch)",
+        help_text="slows each batch down, to have a run to watch",
+    )
     publish = forms.BooleanField(required=False, initial=True, help_text="publish the report (needs an approval)")
     priority = forms.TypedChoiceField(choices=CHOICE_PRIORITY, coerce=int, initial=5)
     # Generated when the form is shown: a double submit is a replay of the same task.
@@ -35,8 +41,12 @@ class StartReviewForm(forms.Form):
 
     def agent_input(self) -> dict:
         data = self.cleaned_data
-        body = {"corpus": data["corpus"], "batchSize": data["batch_size"], "pacingMs": data["pacing_ms"],
-                "publish": data["publish"]}
+        body = {
+            "corpus": data["corpus"],
+            "batchSize": data["batch_size"],
+            "pacingMs": data["pacing_ms"],
+            "publish": data["publish"],
+        }
         if data["limit"]:
             body["limit"] = data["limit"]
         return body
@@ -45,8 +55,18 @@ class StartReviewForm(forms.Form):
 class SteerForm(forms.Form):
     """One steering command with the version of the state the person was looking at."""
 
-    type = forms.ChoiceField(choices=[(c, c) for c in (CommandType.PAUSE, CommandType.RESUME, CommandType.CANCEL,
-                                                       CommandType.ADJUST_GOAL, CommandType.SET_PRIORITY)])
+    type = forms.ChoiceField(
+        choices=[
+            (c, c)
+            for c in (
+                CommandType.PAUSE,
+                CommandType.RESUME,
+                CommandType.CANCEL,
+                CommandType.ADJUST_GOAL,
+                CommandType.SET_PRIORITY,
+            )
+        ]
+    )
     expected_version = forms.IntegerField(min_value=1)
     command_id = forms.RegexField(r"^[A-Za-z0-9._:\-]{1,64}$")
     reason = forms.CharField(max_length=500, required=False)

@@ -86,10 +86,19 @@ def with_task(view: Callable[..., HttpResponse] | None = None, *, for_script: bo
 
 
 def list_row(task: Task) -> dict[str, Any]:
-    return {"taskId": str(task.id), "tenant": task.tenant.slug, "agent": task.agent, "goal": task.goal,
-            "status": task.mcp_status, "runtimeStatus": task.status, "statusMessage": task.status_text(),
-            "progress": round(task.progress, 4), "phase": task.phase,
-            "updatedAt": task.updated_at.isoformat(), "url": f"/dashboard/tasks/{task.id}/"}
+    return {
+        "taskId": str(task.id),
+        "tenant": task.tenant.slug,
+        "agent": task.agent,
+        "goal": task.goal,
+        "status": task.mcp_status,
+        "runtimeStatus": task.status,
+        "statusMessage": task.status_text(),
+        "progress": round(task.progress, 4),
+        "phase": task.phase,
+        "updatedAt": task.updated_at.isoformat(),
+        "url": f"/dashboard/tasks/{task.id}/",
+    }
 
 
 def _tasks(request: HttpRequest) -> list[Task]:
@@ -105,9 +114,17 @@ def _tasks(request: HttpRequest) -> list[Task]:
 @require_GET
 def task_list(request: HttpRequest) -> HttpResponse:
     rows = [list_row(t) for t in _tasks(request)]
-    return render(request, "dashboard/task_list.html", {
-        "rows": rows, "statuses": Status.values, "status": request.GET.get("status", ""),
-        "memberships": access.memberships(access.person(request)), "can_start": bool(_start_tenants(request))})
+    return render(
+        request,
+        "dashboard/task_list.html",
+        {
+            "rows": rows,
+            "statuses": Status.values,
+            "status": request.GET.get("status", ""),
+            "memberships": access.memberships(access.person(request)),
+            "can_start": bool(_start_tenants(request)),
+        },
+    )
 
 
 @require_GET
@@ -119,8 +136,11 @@ def task_list_json(request: HttpRequest) -> HttpResponse:
 
 
 def _start_tenants(request: HttpRequest) -> list[tuple[str, str]]:
-    return [(m.tenant.slug, m.tenant.name or m.tenant.slug) for m in access.memberships(access.person(request))
-            if ROLE_RANK[Role(m.role)] >= ROLE_RANK[Role.OPERATOR]]
+    return [
+        (m.tenant.slug, m.tenant.name or m.tenant.slug)
+        for m in access.memberships(access.person(request))
+        if ROLE_RANK[Role(m.role)] >= ROLE_RANK[Role.OPERATOR]
+    ]
 
 
 START_RETRY = "dashboard.start.retry"  # session key: a refused start form, shown again after the redirect
@@ -130,8 +150,12 @@ START_RETRY = "dashboard.start.retry"  # session key: a refused start form, show
 def start_task(request: HttpRequest) -> HttpResponse:
     tenants = _start_tenants(request)
     if not tenants:
-        return render(request, "dashboard/message.html", {
-            "title": "Not allowed", "message": "Starting a task needs the operator role or above."}, status=403)
+        return render(
+            request,
+            "dashboard/message.html",
+            {"title": "Not allowed", "message": "Starting a task needs the operator role or above."},
+            status=403,
+        )
     if request.method == "POST":
         return _start_posted(request, tenants)
     form = StartReviewForm(tenants=tenants, initial={"tenant": tenants[0][0]})
@@ -149,12 +173,19 @@ def _start_posted(request: HttpRequest, tenants: list[tuple[str, str]]) -> HttpR
     form = StartReviewForm(request.POST, tenants=tenants)
     error = ""
     if form.is_valid():
-        membership = next(m for m in access.memberships(access.person(request)) if m.tenant.slug == form.cleaned_data["tenant"])
+        membership = next(
+            m for m in access.memberships(access.person(request)) if m.tenant.slug == form.cleaned_data["tenant"]
+        )
         try:
             task, _ = do_create_task(
-                membership.tenant, actor=f"user:{request.user.pk}", agent="document_review",
-                input=form.agent_input(), goal=form.cleaned_data["goal"], priority=form.cleaned_data["priority"],
-                idempotency_key=form.cleaned_data["idempotency_key"])
+                membership.tenant,
+                actor=f"user:{request.user.pk}",
+                agent="document_review",
+                input=form.agent_input(),
+                goal=form.cleaned_data["goal"],
+                priority=form.cleaned_data["priority"],
+                idempotency_key=form.cleaned_data["idempotency_key"],
+            )
         except (SchemaError, UnsafeInput, QuotaExceeded) as exc:
             error = str(exc)
         except IdempotencyConflict:
@@ -201,8 +232,10 @@ def risk_chart(result: dict[str, Any] | None) -> list[dict[str, Any]]:
     if not isinstance(levels, dict) or not levels:
         return []
     top = max([int(n) for n in levels.values()] + [1])
-    return [{"level": level, "count": int(n), "width": round(220 * int(n) / top), "y": i * 24}
-            for i, (level, n) in enumerate(levels.items())]
+    return [
+        {"level": level, "count": int(n), "width": round(220 * int(n) / top), "y": i * 24}
+        for i, (level, n) in enumerate(levels.items())
+    ]
 
 
 @with_task
@@ -255,17 +288,32 @@ def steer(request: HttpRequest, task: Task) -> HttpResponse:
     data = form.cleaned_data
     try:
         command, _ = do_enqueue_command(
-            task.id, tenant=who.tenant, command_id=data["command_id"], type=data["type"], payload=form.payload(),
-            expected_version=data["expected_version"], requested_by=who.actor, reason=data["reason"])
+            task.id,
+            tenant=who.tenant,
+            command_id=data["command_id"],
+            type=data["type"],
+            payload=form.payload(),
+            expected_version=data["expected_version"],
+            requested_by=who.actor,
+            reason=data["reason"],
+        )
     except VersionConflict:
         # The person acted on a state that is no longer current (the API's 409): say so, and
         # the page they land on shows the task as it is now, with forms carrying its version.
         task.refresh_from_db()
-        messages.warning(request, format_html(
-            "<strong>Someone changed this task; here is its current state.</strong> Your {} was based on "
-            "version {}; the task is now at version {} ({}). Nothing was changed. Look at the state below "
-            "and try again if it still makes sense.",
-            data["type"], data["expected_version"], task.state_version, task.status), extra_tags="conflict")
+        messages.warning(
+            request,
+            format_html(
+                "<strong>Someone changed this task; here is its current state.</strong> Your {} was based on "
+                "version {}; the task is now at version {} ({}). Nothing was changed. Look at the state below "
+                "and try again if it still makes sense.",
+                data["type"],
+                data["expected_version"],
+                task.state_version,
+                task.status,
+            ),
+            extra_tags="conflict",
+        )
         return see_other("dashboard:task", task_id=task.id)
     except (CommandRefused, InvalidCommand, UnsafeInput) as exc:
         return _refused(request, task, f"{data['type']} was not accepted: {exc}")
@@ -280,8 +328,13 @@ def answer(request: HttpRequest, task: Task, key: str) -> HttpResponse:
     if not form.is_valid():
         return _refused(request, task, "Answer approve or reject.")
     try:
-        answer_input(access.principal_for(access.person(request), task), task, key, form.cleaned_data["answer"],
-                     reason=form.cleaned_data["reason"])
+        answer_input(
+            access.principal_for(access.person(request), task),
+            task,
+            key,
+            form.cleaned_data["answer"],
+            reason=form.cleaned_data["reason"],
+        )
     except PermissionDenied as exc:
         return _refused(request, task, str(exc.detail))
     except (CommandRefused, InvalidCommand) as exc:
@@ -299,8 +352,11 @@ def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
         return django_csrf_failure(request, reason=reason)
     if not request.user.is_authenticated:
         return redirect_to_login(match)
-    messages.error(request, "This page was older than your session, so nothing was sent. "
-                            "Here is the current state; try again if it still makes sense.")
+    messages.error(
+        request,
+        "This page was older than your session, so nothing was sent. "
+        "Here is the current state; try again if it still makes sense.",
+    )
     return see_other(match)
 
 

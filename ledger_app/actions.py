@@ -1,14 +1,14 @@
 """Execute-once (DESIGN §6, STYLE 2.5): steps are scheduled at least once; effects happen once.
 
-    key = task:step:call-index
-    succeeded row    → the stored result, no call
-    started/unknown  → a previous run may have called: ask the tool's reconcile hook by key;
-                       without an answer, a person confirms (an input request); never re-run blindly
-    no row           → commit a started row (fenced), call with the key as idempotency key
-                       and bounded retries, settle succeeded or failed (fenced)
-    pending          → the remote answered with a task of its own, whose id (remote_ref) was
-                       committed: poll it — in this slice for a while, then from later slices
-                       (agents.RemoteWait), after restarts too — and settle when it ends
+key = task:step:call-index
+succeeded row    → the stored result, no call
+started/unknown  → a previous run may have called: ask the tool's reconcile hook by key;
+                   without an answer, a person confirms (an input request); never re-run blindly
+no row           → commit a started row (fenced), call with the key as idempotency key
+                   and bounded retries, settle succeeded or failed (fenced)
+pending          → the remote answered with a task of its own, whose id (remote_ref) was
+                   committed: poll it — in this slice for a while, then from later slices
+                   (agents.RemoteWait), after restarts too — and settle when it ends
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def _crash_here(point: str) -> None:
     if mode not in ("freeze", "hang"):
         mode, rest = "crash", spec
     if rest.startswith(point + ":"):
-        marker = Path(rest[len(point) + 1:])
+        marker = Path(rest[len(point) + 1 :])
         if not marker.exists():
             marker.write_text(str(os.getpid()) if mode != "crash" else point)
             if mode == "freeze":
@@ -67,21 +67,37 @@ def _crash_here(point: str) -> None:
 
 def settle_interrupted(task_id: Any) -> int:
     """At a new lease: rows a lost worker left started are unknown now (it may have called)."""
-    return LedgerEntry.objects.filter(task_id=task_id, status=EffectStatus.STARTED).update(
-        status=EffectStatus.UNKNOWN)
+    return LedgerEntry.objects.filter(task_id=task_id, status=EffectStatus.STARTED).update(status=EffectStatus.UNKNOWN)
 
 
-def execute_once(lease: leases.Lease, *, tenant_id: int, sequence: int, index: int, name: str,
-                 args: dict[str, Any], answers: dict[str, Any]) -> Any:
+def execute_once(
+    lease: leases.Lease,
+    *,
+    tenant_id: int,
+    sequence: int,
+    index: int,
+    name: str,
+    args: dict[str, Any],
+    answers: dict[str, Any],
+) -> Any:
     # A kill cuts the step only inside the remote call itself, where the Kill Policy lets
     # it (kills.calling); the ledger's own reads and writes run to their end.
     with kills.shielded():
-        return _execute_once(lease, tenant_id=tenant_id, sequence=sequence, index=index, name=name, args=args,
-                             answers=answers)
+        return _execute_once(
+            lease, tenant_id=tenant_id, sequence=sequence, index=index, name=name, args=args, answers=answers
+        )
 
 
-def _execute_once(lease: leases.Lease, *, tenant_id: int, sequence: int, index: int, name: str,
-                  args: dict[str, Any], answers: dict[str, Any]) -> Any:
+def _execute_once(
+    lease: leases.Lease,
+    *,
+    tenant_id: int,
+    sequence: int,
+    index: int,
+    name: str,
+    args: dict[str, Any],
+    answers: dict[str, Any],
+) -> Any:
     if reason := policy.denial(name):
         raise ToolFailed(reason)
     tool = tools.get_tool(name)
@@ -113,8 +129,16 @@ def _execute_once(lease: leases.Lease, *, tenant_id: int, sequence: int, index: 
         with transaction.atomic(durable=True):
             leases.fenced_update(lease)  # a zombie commits no ledger row either
             entry = LedgerEntry.objects.create(
-                tenant_id=tenant_id, task_id=lease.task_id, step_sequence=sequence, call_index=index, key=key,
-                tool=name, fingerprint=fingerprint, status=EffectStatus.STARTED, lease_epoch=lease.epoch)
+                tenant_id=tenant_id,
+                task_id=lease.task_id,
+                step_sequence=sequence,
+                call_index=index,
+                key=key,
+                tool=name,
+                fingerprint=fingerprint,
+                status=EffectStatus.STARTED,
+                lease_epoch=lease.epoch,
+            )
     _crash_here("ledger:before_call")
     return _call_and_settle(lease, entry, tool, args)
 
@@ -129,9 +153,12 @@ def _guard(lease: leases.Lease, tool: tools.Tool, key: str, args: dict[str, Any]
         steps=task["steps_done"],
         tool_calls=LedgerEntry.objects.filter(task_id=lease.task_id).count() if counted else None,
         wall_seconds=(timezone.now() - task["started_at"]).total_seconds() if task["started_at"] else 0.0,
-        cost=task["cost"], tokens=llm.tokens_used(lease.task_id) if "maxTokens" in budget else None)
-    decision = policy.decide(tool.name, approval_policy=task["approval_policy"], budget=task["budget"], usage=usage,
-                             answers=answers)
+        cost=task["cost"],
+        tokens=llm.tokens_used(lease.task_id) if "maxTokens" in budget else None,
+    )
+    decision = policy.decide(
+        tool.name, approval_policy=task["approval_policy"], budget=task["budget"], usage=usage, answers=answers
+    )
     if decision.verdict == policy.EXHAUSTED:
         if question := policy.budget_question(f"call-{key}", decision.reason, answers):
             raise question
@@ -145,12 +172,16 @@ def _guard(lease: leases.Lease, tool: tools.Tool, key: str, args: dict[str, Any]
         if answer != "approve":
             summary = canonical_json(redact(args))
             raise agents.InputNeeded(
-                f"approve-{key}", f"Approve {tool.name} with {summary[:400]}{'...' if len(summary) > 400 else ''}?",
-                {"enum": ["approve", "reject"]}, kind="approval")
+                f"approve-{key}",
+                f"Approve {tool.name} with {summary[:400]}{'...' if len(summary) > 400 else ''}?",
+                {"enum": ["approve", "reject"]},
+                kind="approval",
+            )
 
 
-def _reconciled(lease: leases.Lease, entry: LedgerEntry, tool: tools.Tool, args: dict[str, Any],
-                answers: dict[str, Any]) -> bool:
+def _reconciled(
+    lease: leases.Lease, entry: LedgerEntry, tool: tools.Tool, args: dict[str, Any], answers: dict[str, Any]
+) -> bool:
     """True: settled as succeeded (the remote, or a person, says it happened). False: it did
     not happen. Raises InputNeeded when nobody can tell."""
     verdict = None
@@ -170,7 +201,8 @@ def _reconciled(lease: leases.Lease, entry: LedgerEntry, tool: tools.Tool, args:
             confirm_key,
             f"A {entry.tool} call (key {entry.key}) may or may not have taken effect before a worker was lost, "
             "and the remote cannot be asked. Check it, then answer 'done' or 'not_done'.",
-            {"enum": [tools.DONE, tools.NOT_DONE]})
+            {"enum": [tools.DONE, tools.NOT_DONE]},
+        )
     if verdict[0] == tools.DONE:
         _settle(lease, entry, EffectStatus.SUCCEEDED, result=verdict[1])
         return True
@@ -209,8 +241,9 @@ def _call_and_settle(lease: leases.Lease, entry: LedgerEntry, tool: tools.Tool, 
     raise AssertionError("unreachable")
 
 
-def _poll_and_settle(lease: leases.Lease, entry: LedgerEntry, tool: tools.Tool, args: dict[str, Any],
-                     first: tools.Pending | None = None) -> Any:
+def _poll_and_settle(
+    lease: leases.Lease, entry: LedgerEntry, tool: tools.Tool, args: dict[str, Any], first: tools.Pending | None = None
+) -> Any:
     """Poll the remote task for up to tools.remote_wait_seconds; then give the worker back
     (agents.RemoteWait: the slice yields and a later one polls again). Transient poll
     errors are not the call failing: they are recorded and the next slice asks again."""
@@ -223,8 +256,10 @@ def _poll_and_settle(lease: leases.Lease, entry: LedgerEntry, tool: tools.Tool, 
                 _settle(lease, entry, EffectStatus.SUCCEEDED, result=answer)
                 return answer
             if time.monotonic() + answer.poll_after > deadline:
-                raise agents.RemoteWait(f"{tool.name}: {answer.message or 'remote task running'} "
-                                        f"(task {entry.remote_ref})", poll_after=answer.poll_after)
+                raise agents.RemoteWait(
+                    f"{tool.name}: {answer.message or 'remote task running'} (task {entry.remote_ref})",
+                    poll_after=answer.poll_after,
+                )
             with kills.calling(tool.name):
                 time.sleep(answer.poll_after)
         try:
@@ -235,14 +270,26 @@ def _poll_and_settle(lease: leases.Lease, entry: LedgerEntry, tool: tools.Tool, 
                 error = {"message": f"{tool.name}: {exc}", "retryable": False, "remoteRef": entry.remote_ref}
                 _settle(lease, entry, EffectStatus.FAILED, error=error)
                 raise ToolFailed(error["message"]) from exc
-            _settle(lease, entry, EffectStatus.PENDING,
-                    error={"message": f"polling {entry.remote_ref}: {exc}", "retryable": True})
+            _settle(
+                lease,
+                entry,
+                EffectStatus.PENDING,
+                error={"message": f"polling {entry.remote_ref}: {exc}", "retryable": True},
+            )
             raise agents.RemoteWait(f"{tool.name}: polling failed, will retry: {exc}") from exc
 
 
-def _settle(lease: leases.Lease, entry: LedgerEntry, status: str, *, result: Any = None,
-            error: dict[str, Any] | None = None, attempts: int | None = None,
-            durations: list[float] | None = None, remote_ref: str | None = None) -> None:
+def _settle(
+    lease: leases.Lease,
+    entry: LedgerEntry,
+    status: str,
+    *,
+    result: Any = None,
+    error: dict[str, Any] | None = None,
+    attempts: int | None = None,
+    durations: list[float] | None = None,
+    remote_ref: str | None = None,
+) -> None:
     with transaction.atomic(durable=True):
         leases.fenced_update(lease)
         fields: dict[str, Any] = {"status": status, "result": result, "error": redact(error) if error else None}

@@ -19,8 +19,12 @@ class LedgerEntryAdmin(admin.ModelAdmin):
     def _resolve(self, request, queryset, succeeded: bool) -> None:
         for entry in queryset:
             try:
-                do_resolve_unknown(entry.id, succeeded=succeeded, actor=f"admin:{request.user.username}",
-                                   reason="reconciled by hand in admin")
+                do_resolve_unknown(
+                    entry.id,
+                    succeeded=succeeded,
+                    actor=f"admin:{request.user.username}",
+                    reason="reconciled by hand in admin",
+                )
                 self.message_user(request, f"{entry.key}: resolved as {'succeeded' if succeeded else 'failed'}")
             except ToolFailed as exc:
                 self.message_user(request, str(exc), level=messages.WARNING)

@@ -6,8 +6,8 @@ class LedgerAppConfig(AppConfig):
     verbose_name = "Ledger"
 
     def ready(self) -> None:
-        from ledger_app import llm, tools  # noqa: F401  (registers the built-in tools and llm.chat)
         import tasks_app.agents  # noqa: F401  (the built-in agents, before any plugin: a plugin may not take their names)
+        from ledger_app import llm, tools  # noqa: F401  (registers the built-in tools and llm.chat)
         from tasks_app import plugins
 
         plugins.load()

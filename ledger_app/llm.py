@@ -42,8 +42,16 @@ from ledger_app import tools
 TOOL_NAME = "llm.chat"
 PROVIDERS = ("openai", "anthropic")
 # The keys a named model may set; the ones it leaves out come from the `llm:` section itself.
-MODEL_KEYS = ("provider", "base_url", "model", "api_key_env", "timeout_seconds", "max_output_tokens",
-              "input_cost_per_mtok", "output_cost_per_mtok")
+MODEL_KEYS = (
+    "provider",
+    "base_url",
+    "model",
+    "api_key_env",
+    "timeout_seconds",
+    "max_output_tokens",
+    "input_cost_per_mtok",
+    "output_cost_per_mtok",
+)
 
 
 class UnknownModel(LookupError):
@@ -90,6 +98,7 @@ def model_config(name: str | None = None) -> ModelConfig:
 
 # --- the two wires -----------------------------------------------------------------------------
 
+
 def _retryable(exc: Exception) -> bool | None:
     """True: a timeout, a dropped connection, 429 or 5xx (ask again later); False: the request
     itself is wrong (400, 401, 404 ...); None: not an SDK error."""
@@ -119,34 +128,62 @@ def _client(provider: str, base_url: str, api_key: str, timeout: float, pid: int
 def _openai(cfg: ModelConfig, args: dict[str, Any]) -> dict[str, Any]:
     client = _client("openai", cfg.base_url, cfg.api_key(), cfg.timeout_seconds, os.getpid())
     request: dict[str, Any] = {
-        "model": cfg.model, "max_tokens": cfg.max_output_tokens,
-        "messages": [{"role": "system", "content": args["system"]}, {"role": "user", "content": args["prompt"]}]}
+        "model": cfg.model,
+        "max_tokens": cfg.max_output_tokens,
+        "messages": [{"role": "system", "content": args["system"]}, {"role": "user", "content": args["prompt"]}],
+    }
     if args.get("tools"):
-        request["tools"] = [{"type": "function", "function": {
-            "name": t["name"], "description": t["description"], "parameters": t["parameters"]}} for t in args["tools"]]
+        request["tools"] = [
+            {
+                "type": "function",
+                "function": {"name": t["name"], "description": t["description"], "parameters": t["parameters"]},
+            }
+            for t in args["tools"]
+        ]
     response = client.chat.completions.create(**request)
     choice = response.choices[0]
-    calls = [{"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
-             for c in choice.message.tool_calls or [] if getattr(c, "function", None) is not None]
+    calls = [
+        {"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
+        for c in choice.message.tool_calls or []
+        if getattr(c, "function", None) is not None
+    ]
     usage = response.usage
-    return {"text": choice.message.content or "", "toolCalls": calls, "finish": choice.finish_reason or "",
-            "inputTokens": usage.prompt_tokens if usage else 0, "outputTokens": usage.completion_tokens if usage else 0}
+    return {
+        "text": choice.message.content or "",
+        "toolCalls": calls,
+        "finish": choice.finish_reason or "",
+        "inputTokens": usage.prompt_tokens if usage else 0,
+        "outputTokens": usage.completion_tokens if usage else 0,
+    }
 
 
 def _anthropic(cfg: ModelConfig, args: dict[str, Any]) -> dict[str, Any]:
     client = _client("anthropic", cfg.base_url, cfg.api_key(), cfg.timeout_seconds, os.getpid())
-    request: dict[str, Any] = {"model": cfg.model, "max_tokens": cfg.max_output_tokens, "system": args["system"],
-                               "messages": [{"role": "user", "content": args["prompt"]}]}
+    request: dict[str, Any] = {
+        "model": cfg.model,
+        "max_tokens": cfg.max_output_tokens,
+        "system": args["system"],
+        "messages": [{"role": "user", "content": args["prompt"]}],
+    }
     if args.get("tools"):
-        request["tools"] = [{"name": t["name"], "description": t["description"], "input_schema": t["parameters"]}
-                            for t in args["tools"]]
+        request["tools"] = [
+            {"name": t["name"], "description": t["description"], "input_schema": t["parameters"]} for t in args["tools"]
+        ]
     response = client.messages.create(**request)
     # Only text and tool_use blocks are kept: thinking blocks (hidden reasoning) never are.
     text = "".join(block.text for block in response.content if block.type == "text")
-    calls = [{"id": block.id, "name": block.name, "arguments": block.input}
-             for block in response.content if block.type == "tool_use"]
-    return {"text": text, "toolCalls": calls, "finish": response.stop_reason or "",
-            "inputTokens": response.usage.input_tokens, "outputTokens": response.usage.output_tokens}
+    calls = [
+        {"id": block.id, "name": block.name, "arguments": block.input}
+        for block in response.content
+        if block.type == "tool_use"
+    ]
+    return {
+        "text": text,
+        "toolCalls": calls,
+        "finish": response.stop_reason or "",
+        "inputTokens": response.usage.input_tokens,
+        "outputTokens": response.usage.output_tokens,
+    }
 
 
 def chat(args: dict[str, Any]) -> dict[str, Any]:
@@ -162,16 +199,26 @@ def chat(args: dict[str, Any]) -> dict[str, Any]:
         if retryable is None:
             if isinstance(exc, AttributeError | TypeError | ValueError | KeyError | IndexError):
                 # an answer that is not the wire's shape: the endpoint is not what config says
-                raise tools.ToolError(f"{cfg.name}: malformed answer: {type(exc).__name__}: {exc}",
-                                      retryable=False) from exc
+                raise tools.ToolError(
+                    f"{cfg.name}: malformed answer: {type(exc).__name__}: {exc}", retryable=False
+                ) from exc
             raise
-        raise tools.ToolError(f"{cfg.name} ({cfg.provider} {cfg.model}): {type(exc).__name__}: {exc}"[:500],
-                              retryable=retryable) from exc
+        raise tools.ToolError(
+            f"{cfg.name} ({cfg.provider} {cfg.model}): {type(exc).__name__}: {exc}"[:500], retryable=retryable
+        ) from exc
     tokens_in, tokens_out = int(answer.pop("inputTokens") or 0), int(answer.pop("outputTokens") or 0)
     cost = (tokens_in * cfg.input_cost_per_mtok + tokens_out * cfg.output_cost_per_mtok) / 1_000_000
-    return {**answer, "model": cfg.name, "provider": cfg.provider,
-            "usage": {"inputTokens": tokens_in, "outputTokens": tokens_out, "totalTokens": tokens_in + tokens_out,
-                      "cost": round(cost, 8)}}
+    return {
+        **answer,
+        "model": cfg.name,
+        "provider": cfg.provider,
+        "usage": {
+            "inputTokens": tokens_in,
+            "outputTokens": tokens_out,
+            "totalTokens": tokens_in + tokens_out,
+            "cost": round(cost, 8),
+        },
+    }
 
 
 def tokens_used(task_id: Any) -> int:
@@ -180,7 +227,8 @@ def tokens_used(task_id: Any) -> int:
     from ledger_app.models import EffectStatus, LedgerEntry
 
     total = LedgerEntry.objects.filter(task_id=task_id, tool=TOOL_NAME, status=EffectStatus.SUCCEEDED).aggregate(
-        n=Sum(Cast(KeyTextTransform("totalTokens", KeyTextTransform("usage", "result")), IntegerField())))["n"]
+        n=Sum(Cast(KeyTextTransform("totalTokens", KeyTextTransform("usage", "result")), IntegerField()))
+    )["n"]
     return int(total or 0)
 
 
@@ -193,21 +241,39 @@ def _not_done(args: dict[str, Any], key: str) -> tuple[str, Any]:
 
 
 _section = settings.RUNTIME["llm"]
-tools.register(tools.Tool(
-    name=TOOL_NAME,
-    input_schema={"type": "object", "properties": {
-        "model": {"type": "string"}, "system": {"type": "string"}, "prompt": {"type": "string"},
-        "tools": {"type": "array", "items": {"type": "object", "properties": {
-            "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}, "description": {"type": "string"},
-            "parameters": {"type": "object"}}, "required": ["name", "description", "parameters"]}}},
-        "required": ["system", "prompt"], "additionalProperties": False},
-    call=_chat_call,
-    side_effect=False,
-    timeout=float(_section["timeout_seconds"]),
-    retries=int(_section["retries"]),
-    backoff=float(_section["backoff_seconds"]),
-    reconcile=_not_done,
-))
+tools.register(
+    tools.Tool(
+        name=TOOL_NAME,
+        input_schema={
+            "type": "object",
+            "properties": {
+                "model": {"type": "string"},
+                "system": {"type": "string"},
+                "prompt": {"type": "string"},
+                "tools": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
+                            "description": {"type": "string"},
+                            "parameters": {"type": "object"},
+                        },
+                        "required": ["name", "description", "parameters"],
+                    },
+                },
+            },
+            "required": ["system", "prompt"],
+            "additionalProperties": False,
+        },
+        call=_chat_call,
+        side_effect=False,
+        timeout=float(_section["timeout_seconds"]),
+        retries=int(_section["retries"]),
+        backoff=float(_section["backoff_seconds"]),
+        reconcile=_not_done,
+    )
+)
 
 
 def describe(result: dict[str, Any]) -> str:

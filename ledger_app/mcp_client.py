@@ -81,14 +81,22 @@ class _Tasks(ClientExtension):
         raise NotImplementedError("the ledger polls remote tasks itself")
 
 
-def call_tool(server: str, tool: str, arguments: dict[str, Any], *, key: str, timeout: float,
-              headers: dict[str, str] | None = None) -> dict[str, Any] | RemoteTask:
+def call_tool(
+    server: str,
+    tool: str,
+    arguments: dict[str, Any],
+    *,
+    key: str,
+    timeout: float,
+    headers: dict[str, str] | None = None,
+) -> dict[str, Any] | RemoteTask:
     """One tools/call: the tool's result (a CallToolResult as JSON), or the remote task."""
 
     async def go(client: Client) -> dict[str, Any] | RemoteTask:
         # mypy reads no PEP 728 extra_items, so it takes the SDK's open RequestParamsMeta as closed.
         result = await client.session.call_tool(  # type: ignore[call-overload]
-            tool, arguments, read_timeout_seconds=timeout, meta={IDEMPOTENCY_META: key}, allow_claimed=True)
+            tool, arguments, read_timeout_seconds=timeout, meta={IDEMPOTENCY_META: key}, allow_claimed=True
+        )
         if isinstance(result, _CreateTaskResult):
             return RemoteTask(result.task_id, result.status, result.status_message or "", result.poll_interval_ms)
         return _tool_result(tool, result.model_dump(mode="json", by_alias=True, exclude_none=True))
@@ -112,21 +120,26 @@ def list_tools(server: str, *, timeout: float, headers: dict[str, str] | None = 
     return _run(server, timeout, headers, go)
 
 
-def get_task(server: str, task_id: str, *, timeout: float,
-             headers: dict[str, str] | None = None) -> dict[str, Any] | RemoteTask:
+def get_task(
+    server: str, task_id: str, *, timeout: float, headers: dict[str, str] | None = None
+) -> dict[str, Any] | RemoteTask:
     """tasks/get: the final tool result once the remote task completed, else its state."""
 
     async def go(client: Client) -> dict[str, Any] | RemoteTask:
         # The SDK bounds the result type to BaseModel, yet validates with any TypeAdapter: we want the raw dict.
         task = await client.session.send_request(  # type: ignore[type-var]
-            _GetTask(params=_TaskIdParams(task_id=task_id)), _RAW, request_read_timeout_seconds=timeout)
+            _GetTask(params=_TaskIdParams(task_id=task_id)), _RAW, request_read_timeout_seconds=timeout
+        )
         status = task.get("status")
         if status == "completed":
             return _tool_result(f"remote task {task_id}", task.get("result") or {})
         if status == "failed":
             error = task.get("error") or {}
-            raise RemoteError(f"remote task {task_id} failed: {error.get('message') or task.get('statusMessage')}"
-                              f" (code {error.get('code')})", retryable=False)
+            raise RemoteError(
+                f"remote task {task_id} failed: {error.get('message') or task.get('statusMessage')}"
+                f" (code {error.get('code')})",
+                retryable=False,
+            )
         if status == "cancelled":
             raise RemoteError(f"remote task {task_id} was cancelled by the remote", retryable=False)
         return RemoteTask(task_id, str(status), task.get("statusMessage") or "", task.get("pollIntervalMs"))
@@ -173,11 +186,19 @@ def _run[T](server: str, timeout: float, headers: dict[str, str] | None, go: Cal
             refused.append(response.status_code)
 
     async def session() -> T:
-        http = httpx2.AsyncClient(headers=headers or {}, event_hooks={"response": [seen]}, verify=_tls(),
-                                  timeout=httpx2.Timeout(30.0, connect=min(timeout, 30.0), read=300.0))
+        http = httpx2.AsyncClient(
+            headers=headers or {},
+            event_hooks={"response": [seen]},
+            verify=_tls(),
+            timeout=httpx2.Timeout(30.0, connect=min(timeout, 30.0), read=300.0),
+        )
         transport = streamable_http_client(server, http_client=http)
-        async with http, Client(transport, mode="2026-07-28", extensions=[_Tasks()], read_timeout_seconds=timeout,
-                                cache=None) as client:
+        async with (
+            http,
+            Client(
+                transport, mode="2026-07-28", extensions=[_Tasks()], read_timeout_seconds=timeout, cache=None
+            ) as client,
+        ):
             return await go(client)
 
     try:

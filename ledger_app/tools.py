@@ -22,11 +22,17 @@ from tasks_app.redaction import tool_text
 
 def register(tool: Tool) -> Tool:
     # Every call and poll is observed (metrics, a span, traceparent on the wire): tasks_app/telemetry.py.
-    return registry.register(replace(tool, call=telemetry.tool(tool.name, tool.call),
-                                      poll=telemetry.tool(tool.name, tool.poll) if tool.poll else None))
+    return registry.register(
+        replace(
+            tool,
+            call=telemetry.tool(tool.name, tool.call),
+            poll=telemetry.tool(tool.name, tool.poll) if tool.poll else None,
+        )
+    )
 
 
 # --- http.request -------------------------------------------------------------------------
+
 
 def _allowed(url: str) -> None:
     host = (urlsplit(url).hostname or "").lower()
@@ -52,8 +58,13 @@ def _http_call(args: dict[str, Any], key: str, timeout: float) -> Any:
     _allowed(args["url"])
     try:
         timeout = args.get("timeoutSeconds", timeout)
-        response = _http().request(args.get("method", "POST"), args["url"], json=args.get("json"),
-                                 headers={"Idempotency-Key": key}, timeout=timeout)
+        response = _http().request(
+            args.get("method", "POST"),
+            args["url"],
+            json=args.get("json"),
+            headers={"Idempotency-Key": key},
+            timeout=timeout,
+        )
     except httpx.TimeoutException as exc:
         raise ToolError(f"timed out after {timeout}s: {exc}", retryable=True) from exc
     except httpx.TransportError as exc:
@@ -83,27 +94,30 @@ def _http_reconcile(args: dict[str, Any], key: str) -> tuple[str, Any] | None:
     return None
 
 
-register(Tool(
-    name="http.request",
-    input_schema={
-        "type": "object",
-        "properties": {
-            "method": {"enum": ["POST", "PUT", "PATCH", "DELETE"]},
-            "url": {"type": "string", "pattern": "^https?://"},
-            "json": {},
-            "reconcileUrl": {"type": "string", "pattern": "^https?://"},
-            # per call, as mcp.call's: the caller knows how long the remote takes to answer
-            "timeoutSeconds": {"type": "number", "exclusiveMinimum": 0, "maximum": 600},
+register(
+    Tool(
+        name="http.request",
+        input_schema={
+            "type": "object",
+            "properties": {
+                "method": {"enum": ["POST", "PUT", "PATCH", "DELETE"]},
+                "url": {"type": "string", "pattern": "^https?://"},
+                "json": {},
+                "reconcileUrl": {"type": "string", "pattern": "^https?://"},
+                # per call, as mcp.call's: the caller knows how long the remote takes to answer
+                "timeoutSeconds": {"type": "number", "exclusiveMinimum": 0, "maximum": 600},
+            },
+            "required": ["url"],
+            "additionalProperties": False,
         },
-        "required": ["url"],
-        "additionalProperties": False,
-    },
-    call=_http_call,
-    reconcile=_http_reconcile,
-))
+        call=_http_call,
+        reconcile=_http_reconcile,
+    )
+)
 
 
 # --- content.publish: copy an artifact to the published area of the blob store ----------
+
 
 def _published_key(args: dict[str, Any], key: str) -> str:
     return f"published/{key.split(':', maxsplit=1)[0]}/{args['name']}"
@@ -131,17 +145,27 @@ def _publish_reconcile(args: dict[str, Any], key: str) -> tuple[str, Any] | None
     return (DONE, {"ref": store.ref(target), "reconciled": True}) if store.exists(target) else (NOT_DONE, None)
 
 
-register(Tool(
-    name="content.publish",
-    input_schema={"type": "object", "properties": {
-        "source": {"type": "string"}, "name": {"type": "string", "pattern": "^[A-Za-z0-9._-]+$"},
-        "contentType": {"type": "string"}}, "required": ["source", "name"], "additionalProperties": False},
-    call=_publish_call,
-    reconcile=_publish_reconcile,
-))
+register(
+    Tool(
+        name="content.publish",
+        input_schema={
+            "type": "object",
+            "properties": {
+                "source": {"type": "string"},
+                "name": {"type": "string", "pattern": "^[A-Za-z0-9._-]+$"},
+                "contentType": {"type": "string"},
+            },
+            "required": ["source", "name"],
+            "additionalProperties": False,
+        },
+        call=_publish_call,
+        reconcile=_publish_reconcile,
+    )
+)
 
 
 # --- email.send: Django's mail backends (SMTP in production) ------------------------------
+
 
 def _mail_call(args: dict[str, Any], key: str, timeout: float) -> Any:
     import smtplib
@@ -150,8 +174,12 @@ def _mail_call(args: dict[str, Any], key: str, timeout: float) -> Any:
 
     # SMTP cannot be asked afterwards whether a message went out, so email.send has no
     # reconcile hook: an interrupted send is confirmed by a person, never re-sent blindly.
-    message = EmailMessage(args["subject"], args["body"], to=args["to"],
-                           headers={"Idempotency-Key": key, "Message-ID": f"<{key.replace(':', '.')}@runtime>"})
+    message = EmailMessage(
+        args["subject"],
+        args["body"],
+        to=args["to"],
+        headers={"Idempotency-Key": key, "Message-ID": f"<{key.replace(':', '.')}@runtime>"},
+    )
     try:
         sent = message.send(using="default")
     except (smtplib.SMTPServerDisconnected, smtplib.SMTPConnectError, ConnectionError, TimeoutError) as exc:
@@ -161,17 +189,26 @@ def _mail_call(args: dict[str, Any], key: str, timeout: float) -> Any:
     return {"sent": sent, "to": args["to"]}
 
 
-register(Tool(
-    name="email.send",
-    input_schema={"type": "object", "properties": {
-        "to": {"type": "array", "items": {"type": "string", "format": "email"}, "minItems": 1},
-        "subject": {"type": "string", "maxLength": 300}, "body": {"type": "string"}},
-        "required": ["to", "subject", "body"], "additionalProperties": False},
-    call=_mail_call,
-))
+register(
+    Tool(
+        name="email.send",
+        input_schema={
+            "type": "object",
+            "properties": {
+                "to": {"type": "array", "items": {"type": "string", "format": "email"}, "minItems": 1},
+                "subject": {"type": "string", "maxLength": 300},
+                "body": {"type": "string"},
+            },
+            "required": ["to", "subject", "body"],
+            "additionalProperties": False,
+        },
+        call=_mail_call,
+    )
+)
 
 
 # --- mcp.call: a tool on a remote MCP server, through the official SDK -------------------
+
 
 def _remote(fn: Callable[[], Any]) -> Any:
     from ledger_app import mcp_client
@@ -181,8 +218,11 @@ def _remote(fn: Callable[[], Any]) -> Any:
     except mcp_client.RemoteError as exc:
         raise ToolError(str(exc), retryable=exc.retryable) from exc
     if isinstance(answer, mcp_client.RemoteTask):
-        return Pending(answer.task_id, tool_text(f"remote task {answer.status}: {answer.message}".strip(": ")),
-                       (answer.poll_interval_ms or 1000) / 1000)
+        return Pending(
+            answer.task_id,
+            tool_text(f"remote task {answer.status}: {answer.message}".strip(": ")),
+            (answer.poll_interval_ms or 1000) / 1000,
+        )
     return answer
 
 
@@ -202,8 +242,16 @@ def _mcp_call(args: dict[str, Any], key: str, timeout: float) -> Any:
 
     _allowed(args["server"])
     headers = {**_credential_headers(args), **trace_headers()}  # the SDK's HTTP client is not instrumented
-    return _remote(lambda: mcp_client.call_tool(args["server"], args["tool"], args.get("arguments", {}), key=key,
-                                                timeout=args.get("timeoutSeconds", timeout), headers=headers))
+    return _remote(
+        lambda: mcp_client.call_tool(
+            args["server"],
+            args["tool"],
+            args.get("arguments", {}),
+            key=key,
+            timeout=args.get("timeoutSeconds", timeout),
+            headers=headers,
+        )
+    )
 
 
 def _mcp_poll(args: dict[str, Any], ref: str, timeout: float) -> Any:
@@ -214,17 +262,25 @@ def _mcp_poll(args: dict[str, Any], ref: str, timeout: float) -> Any:
     return _remote(lambda: mcp_client.get_task(args["server"], ref, timeout=timeout, headers=headers))
 
 
-register(Tool(
-    name="mcp.call",
-    input_schema={"type": "object", "properties": {
-        "server": {"type": "string", "pattern": "^https?://"}, "tool": {"type": "string", "minLength": 1},
-        "arguments": {"type": "object"},
-        "credential": {"type": "string", "pattern": "^[A-Za-z0-9_]+$"},  # a bearer token by name
-        # per call: the caller knows how long the remote tool takes to answer
-        "timeoutSeconds": {"type": "number", "exclusiveMinimum": 0, "maximum": 600}},
-        "required": ["server", "tool"], "additionalProperties": False},
-    call=_mcp_call,
-    # The remote cannot be asked about a call by our key (MCP has no such verb): a call
-    # interrupted before its answer (or its task id) was stored is confirmed by a person.
-    poll=_mcp_poll,
-))
+register(
+    Tool(
+        name="mcp.call",
+        input_schema={
+            "type": "object",
+            "properties": {
+                "server": {"type": "string", "pattern": "^https?://"},
+                "tool": {"type": "string", "minLength": 1},
+                "arguments": {"type": "object"},
+                "credential": {"type": "string", "pattern": "^[A-Za-z0-9_]+$"},  # a bearer token by name
+                # per call: the caller knows how long the remote tool takes to answer
+                "timeoutSeconds": {"type": "number", "exclusiveMinimum": 0, "maximum": 600},
+            },
+            "required": ["server", "tool"],
+            "additionalProperties": False,
+        },
+        call=_mcp_call,
+        # The remote cannot be asked about a call by our key (MCP has no such verb): a call
+        # interrupted before its answer (or its task id) was stored is confirmed by a person.
+        poll=_mcp_poll,
+    )
+)

@@ -68,8 +68,9 @@ def read_request_id(who: Principal, raw: Any) -> tuple[UUID, str] | None:
         return None
 
 
-def elicitation_requests(who: Principal, task_id: UUID, open_requests: dict[str, Any],
-                         asked: set[str]) -> list[dict[str, Any]]:
+def elicitation_requests(
+    who: Principal, task_id: UUID, open_requests: dict[str, Any], asked: set[str]
+) -> list[dict[str, Any]]:
     """JSON-RPC requests for the open questions not yet asked on this stream (`asked` is
     the stream's own memory: a declined question is not asked again on the same stream)."""
     out = []
@@ -78,6 +79,7 @@ def elicitation_requests(who: Principal, task_id: UUID, open_requests: dict[str,
             continue
         asked.add(key)
         params = {**embedded["params"], "_meta": {RELATED_TASK: {"taskId": str(task_id)}}}
-        out.append({"jsonrpc": "2.0", "id": request_id(who, task_id, key), "method": embedded["method"],
-                    "params": params})
+        out.append(
+            {"jsonrpc": "2.0", "id": request_id(who, task_id, key), "method": embedded["method"], "params": params}
+        )
     return out

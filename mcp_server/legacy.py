@@ -13,11 +13,32 @@ from django.conf import settings
 from common import json_safety
 from mcp_server import elicit, tools
 from mcp_server.protocol import (
-    INTERNAL_ERROR, INVALID_PARAMS, LEGACY_VERSIONS, METHOD_NOT_FOUND, RELATED_TASK, SERVER_INFO, RpcError,
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    LEGACY_VERSIONS,
+    METHOD_NOT_FOUND,
+    RELATED_TASK,
+    SERVER_INFO,
+    RpcError,
 )
 from mcp_server.shared import (
-    POLL_INTERVAL_MS, Call, Wait, call_target, check_capabilities, create, find_agent, find_task,
-    input_requests, iso, provide_answers, require, status_message, steer, terminal, tool_error, ttl_ms,
+    POLL_INTERVAL_MS,
+    Call,
+    Wait,
+    call_target,
+    check_capabilities,
+    create,
+    find_agent,
+    find_task,
+    input_requests,
+    iso,
+    provide_answers,
+    require,
+    status_message,
+    steer,
+    terminal,
+    tool_error,
+    ttl_ms,
     wait_for_call,
 )
 from steering_app.actions import do_cancel_task
@@ -41,9 +62,12 @@ def legacy_status(task: Task) -> str:
 
 def legacy_task(task: Task) -> dict[str, Any]:
     answer: dict[str, Any] = {
-        "taskId": str(task.id), "status": legacy_status(task),
-        "createdAt": iso(task.created_at), "lastUpdatedAt": iso(task.updated_at),
-        "ttl": ttl_ms(task), "pollInterval": POLL_INTERVAL_MS,
+        "taskId": str(task.id),
+        "status": legacy_status(task),
+        "createdAt": iso(task.created_at),
+        "lastUpdatedAt": iso(task.updated_at),
+        "ttl": ttl_ms(task),
+        "pollInterval": POLL_INTERVAL_MS,
     }
     if message := status_message(task):
         answer["statusMessage"] = message[:1000]
@@ -99,12 +123,16 @@ def legacy_tasks_result(call: Call) -> Wait:
     def render(task: Task, timed_out: bool) -> dict[str, Any]:
         related = {RELATED_TASK: {"taskId": str(task.id)}}
         if task.status == Status.FAILED:
-            raise RpcError(INTERNAL_ERROR, tool_error(task)["message"],
-                           {**tool_error(task)["data"], "relatedTask": str(task.id)}, http_status=200)
+            raise RpcError(
+                INTERNAL_ERROR,
+                tool_error(task)["message"],
+                {**tool_error(task)["data"], "relatedTask": str(task.id)},
+                http_status=200,
+            )
         if task.status == Status.COMPLETED:
             return {**tools.call_tool_result(task.agent, task.result), "_meta": related}
-        return {**tools.error_result(f"the task was cancelled: {task.cancel_reason or 'cancelled'}"),
-                "_meta": related}
+        return {**tools.error_result(f"the task was cancelled: {task.cancel_reason or 'cancelled'}"), "_meta": related}
+
     return Wait(task.id, terminal, render, None, ask=_asker(call))
 
 
@@ -120,6 +148,7 @@ def _asker(call: Call) -> Callable[[Task], list[dict[str, Any]]] | None:
         if task.status != Status.INPUT_REQUIRED:
             return []
         return elicit.elicitation_requests(who, task.id, input_requests(task, who), asked)
+
     return ask
 
 
@@ -158,8 +187,11 @@ def _cursor(raw: Any) -> int:
 def legacy_tasks_list(call: Call) -> dict[str, Any]:
     """Only the caller's own tasks (its API key's user, in its tenant), newest first."""
     start = _cursor(call.params.get("cursor"))
-    rows = list(Task.objects.filter(tenant=call.principal.tenant, created_by=call.principal.actor)
-                .order_by("-created_at", "-id")[start:start + PAGE_SIZE + 1])
+    rows = list(
+        Task.objects.filter(tenant=call.principal.tenant, created_by=call.principal.actor).order_by(
+            "-created_at", "-id"
+        )[start : start + PAGE_SIZE + 1]
+    )
     answer: dict[str, Any] = {"tasks": [legacy_task(t) for t in rows[:PAGE_SIZE]]}
     if len(rows) > PAGE_SIZE:
         answer["nextCursor"] = base64.urlsafe_b64encode(str(start + PAGE_SIZE).encode()).decode()
@@ -172,12 +204,12 @@ def legacy_tasks_cancel(call: Call) -> dict[str, Any] | Wait:
     if task.is_terminal:
         raise RpcError(INVALID_PARAMS, f"Cannot cancel task: already in terminal status {task.mcp_status!r}")
     try:
-        task = do_cancel_task(task.id, tenant=call.principal.tenant, actor=call.principal.actor,
-                              reason="cancelled over MCP tasks/cancel")
+        task = do_cancel_task(
+            task.id, tenant=call.principal.tenant, actor=call.principal.actor, reason="cancelled over MCP tasks/cancel"
+        )
     except IllegalTransition:
         task.refresh_from_db()
-        raise RpcError(INVALID_PARAMS, f"Cannot cancel task: already in terminal status {task.mcp_status!r}") \
-            from None
+        raise RpcError(INVALID_PARAMS, f"Cannot cancel task: already in terminal status {task.mcp_status!r}") from None
     # A worker mid-step stops at its next safe point: give it a moment to get there.
     return Wait(task.id, terminal, lambda t, _: legacy_task(t), LEGACY_CANCEL_WAIT_SECONDS)
 

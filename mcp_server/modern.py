@@ -14,8 +14,23 @@ from django.conf import settings
 from mcp_server import tools
 from mcp_server.protocol import INVALID_PARAMS, MISSING_CAPABILITY, MODERN, TASKS_EXT, RpcError, missing_extension
 from mcp_server.shared import (
-    POLL_INTERVAL_MS, Call, Wait, call_target, check_capabilities, create, find_agent, find_task,
-    input_requests, iso, provide_answers, require, status_message, steer, tool_error, ttl_ms, wait_for_call,
+    POLL_INTERVAL_MS,
+    Call,
+    Wait,
+    call_target,
+    check_capabilities,
+    create,
+    find_agent,
+    find_task,
+    input_requests,
+    iso,
+    provide_answers,
+    require,
+    status_message,
+    steer,
+    tool_error,
+    ttl_ms,
+    wait_for_call,
 )
 from steering_app.actions import do_cancel_task
 from tasks_app.actions import IllegalTransition
@@ -44,9 +59,12 @@ class Listen:
 def modern_task(task: Task) -> dict[str, Any]:
     """The DetailedTask of the extension, from the task row (the fields are the snapshot's)."""
     answer: dict[str, Any] = {
-        "taskId": str(task.id), "status": task.mcp_status,
-        "createdAt": iso(task.created_at), "lastUpdatedAt": iso(task.updated_at),
-        "ttlMs": ttl_ms(task), "pollIntervalMs": POLL_INTERVAL_MS,
+        "taskId": str(task.id),
+        "status": task.mcp_status,
+        "createdAt": iso(task.created_at),
+        "lastUpdatedAt": iso(task.updated_at),
+        "ttlMs": ttl_ms(task),
+        "pollIntervalMs": POLL_INTERVAL_MS,
     }
     if message := status_message(task):
         answer["statusMessage"] = message[:1000]
@@ -62,22 +80,24 @@ def modern_task(task: Task) -> dict[str, Any]:
 
 def discover(call: Call) -> dict[str, Any]:
     return {
-        "resultType": "complete", "supportedVersions": [MODERN],
+        "resultType": "complete",
+        "supportedVersions": [MODERN],
         "capabilities": {"tools": {}, "prompts": {}, "resources": {}, "extensions": {TASKS_EXT: {}}},
         "instructions": "Long-running agents as MCP tools; their runs are durable tasks "
-                        "(io.modelcontextprotocol/tasks). Steer a task with the *_task tools.",
-        "ttlMs": 60_000, "cacheScope": "private",
+        "(io.modelcontextprotocol/tasks). Steer a task with the *_task tools.",
+        "ttlMs": 60_000,
+        "cacheScope": "private",
     }
 
 
 def modern_tools_list(call: Call) -> dict[str, Any]:
-    return {"resultType": "complete", "tools": tools.list_tools(legacy=False), "ttlMs": 60_000,
-            "cacheScope": "private"}
+    return {"resultType": "complete", "tools": tools.list_tools(legacy=False), "ttlMs": 60_000, "cacheScope": "private"}
 
 
 def empty_list(key: str) -> Callable[[Call], dict[str, Any]]:
     def handler(call: Call) -> dict[str, Any]:
         return {"resultType": "complete", key: [], "ttlMs": 60_000, "cacheScope": "private"}
+
     return handler
 
 
@@ -98,17 +118,30 @@ def _preflight(call: Call, agent: agents.Agent, arguments: dict[str, Any]) -> di
     for key, question in questions.items():
         response = responses.get(key)
         content = response.get("content") if isinstance(response, dict) else None
-        if isinstance(response, dict) and response.get("action") == "accept" and isinstance(content, dict) \
-                and isinstance(content.get(question["field"]), str):
+        if (
+            isinstance(response, dict)
+            and response.get("action") == "accept"
+            and isinstance(content, dict)
+            and isinstance(content.get(question["field"]), str)
+        ):
             arguments[question["argument"]] = content[question["field"]]
         else:
-            missing[key] = {"method": "elicitation/create", "params": {
-                "mode": "form", "message": question["message"], "requestedSchema": question["requestedSchema"]}}
+            missing[key] = {
+                "method": "elicitation/create",
+                "params": {
+                    "mode": "form",
+                    "message": question["message"],
+                    "requestedSchema": question["requestedSchema"],
+                },
+            }
     if not missing:
         return None
     if "elicitation" not in call.message.client_capabilities:
-        raise RpcError(MISSING_CAPABILITY, f"{agent.name} needs the client's elicitation capability",
-                       {"requiredCapabilities": {"elicitation": {}}})
+        raise RpcError(
+            MISSING_CAPABILITY,
+            f"{agent.name} needs the client's elicitation capability",
+            {"requiredCapabilities": {"elicitation": {}}},
+        )
     return {"resultType": "input_required", "inputRequests": missing}
 
 
@@ -131,9 +164,14 @@ def modern_tools_call(call: Call) -> dict[str, Any] | Wait:
         return {"resultType": "complete", **task}
     if as_task:  # committed and enqueued: a tasks/get for this id resolves from here on
         created = modern_task(task)
-        return {"resultType": "task", **{k: created[k] for k in (
-            "taskId", "status", "statusMessage", "createdAt", "lastUpdatedAt", "ttlMs", "pollIntervalMs")
-            if k in created}}
+        return {
+            "resultType": "task",
+            **{
+                k: created[k]
+                for k in ("taskId", "status", "statusMessage", "createdAt", "lastUpdatedAt", "ttlMs", "pollIntervalMs")
+                if k in created
+            },
+        }
     return wait_for_call(task, modern=True, progress_token=call.message.meta.get("progressToken"))
 
 
@@ -164,8 +202,9 @@ def modern_tasks_cancel(call: Call) -> dict[str, Any]:
     require(call, Role.OPERATOR)
     # Already terminal: terminal states never change, and the ack is the same.
     with contextlib.suppress(IllegalTransition):
-        do_cancel_task(task.id, tenant=call.principal.tenant, actor=call.principal.actor,
-                       reason="cancelled over MCP tasks/cancel")
+        do_cancel_task(
+            task.id, tenant=call.principal.tenant, actor=call.principal.actor, reason="cancelled over MCP tasks/cancel"
+        )
     return {"resultType": "complete"}
 
 
@@ -181,8 +220,11 @@ def subscriptions_listen(call: Call) -> Listen:
     if requested is not None:
         if not call.message.has_tasks_extension:
             raise missing_extension("subscriptions/listen with notifications.taskIds")
-        if not isinstance(requested, list) or not all(isinstance(raw, str) for raw in requested) \
-                or len(requested) > MAX_LISTEN_TASKS:
+        if (
+            not isinstance(requested, list)
+            or not all(isinstance(raw, str) for raw in requested)
+            or len(requested) > MAX_LISTEN_TASKS
+        ):
             raise RpcError(INVALID_PARAMS, f"Invalid params: taskIds must be at most {MAX_LISTEN_TASKS} strings")
         wanted: dict[UUID, str] = {}
         for raw in requested:

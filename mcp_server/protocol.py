@@ -33,18 +33,33 @@ UNSUPPORTED_VERSION = -32022
 SERVICE_UNAVAILABLE = -32003  # implementation-defined: the database is down; HTTP 503, retry after Retry-After
 
 # HTTP status per JSON-RPC code on the modern wire (as the SDK server maps them).
-HTTP_STATUS = {PARSE_ERROR: 400, INVALID_REQUEST: 400, INVALID_PARAMS: 400, HEADER_MISMATCH: 400,
-               MISSING_CAPABILITY: 400, UNSUPPORTED_VERSION: 400, METHOD_NOT_FOUND: 404, INTERNAL_ERROR: 500,
-               SERVICE_UNAVAILABLE: 503}
+HTTP_STATUS = {
+    PARSE_ERROR: 400,
+    INVALID_REQUEST: 400,
+    INVALID_PARAMS: 400,
+    HEADER_MISMATCH: 400,
+    MISSING_CAPABILITY: 400,
+    UNSUPPORTED_VERSION: 400,
+    METHOD_NOT_FOUND: 404,
+    INTERNAL_ERROR: 500,
+    SERVICE_UNAVAILABLE: 503,
+}
 
 # Methods whose Mcp-Name header must equal a param (modern wire).
-NAME_PARAM = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri",
-              "tasks/get": "taskId", "tasks/update": "taskId", "tasks/cancel": "taskId"}
+NAME_PARAM = {
+    "tools/call": "name",
+    "prompts/get": "name",
+    "resources/read": "uri",
+    "tasks/get": "taskId",
+    "tasks/update": "taskId",
+    "tasks/cancel": "taskId",
+}
 
 
 class RpcError(Exception):
-    def __init__(self, code: int, message: str, data: Any = None, *, http_status: int | None = None,
-                 request_id: Any = None) -> None:
+    def __init__(
+        self, code: int, message: str, data: Any = None, *, http_status: int | None = None, request_id: Any = None
+    ) -> None:
         super().__init__(message)
         self.code, self.message, self.data = code, message, data
         self.http_status = http_status or HTTP_STATUS.get(code, 400)
@@ -58,8 +73,11 @@ class RpcError(Exception):
 
 
 def missing_extension(what: str) -> RpcError:
-    return RpcError(MISSING_CAPABILITY, f"{what} needs the client capability extension {TASKS_EXT}",
-                    {"requiredCapabilities": {"extensions": {TASKS_EXT: {}}}})
+    return RpcError(
+        MISSING_CAPABILITY,
+        f"{what} needs the client capability extension {TASKS_EXT}",
+        {"requiredCapabilities": {"extensions": {TASKS_EXT: {}}}},
+    )
 
 
 @dataclass
@@ -122,8 +140,9 @@ def parse(body: bytes, headers: dict[str, str]) -> Message:
     except json_safety.NotJson as exc:
         raise RpcError(PARSE_ERROR, f"Parse error: {exc}") from None
     except json_safety.UnsafeInput as exc:  # too deep to parse, but its id may still be read
-        raise RpcError(INVALID_REQUEST, f"Invalid Request: {exc}",
-                       request_id=readable_id(json_safety.peek_member(body, "id"))) from None
+        raise RpcError(
+            INVALID_REQUEST, f"Invalid Request: {exc}", request_id=readable_id(json_safety.peek_member(body, "id"))
+        ) from None
     if isinstance(raw, list):
         raise RpcError(INVALID_REQUEST, "Invalid Request: batches are not supported")
     echo = readable_id(raw.get("id")) if isinstance(raw, dict) else None
@@ -143,8 +162,15 @@ def parse(body: bytes, headers: dict[str, str]) -> Message:
         params = {}
     if "method" not in raw:
         if "id" in raw and ("result" in raw or "error" in raw):  # a client's answer to a server request
-            return Message(request_id, None, {}, modern=False, is_response=True, raw=raw,
-                           session_id=headers.get("mcp-session-id") or None)
+            return Message(
+                request_id,
+                None,
+                {},
+                modern=False,
+                is_response=True,
+                raw=raw,
+                session_id=headers.get("mcp-session-id") or None,
+            )
         raise RpcError(INVALID_REQUEST, "Invalid Request: no method", request_id=echo)
     if not isinstance(raw["method"], str) or not raw["method"]:
         raise RpcError(INVALID_REQUEST, "Invalid Request: method must be a non-empty string", request_id=echo)
@@ -165,7 +191,7 @@ def decode_header(value: str) -> str:
     value = value.strip()
     if value.startswith("=?base64?") and value.endswith("?="):
         try:
-            return base64.b64decode(value[len("=?base64?"):-2], validate=True).decode()
+            return base64.b64decode(value[len("=?base64?") : -2], validate=True).decode()
         except (binascii.Error, UnicodeDecodeError):
             raise RpcError(HEADER_MISMATCH, "Header mismatch: undecodable base64 header value") from None
     return value
@@ -179,8 +205,10 @@ def validate_modern(message: Message, headers: dict[str, str]) -> None:
     if not header_version:
         raise RpcError(HEADER_MISMATCH, "Header mismatch: MCP-Protocol-Version header is required")
     if isinstance(meta, dict) and META_VERSION in meta and meta[META_VERSION] != header_version:
-        raise RpcError(HEADER_MISMATCH, "Header mismatch: MCP-Protocol-Version does not match "
-                                        "_meta.io.modelcontextprotocol/protocolVersion")
+        raise RpcError(
+            HEADER_MISMATCH,
+            "Header mismatch: MCP-Protocol-Version does not match _meta.io.modelcontextprotocol/protocolVersion",
+        )
     method_header = headers.get("mcp-method")
     if method_header is None or decode_header(method_header) != message.method:
         raise RpcError(HEADER_MISMATCH, f"Header mismatch: Mcp-Method must be {message.method!r}")
@@ -196,8 +224,11 @@ def validate_modern(message: Message, headers: dict[str, str]) -> None:
     if not isinstance(meta[META_CAPS], dict):
         raise RpcError(INVALID_PARAMS, "Invalid params: clientCapabilities must be an object")
     if meta[META_VERSION] != MODERN:
-        raise RpcError(UNSUPPORTED_VERSION, "Unsupported protocol version",
-                       {"supported": [MODERN], "requested": str(meta[META_VERSION])})
+        raise RpcError(
+            UNSUPPORTED_VERSION,
+            "Unsupported protocol version",
+            {"supported": [MODERN], "requested": str(meta[META_VERSION])},
+        )
 
 
 def result_body(request_id: Any, result: dict[str, Any]) -> dict[str, Any]:

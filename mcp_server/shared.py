@@ -22,10 +22,21 @@ from django.utils import timezone
 from common.schema import SchemaError
 from mcp_server import tools
 from mcp_server.protocol import (
-    INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, MISSING_CAPABILITY, TASKS_EXT, Message, RpcError,
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    MISSING_CAPABILITY,
+    TASKS_EXT,
+    Message,
+    RpcError,
 )
 from steering_app.actions import (
-    CommandRefused, InvalidCommand, VersionConflict, answer_refusal, do_answer_input, do_enqueue_command,
+    CommandRefused,
+    InvalidCommand,
+    VersionConflict,
+    answer_refusal,
+    do_answer_input,
+    do_enqueue_command,
 )
 from steering_app.models import InputRequest, InputStatus
 from tasks_app import kills
@@ -129,25 +140,37 @@ def input_requests(task: Task, who: Principal | None = None) -> dict[str, Any]:
         if who is not None and not may_answer(who, task, r):
             continue
         schema, _ = elicitation_schema(r.answer_schema or {})
-        requests[r.key] = {"method": "elicitation/create",
-                           "params": {"mode": "form", "message": r.prompt, "requestedSchema": schema}}
+        requests[r.key] = {
+            "method": "elicitation/create",
+            "params": {"mode": "form", "message": r.prompt, "requestedSchema": schema},
+        }
     return requests
 
 
 def tool_error(task: Task) -> dict[str, Any]:
     error = task.error or {}
-    return {"code": INTERNAL_ERROR, "message": str(error.get("message") or task.status_message or "the task failed"),
-            "data": {"runtimeError": error, "runtimeStatus": task.status}}
+    return {
+        "code": INTERNAL_ERROR,
+        "message": str(error.get("message") or task.status_message or "the task failed"),
+        "data": {"runtimeError": error, "runtimeStatus": task.status},
+    }
 
 
-def create(call: Call, agent: agents.Agent, arguments: dict[str, Any], ttl_seconds: int, *,
-            waiting: bool = False) -> Task | dict[str, Any]:
+def create(
+    call: Call, agent: agents.Agent, arguments: dict[str, Any], ttl_seconds: int, *, waiting: bool = False
+) -> Task | dict[str, Any]:
     """A Task row, committed and enqueued, or a tool-error result explaining why not.
     waiting: the caller holds its request open for the result, so the run goes first."""
     who = call.principal
     try:
-        task, _ = do_create_task(who.tenant, actor=who.actor, agent=agent.name, input=arguments,
-                                 ttl_seconds=ttl_seconds, priority=INTERACTIVE_PRIORITY if waiting else 5)
+        task, _ = do_create_task(
+            who.tenant,
+            actor=who.actor,
+            agent=agent.name,
+            input=arguments,
+            ttl_seconds=ttl_seconds,
+            priority=INTERACTIVE_PRIORITY if waiting else 5,
+        )
     except SchemaError as exc:
         return tools.error_result(f"invalid arguments: {exc}")
     except (IdempotencyConflict, QuotaExceeded) as exc:  # the first not reachable without a key
@@ -185,27 +208,34 @@ def check_capabilities(call: Call, agent: agents.Agent) -> None:
     needed = agent.mcp.client_capabilities
     missing = {key: value for key, value in needed.items() if key not in call.message.client_capabilities}
     if missing:
-        raise RpcError(MISSING_CAPABILITY, f"{agent.name} needs the client capabilities {sorted(missing)}",
-                       {"requiredCapabilities": missing})
+        raise RpcError(
+            MISSING_CAPABILITY,
+            f"{agent.name} needs the client capabilities {sorted(missing)}",
+            {"requiredCapabilities": missing},
+        )
 
 
 def wait_for_call(task: Task, *, modern: bool, progress_token: Any = None) -> Wait:
     """A synchronous tools/call: the run is a task like any other; the caller waits for it."""
+
     def render(task: Task, timed_out: bool) -> dict[str, Any]:
         if task.status == Status.COMPLETED:
             answer = tools.call_tool_result(task.agent, task.result)
         elif task.status == Status.FAILED:
-            raise RpcError(INTERNAL_ERROR, tool_error(task)["message"], tool_error(task)["data"],
-                           http_status=200)
+            raise RpcError(INTERNAL_ERROR, tool_error(task)["message"], tool_error(task)["data"], http_status=200)
         elif task.status == Status.CANCELLED:
             answer = tools.error_result(f"the run was cancelled: {task.cancel_reason or 'cancelled'}")
         elif task.status == Status.INPUT_REQUIRED:
-            answer = tools.error_result(f"task {task.id} needs input; call this tool with the {TASKS_EXT} "
-                                        "extension to answer it")
+            answer = tools.error_result(
+                f"task {task.id} needs input; call this tool with the {TASKS_EXT} extension to answer it"
+            )
         else:
-            answer = tools.error_result(f"still running after {SYNC_WAIT_SECONDS:g}s; it goes on as task "
-                                        f"{task.id} (GET /runtime/tasks/{task.id})")
+            answer = tools.error_result(
+                f"still running after {SYNC_WAIT_SECONDS:g}s; it goes on as task "
+                f"{task.id} (GET /runtime/tasks/{task.id})"
+            )
         return {"resultType": "complete", **answer} if modern else answer
+
     return Wait(task.id, settled, render, SYNC_WAIT_SECONDS, progress_token)
 
 
@@ -228,18 +258,33 @@ def steer(call: Call, tool: tools.SteeringTool, arguments: dict[str, Any]) -> di
     command_id = arguments.get("commandId") or f"mcp-{tool.command}-{secrets.token_hex(8)}"
     try:
         command, _ = do_enqueue_command(
-            task.id, tenant=call.principal.tenant, command_id=str(command_id)[:64], type=tool.command,
-            payload=tool.payload(arguments), expected_version=expected, requested_by=call.principal.actor,
-            reason=reason)
+            task.id,
+            tenant=call.principal.tenant,
+            command_id=str(command_id)[:64],
+            type=tool.command,
+            payload=tool.payload(arguments),
+            expected_version=expected,
+            requested_by=call.principal.actor,
+            reason=reason,
+        )
     except VersionConflict as exc:
-        return tools.error_result(f"version conflict: {exc}; read the task again (currentVersion "
-                                  f"{exc.task.state_version}) and retry with that expectedVersion")
+        return tools.error_result(
+            f"version conflict: {exc}; read the task again (currentVersion "
+            f"{exc.task.state_version}) and retry with that expectedVersion"
+        )
     except (CommandRefused, InvalidCommand) as exc:
         return tools.error_result(f"refused: {exc}")
     task.refresh_from_db()
-    body = {"commandId": command.command_id, "type": command.type, "status": command.status,
-            "version": command.version, "outcome": command.outcome, "stateVersion": task.state_version,
-            "runtimeStatus": task.status, **({"killPolicy": kills.policy()} if command.type == "kill" else {})}
+    body = {
+        "commandId": command.command_id,
+        "type": command.type,
+        "status": command.status,
+        "version": command.version,
+        "outcome": command.outcome,
+        "stateVersion": task.state_version,
+        "runtimeStatus": task.status,
+        **({"killPolicy": kills.policy()} if command.type == "kill" else {}),
+    }
     text = f"{command.type} {command.status}; the task is {task.status} at version {task.state_version}"
     return {"content": [{"type": "text", "text": text}], "structuredContent": body, "isError": False}
 
@@ -274,8 +319,9 @@ def provide_answers(call: Call, task: Task, responses: dict[str, Any]) -> None:
         if not usable:
             continue
         try:
-            do_answer_input(task.id, tenant=who.tenant, key=key, answer=answer, requested_by=who.actor,
-                            reason="answered over MCP")
+            do_answer_input(
+                task.id, tenant=who.tenant, key=key, answer=answer, requested_by=who.actor, reason="answered over MCP"
+            )
         except (VersionConflict, CommandRefused, InvalidCommand):
             continue
 

@@ -30,8 +30,19 @@ from rest_framework import exceptions
 from common import json_safety
 from mcp_server import legacy, modern
 from mcp_server.protocol import (
-    INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, META_SERVER, METHOD_NOT_FOUND, SERVER_INFO, SERVICE_UNAVAILABLE,
-    Message, RpcError, parse, request_id_of, result_body, validate_modern,
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    META_SERVER,
+    METHOD_NOT_FOUND,
+    SERVER_INFO,
+    SERVICE_UNAVAILABLE,
+    Message,
+    RpcError,
+    parse,
+    request_id_of,
+    result_body,
+    validate_modern,
 )
 from mcp_server.shared import Call, Wait, ping
 from runtime_site.errors import DATABASE_UNAVAILABLE, RETRY_AFTER_SECONDS
@@ -89,8 +100,9 @@ def dispatch(call: Call) -> dict[str, Any] | Wait | modern.Listen:
     return handler(call)
 
 
-def _error(exc: RpcError, request_id: Any = None, *, status: int | None = None,
-           headers: dict[str, str] | None = None) -> JsonResponse:
+def _error(
+    exc: RpcError, request_id: Any = None, *, status: int | None = None, headers: dict[str, str] | None = None
+) -> JsonResponse:
     return JsonResponse(exc.body(request_id), status=status or exc.http_status, headers=headers)
 
 
@@ -178,8 +190,11 @@ async def _waited(message: Message, wait: Wait) -> AsyncIterator[dict[str, Any] 
             yield server_request
         if wait.progress_token is not None and progress != last_progress and progress > 0:
             last_progress = progress
-            yield {"jsonrpc": "2.0", "method": "notifications/progress",
-                   "params": {"progressToken": wait.progress_token, "progress": progress, "total": 1.0}}
+            yield {
+                "jsonrpc": "2.0",
+                "method": "notifications/progress",
+                "params": {"progressToken": wait.progress_token, "progress": progress, "total": 1.0},
+            }
         if time.monotonic() - last_tick >= KEEP_ALIVE_SECONDS:
             last_tick = time.monotonic()
             yield None
@@ -200,8 +215,11 @@ async def _listened(message: Message, listen: modern.Listen) -> AsyncIterator[di
     database is the only source, so a change made by any worker shows. Ends with the
     listen result once every subscribed task is terminal (nothing more can change)."""
     meta = {META_SUBSCRIPTION: message.id}
-    yield {"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged",
-           "params": {"notifications": listen.acknowledged, "_meta": meta}}
+    yield {
+        "jsonrpc": "2.0",
+        "method": "notifications/subscriptions/acknowledged",
+        "params": {"notifications": listen.acknowledged, "_meta": meta},
+    }
     seen: dict[str, tuple[str, tuple[str, ...]]] = {}
     last_tick = time.monotonic()
     while True:
@@ -264,8 +282,11 @@ async def mcp_endpoint(request: HttpRequest) -> HttpResponseBase:
 
 async def _endpoint(request: HttpRequest) -> HttpResponseBase:
     if request.method != "POST":
-        return _error(RpcError(INVALID_REQUEST, "Method Not Allowed: this endpoint accepts POST only"),
-                      status=405, headers={"Allow": "POST"})
+        return _error(
+            RpcError(INVALID_REQUEST, "Method Not Allowed: this endpoint accepts POST only"),
+            status=405,
+            headers={"Allow": "POST"},
+        )
     if not _origin_allowed(request):
         return _error(RpcError(SERVER_ERROR, "Forbidden: Origin not allowed"), status=403)
     if len(request.body) > settings.RUNTIME_MAX_BODY_BYTES:
@@ -275,13 +296,21 @@ async def _endpoint(request: HttpRequest) -> HttpResponseBase:
     except exceptions.AuthenticationFailed as exc:
         principal, reason = None, str(exc.detail)
     except RateLimited as exc:  # the JSON-RPC twin of REST's 429
-        return _error(RpcError(RATE_LIMITED, f"Too Many Requests: {exc.detail}"), request_id_of(request.body),
-                      status=429, headers={"Retry-After": str(exc.wait)})
+        return _error(
+            RpcError(RATE_LIMITED, f"Too Many Requests: {exc.detail}"),
+            request_id_of(request.body),
+            status=429,
+            headers={"Retry-After": str(exc.wait)},
+        )
     else:
         reason = "Authorization: Bearer <api key> is required"
     if principal is None:
-        return _error(RpcError(SERVER_ERROR, f"Unauthorized: {reason}"), request_id_of(request.body), status=401,
-                      headers={"WWW-Authenticate": 'Bearer realm="runtime"'})
+        return _error(
+            RpcError(SERVER_ERROR, f"Unauthorized: {reason}"),
+            request_id_of(request.body),
+            status=401,
+            headers={"WWW-Authenticate": 'Bearer realm="runtime"'},
+        )
     headers = {key.lower(): value for key, value in request.headers.items()}
     try:
         message = parse(request.body, headers)
@@ -300,8 +329,10 @@ async def _endpoint(request: HttpRequest) -> HttpResponseBase:
             logger.exception("mcp: recording the answer to %s failed", message.id)
             return _error(RpcError(INTERNAL_ERROR, "Internal error"), status=500)
         if not known:
-            return _error(RpcError(INVALID_REQUEST, "Invalid Request: not a response to a request this "
-                                                    "server sent you"), status=400)
+            return _error(
+                RpcError(INVALID_REQUEST, "Invalid Request: not a response to a request this server sent you"),
+                status=400,
+            )
         return HttpResponse(status=202)
     try:
         if message.modern:

@@ -68,14 +68,21 @@ def watch(client: Client, task_id: str, out: TextIO = sys.stdout, tty: bool | No
     for event in client.events(task_id):
         data = event.data
         if event.type == "task.snapshot":
-            state.update(status=data["runtimeStatus"], progress=data["progress"], phase=data["phase"],
-                         message=data["statusMessage"])
+            state.update(
+                status=data["runtimeStatus"],
+                progress=data["progress"],
+                phase=data["phase"],
+                message=data["statusMessage"],
+            )
             for request in data.get("inputRequests", []):
-                bar.say(f"waiting for input {request['key']}: {request['prompt']}\n"
-                        f"  answer with: rt approve {task_id} {request['key']}   (or --reject)")
+                bar.say(
+                    f"waiting for input {request['key']}: {request['prompt']}\n"
+                    f"  answer with: rt approve {task_id} {request['key']}   (or --reject)"
+                )
         elif event.type == "progress":
-            state.update(progress=data["progress"], phase=data.get("phase") or state["phase"],
-                         message=data.get("message") or "")
+            state.update(
+                progress=data["progress"], phase=data.get("phase") or state["phase"], message=data.get("message") or ""
+            )
         elif event.type == "log":
             bar.say(f"  log #{data.get('step')}: {data.get('message')}")
         elif event.type == "checkpoint":
@@ -86,8 +93,10 @@ def watch(client: Client, task_id: str, out: TextIO = sys.stdout, tty: bool | No
             bar.say(f"  {data['type']} {verb}; task is {data['runtimeStatus']} (version {data['stateVersion']})")
         elif event.type == "input_required":
             state["status"] = "input_required"
-            bar.say(f"waiting for input {data['key']}: {data['prompt']}\n"
-                    f"  answer with: rt approve {task_id} {data['key']}   (or --reject)")
+            bar.say(
+                f"waiting for input {data['key']}: {data['prompt']}\n"
+                f"  answer with: rt approve {task_id} {data['key']}   (or --reject)"
+            )
         elif event.type == "recovering":
             state["status"] = "recovering"
             bar.say(f"  recovering: {data['reason']}")
@@ -115,13 +124,19 @@ def watch(client: Client, task_id: str, out: TextIO = sys.stdout, tty: bool | No
 def _print_tasks(tasks: list[dict[str, Any]], out: TextIO) -> None:
     out.write(f"{'task':<36}  {'status':<14} {'progress':>8}  {'phase':<20} agent\n")
     for t in tasks:
-        out.write(f"{t['taskId']:<36}  {t['runtimeStatus']:<14} {round(t['progress'] * 100):>7}%  "
-                  f"{t['phase'] or '-':<20} {t['agent']}\n")
+        out.write(
+            f"{t['taskId']:<36}  {t['runtimeStatus']:<14} {round(t['progress'] * 100):>7}%  "
+            f"{t['phase'] or '-':<20} {t['agent']}\n"
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rt", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--url", default=os.getenv("RT_URL", "http://127.0.0.1:8000"), help="runtime base URL ($RT_URL)")
+    parser = argparse.ArgumentParser(
+        prog="rt", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--url", default=os.getenv("RT_URL", "http://127.0.0.1:8000"), help="runtime base URL ($RT_URL)"
+    )
     parser.add_argument("--api-key", default=os.getenv("RT_API_KEY"), help="bearer API key ($RT_API_KEY)")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -151,8 +166,11 @@ def build_parser() -> argparse.ArgumentParser:
     steer.add_argument("--constraints", help="adjust_goal constraints as JSON, e.g. '{\"excludeExpired\": true}'")
     steer.add_argument("--priority", type=int, choices=range(10), metavar="0-9")
     steer.add_argument("--reason", default="")
-    steer.add_argument("--expected-version", type=int,
-                       help="the version you decided on (default: the task's current version, read first)")
+    steer.add_argument(
+        "--expected-version",
+        type=int,
+        help="the version you decided on (default: the task's current version, read first)",
+    )
 
     approve = sub.add_parser("approve", help="answer an open approval (the only one, or KEY)")
     approve.add_argument("task")
@@ -178,9 +196,11 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
     except ApiError as exc:
         if exc.status == 409 and exc.code == "version_conflict":
             snap = exc.body["error"]["snapshot"]
-            print(f"rt: someone changed this task first; nothing was changed. It is now {snap['runtimeStatus']} "
-                  f"at version {snap['stateVersion']} ({round(snap['progress'] * 100)}%, phase {snap['phase'] or '-'}).",
-                  file=sys.stderr)
+            print(
+                f"rt: someone changed this task first; nothing was changed. It is now {snap['runtimeStatus']} "
+                f"at version {snap['stateVersion']} ({round(snap['progress'] * 100)}%, phase {snap['phase'] or '-'}).",
+                file=sys.stderr,
+            )
             return 3
         print(f"rt: {exc}", file=sys.stderr)
         return 2
@@ -191,8 +211,13 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
 def _run(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     match args.command:
         case "submit":
-            created = client.submit(args.agent, _json(args.input, "--input"), goal=args.goal, priority=args.priority,
-                                    idempotency_key=args.idempotency_key)
+            created = client.submit(
+                args.agent,
+                _json(args.input, "--input"),
+                goal=args.goal,
+                priority=args.priority,
+                idempotency_key=args.idempotency_key,
+            )
             out.write(created["taskId"] + "\n")
             out.flush()
             return watch(client, created["taskId"], out) if args.watch else 0
@@ -214,8 +239,14 @@ def _run(client: Client, args: argparse.Namespace, out: TextIO) -> int:
                     raise SystemExit("rt: set_priority needs --priority 0-9")
                 payload["priority"] = args.priority
             version = args.expected_version or client.snapshot(args.task)["stateVersion"]
-            command = client.steer(args.task, args.type, payload, expected_version=version,
-                                   command_id=f"rt-{uuid.uuid4().hex[:16]}", reason=args.reason)
+            command = client.steer(
+                args.task,
+                args.type,
+                payload,
+                expected_version=version,
+                command_id=f"rt-{uuid.uuid4().hex[:16]}",
+                reason=args.reason,
+            )
             outcome = f": {command['outcome']}" if command.get("outcome") else ""
             out.write(f"{command['type']} accepted as version {command['version']} ({command['status']}){outcome}\n")
         case "approve":

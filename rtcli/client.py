@@ -27,8 +27,9 @@ class Event:
 class Client:
     def __init__(self, base_url: str, api_key: str, *, timeout: float = 30) -> None:
         self.base_url = base_url.rstrip("/")
-        self.http = httpx.Client(base_url=self.base_url, timeout=timeout,
-                                 headers={"Authorization": f"Bearer {api_key}"})
+        self.http = httpx.Client(
+            base_url=self.base_url, timeout=timeout, headers={"Authorization": f"Bearer {api_key}"}
+        )
 
     def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         response = self.http.request(method, path, **kwargs)
@@ -40,11 +41,22 @@ class Client:
             raise ApiError(response.status_code, body)
         return body
 
-    def submit(self, agent: str, input: dict[str, Any], *, goal: str = "", priority: int = 5,
-               idempotency_key: str | None = None) -> dict[str, Any]:
+    def submit(
+        self,
+        agent: str,
+        input: dict[str, Any],
+        *,
+        goal: str = "",
+        priority: int = 5,
+        idempotency_key: str | None = None,
+    ) -> dict[str, Any]:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        return self._call("POST", "/runtime/tasks", headers=headers,
-                          json={"agent": agent, "input": input, "goal": goal, "priority": priority})
+        return self._call(
+            "POST",
+            "/runtime/tasks",
+            headers=headers,
+            json={"agent": agent, "input": input, "goal": goal, "priority": priority},
+        )
 
     def tasks(self, *, status: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
         params: dict[str, Any] = {"limit": limit}
@@ -71,11 +83,27 @@ class Client:
     def result(self, task_id: str) -> dict[str, Any]:
         return self._call("GET", f"/runtime/tasks/{task_id}/result")
 
-    def steer(self, task_id: str, type: str, payload: dict[str, Any], *, expected_version: int, command_id: str,
-              reason: str = "") -> dict[str, Any]:
-        return self._call("POST", f"/runtime/tasks/{task_id}/steering", json={
-            "commandId": command_id, "type": type, "payload": payload, "expectedVersion": expected_version,
-            "reason": reason})
+    def steer(
+        self,
+        task_id: str,
+        type: str,
+        payload: dict[str, Any],
+        *,
+        expected_version: int,
+        command_id: str,
+        reason: str = "",
+    ) -> dict[str, Any]:
+        return self._call(
+            "POST",
+            f"/runtime/tasks/{task_id}/steering",
+            json={
+                "commandId": command_id,
+                "type": type,
+                "payload": payload,
+                "expectedVersion": expected_version,
+                "reason": reason,
+            },
+        )
 
     def answer(self, task_id: str, key: str, answer: Any, *, reason: str = "") -> dict[str, Any]:
         return self._call("POST", f"/runtime/tasks/{task_id}/inputs/{key}", json={"answer": answer, "reason": reason})
@@ -87,8 +115,9 @@ class Client:
         last, down_since = -1, None
         while True:
             try:
-                with self.http.stream("GET", f"/runtime/tasks/{task_id}/events",
-                                      timeout=httpx.Timeout(10, read=60)) as response:
+                with self.http.stream(
+                    "GET", f"/runtime/tasks/{task_id}/events", timeout=httpx.Timeout(10, read=60)
+                ) as response:
                     if response.status_code >= 400:
                         response.read()
                         raise ApiError(response.status_code, response.json())

@@ -27,8 +27,13 @@ from rtcli.client import Client
 
 ROOT = Path(__file__).resolve().parent.parent
 # Short leases so the recovery shows in seconds (production uses 30 s).
-KNOBS = {"RUNTIME_LEASE_SECONDS": "4", "RUNTIME_HEARTBEAT_SECONDS": "1", "RUNTIME_SCAN_SECONDS": "1",
-         "RUNTIME_SLICE_STEPS": "4", "RUNTIME_DEPLOYMENT": "demo"}
+KNOBS = {
+    "RUNTIME_LEASE_SECONDS": "4",
+    "RUNTIME_HEARTBEAT_SECONDS": "1",
+    "RUNTIME_SCAN_SECONDS": "1",
+    "RUNTIME_SLICE_STEPS": "4",
+    "RUNTIME_DEPLOYMENT": "demo",
+}
 
 
 def chapter(text: str) -> None:
@@ -46,25 +51,65 @@ class Stack:
         (data / "logs").mkdir(parents=True, exist_ok=True)
 
     def manage(self, *args: str) -> str:
-        done = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, capture_output=True,
-                              text=True, check=False)
+        done = subprocess.run(
+            [sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, capture_output=True, text=True, check=False
+        )
         if done.returncode != 0:
             raise SystemExit(f"manage.py {' '.join(args)} failed:\n{done.stderr[-2000:]}")
         return done.stdout.strip()
 
     def start(self, name: str, *args: str) -> None:
         log = open(self.data / "logs" / f"{name}.log", "ab")  # noqa: SIM115 (lives as long as the process)
-        self.procs[name] = subprocess.Popen([sys.executable, "-m", *args], cwd=ROOT, env=self.env, stdout=log,
-                                            stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs[name] = subprocess.Popen(
+            [sys.executable, "-m", *args],
+            cwd=ROOT,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def up(self) -> None:
-        self.start("web", "uvicorn", "runtime_site.asgi:application", "--host", "127.0.0.1", "--port",
-                   str(self.port), "--log-level", "warning")
+        self.start(
+            "web",
+            "uvicorn",
+            "runtime_site.asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--log-level",
+            "warning",
+        )
         for name in ("worker-a", "worker-b"):
-            self.start(name, "celery", "-A", "runtime_site", "worker", "-Q", "steps,maintenance", "-l", "WARNING",
-                       "--without-gossip", "--without-mingle", "-c", "1", "-n", f"{name}@%h")
-        self.start("beat", "celery", "-A", "runtime_site", "beat", "-l", "WARNING", "-s",
-                   str(self.data / "celerybeat-schedule"))
+            self.start(
+                name,
+                "celery",
+                "-A",
+                "runtime_site",
+                "worker",
+                "-Q",
+                "steps,maintenance",
+                "-l",
+                "WARNING",
+                "--without-gossip",
+                "--without-mingle",
+                "-c",
+                "1",
+                "-n",
+                f"{name}@%h",
+            )
+        self.start(
+            "beat",
+            "celery",
+            "-A",
+            "runtime_site",
+            "beat",
+            "-l",
+            "WARNING",
+            "-s",
+            str(self.data / "celerybeat-schedule"),
+        )
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -122,8 +167,11 @@ def run(args: argparse.Namespace) -> int:
     stack.manage("migrate", "-v0")
     stack.manage("collectstatic", "--noinput", "-v0")  # as bin/run: the web process serves them (whitenoise)
     chapter(f"1. Generate a corpus of {args.count} contracts")
-    print(stack.manage("generate_corpus", "--prefix", "corpora/demo", "--count", str(args.count), "--seed", "42",
-                       "--if-missing"))
+    print(
+        stack.manage(
+            "generate_corpus", "--prefix", "corpora/demo", "--count", str(args.count), "--seed", "42", "--if-missing"
+        )
+    )
     key = stack.manage("create_demo", "--key-only")
     stack.up()
     base = f"http://127.0.0.1:{stack.port}"
@@ -137,9 +185,11 @@ def run(args: argparse.Namespace) -> int:
 
 def story(client: Client, stack: Stack, data: Path, args: argparse.Namespace) -> int:
     chapter("2. Start a document review (publishing the report needs an approval)")
-    created = client.submit("document_review", {"corpus": "corpora/demo", "batchSize": 20,
-                                                 "pacingMs": args.pacing, "publish": True},
-                            goal="Find risky contracts")
+    created = client.submit(
+        "document_review",
+        {"corpus": "corpora/demo", "batchSize": 20, "pacingMs": args.pacing, "publish": True},
+        goal="Find risky contracts",
+    )
     task_id = created["taskId"]
     print(f"task {task_id}\n  rt watch {task_id}   # the same view from another terminal (RT_URL, RT_API_KEY)")
     chapter("3. Watch it live (SSE)")
@@ -149,15 +199,25 @@ def story(client: Client, stack: Stack, data: Path, args: argparse.Namespace) ->
     for event in client.events(task_id):
         data_ = event.data
         if event.type == "task.snapshot":
-            state.update(status=data_["runtimeStatus"], progress=data_["progress"], phase=data_["phase"],
-                         message=data_["statusMessage"], version=data_["stateVersion"])
+            state.update(
+                status=data_["runtimeStatus"],
+                progress=data_["progress"],
+                phase=data_["phase"],
+                message=data_["statusMessage"],
+                version=data_["stateVersion"],
+            )
             if stage == "recovering" and data_["runtimeStatus"] == "working":
-                bar.say(f"   back to work on the surviving worker from checkpoint {data_['lastCheckpoint']} "
-                        f"(recoveries: {data_['recoveries']}): only the steps after it run again")
+                bar.say(
+                    f"   back to work on the surviving worker from checkpoint {data_['lastCheckpoint']} "
+                    f"(recoveries: {data_['recoveries']}): only the steps after it run again"
+                )
                 stage = "recovered"
         elif event.type == "progress":
-            state.update(progress=data_["progress"], phase=data_.get("phase") or state["phase"],
-                         message=data_.get("message") or "")
+            state.update(
+                progress=data_["progress"],
+                phase=data_.get("phase") or state["phase"],
+                message=data_.get("message") or "",
+            )
         elif event.type == "steering.applied":
             state.update(status=data_["runtimeStatus"], version=data_["stateVersion"])
             if stage == "pausing" and data_["type"] == "pause":
@@ -184,8 +244,14 @@ def story(client: Client, stack: Stack, data: Path, args: argparse.Namespace) ->
 
         if stage == "run" and state["status"] == "working" and state["progress"] >= 0.15:
             chapter("4. Pause it")
-            client.steer(task_id, "pause", {}, expected_version=state["version"], command_id="demo-pause",
-                         reason="demo: a coffee break")
+            client.steer(
+                task_id,
+                "pause",
+                {},
+                expected_version=state["version"],
+                command_id="demo-pause",
+                reason="demo: a coffee break",
+            )
             stage = "pausing"
         elif stage == "resumed" and state["status"] == "working" and state["progress"] >= 0.45:
             # Between slices nobody holds the task: look for a few seconds, else at the next event.
@@ -205,10 +271,14 @@ def story(client: Client, stack: Stack, data: Path, args: argparse.Namespace) ->
     outcome = result.get("result") or {}
     if outcome:
         levels = outcome.get("byLevel", {})
-        print(f"{outcome['documentsReviewed']} contracts reviewed: "
-              + ", ".join(f"{n} {level}" for level, n in levels.items()))
-        for label, ref in (("report", (outcome.get("report") or {}).get("markdown")),
-                           ("published", (outcome.get("published") or {}).get("ref"))):
+        print(
+            f"{outcome['documentsReviewed']} contracts reviewed: "
+            + ", ".join(f"{n} {level}" for level, n in levels.items())
+        )
+        for label, ref in (
+            ("report", (outcome.get("report") or {}).get("markdown")),
+            ("published", (outcome.get("published") or {}).get("ref")),
+        ):
             if ref:
                 path = data / "blobs" / ref.removeprefix("file://")
                 print(f"{label}: {ref}" + (f"\n  on disk: {path}" if path.exists() else ""))
@@ -218,8 +288,9 @@ def story(client: Client, stack: Stack, data: Path, args: argparse.Namespace) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bin/run demo", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="bin/run demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--data", default=str(ROOT / "var" / "demo"), help="data folder (default var/demo)")
     parser.add_argument("--port", type=int, default=0, help="web port (default: a free one)")
     parser.add_argument("--count", type=int, default=600, help="contracts in the corpus (default 600)")

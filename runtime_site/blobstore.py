@@ -71,8 +71,11 @@ class S3BlobStore:
         from botocore.config import Config
 
         # Most S3-compatible servers reject botocore's default CRC checksums (STACK-NOTES §4.2).
-        config = Config(request_checksum_calculation="when_required",
-                        response_checksum_validation="when_required", s3={"addressing_style": "path"})
+        config = Config(
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+            s3={"addressing_style": "path"},
+        )
         self.bucket = bucket
         self.client = boto3.client("s3", config=config, **{k: v for k, v in client_kwargs.items() if v})
 

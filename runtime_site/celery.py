@@ -4,8 +4,15 @@ import os
 from typing import Any
 
 from celery import Celery
-from celery.signals import (task_postrun, task_prerun, worker_init, worker_process_init,
-                            worker_process_shutdown, worker_ready, worker_shutting_down)
+from celery.signals import (
+    task_postrun,
+    task_prerun,
+    worker_init,
+    worker_process_init,
+    worker_process_shutdown,
+    worker_ready,
+    worker_shutting_down,
+)
 
 from runtime_site.patches import kombu as kombu_patches
 from tasks_app import shutdown  # here, so its flag is mapped before a worker's pool forks

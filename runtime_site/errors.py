@@ -19,9 +19,9 @@ from common import json_safety
 from common.schema import SchemaError
 from steering_app.actions import AnswerConflict, CommandRefused, InvalidCommand, VersionConflict
 from tasks_app.actions import IdempotencyConflict, IllegalTransition, QuotaExceeded
+from tasks_app.agents.base import UnknownAgent
 from tasks_app.operators import NoLease
 from tasks_app.selectors import task_snapshot
-from tasks_app.agents.base import UnknownAgent
 
 
 def error_body(code: str, message: str, **extra: Any) -> dict[str, Any]:
@@ -61,17 +61,30 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         return Response(unsafe_input_body(exc), status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, VersionConflict):
         # The person's view is stale: here is the task as it is now (DESIGN §5).
-        return Response(error_body("version_conflict", str(exc), currentVersion=exc.task.state_version,
-                                   snapshot=task_snapshot(exc.task)), status=status.HTTP_409_CONFLICT)
+        return Response(
+            error_body(
+                "version_conflict", str(exc), currentVersion=exc.task.state_version, snapshot=task_snapshot(exc.task)
+            ),
+            status=status.HTTP_409_CONFLICT,
+        )
     if isinstance(exc, CommandRefused) and exc.task is not None:
         # As for a conflict: the task as it is now, so the caller sees why (finished, held).
-        return Response(error_body("command_refused", str(exc), snapshot=task_snapshot(exc.task)),
-                        status=status.HTTP_409_CONFLICT)
+        return Response(
+            error_body("command_refused", str(exc), snapshot=task_snapshot(exc.task)), status=status.HTTP_409_CONFLICT
+        )
     if isinstance(exc, AnswerConflict):
         # The answer that stands, so the client can tell "mine won" from "someone else's did".
-        return Response(error_body("answer_conflict", str(exc), key=exc.key, answer=exc.answer,
-                                   answeredBy=exc.command.requested_by, commandId=exc.command.command_id),
-                        status=status.HTTP_409_CONFLICT)
+        return Response(
+            error_body(
+                "answer_conflict",
+                str(exc),
+                key=exc.key,
+                answer=exc.answer,
+                answeredBy=exc.command.requested_by,
+                commandId=exc.command.command_id,
+            ),
+            status=status.HTTP_409_CONFLICT,
+        )
     for kind, (http_status, code) in DOMAIN.items():
         if isinstance(exc, kind):
             message = f"unknown agent {exc.args[0]!r}" if isinstance(exc, UnknownAgent) else str(exc)
@@ -105,8 +118,11 @@ RETRY_AFTER_SECONDS = 2
 
 
 def unavailable() -> JsonResponse:
-    return JsonResponse(error_body("unavailable", "the database is unavailable; retry shortly"), status=503,
-                        headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+    return JsonResponse(
+        error_body("unavailable", "the database is unavailable; retry shortly"),
+        status=503,
+        headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+    )
 
 
 def json_500(request: HttpRequest) -> JsonResponse:

@@ -51,7 +51,7 @@ class ByViewKind:
 def _async_view(scope: dict[str, Any]) -> bool:
     path, root = scope["path"], scope.get("root_path", "")
     if root and path.startswith(root):
-        path = path[len(root):]
+        path = path[len(root) :]
     try:
         match = get_resolver().resolve(path)
     except Resolver404:

@@ -62,10 +62,18 @@ def _applied_migrations() -> set[tuple[str, str]]:
             return set(cursor.fetchall())
     import psycopg
 
-    params: dict[str, Any] = {"dbname": db["NAME"], "user": db["USER"], "password": db["PASSWORD"] or None,
-              "host": db["HOST"] or None, "port": db["PORT"] or None}
-    with psycopg.connect(**{k: v for k, v in params.items() if v}, connect_timeout=TIMEOUT,
-                         options=f"-c statement_timeout={TIMEOUT * 1000}") as conn:
+    params: dict[str, Any] = {
+        "dbname": db["NAME"],
+        "user": db["USER"],
+        "password": db["PASSWORD"] or None,
+        "host": db["HOST"] or None,
+        "port": db["PORT"] or None,
+    }
+    with psycopg.connect(
+        **{k: v for k, v in params.items() if v},
+        connect_timeout=TIMEOUT,
+        options=f"-c statement_timeout={TIMEOUT * 1000}",
+    ) as conn:
         try:
             return set(conn.execute(query).fetchall())
         except psycopg.errors.UndefinedTable:

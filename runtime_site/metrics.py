@@ -39,25 +39,41 @@ logger = logging.getLogger(__name__)
 
 # --- counted in workers (registry=None: served by the worker's multiprocess collector only) -----
 STEP_SECONDS = Histogram(
-    "runtime_step_duration_seconds", "Time an agent's step took, by agent and outcome (ok, waiting, error).",
-    ["agent", "outcome"], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
-    registry=None)
+    "runtime_step_duration_seconds",
+    "Time an agent's step took, by agent and outcome (ok, waiting, error).",
+    ["agent", "outcome"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+    registry=None,
+)
 SLICE_START_LATENCY = Histogram(
     "runtime_slice_start_latency_seconds",
     "From the moment a slice's message was due (sent, plus its countdown) until a worker started it.",
-    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900), registry=None)
-SLICES = Counter("runtime_slices_total", "Slices run, by outcome (continue, poll, done, dropped, at_capacity).",
-                 ["outcome"], registry=None)
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900),
+    registry=None,
+)
+SLICES = Counter(
+    "runtime_slices_total",
+    "Slices run, by outcome (continue, poll, done, dropped, at_capacity).",
+    ["outcome"],
+    registry=None,
+)
 LEASE_TAKEOVERS = Counter(
     "runtime_lease_takeovers_total",
     "Slices that found their lease taken over (the reaper or an operator moved it) and stopped without writing.",
-    registry=None)
+    registry=None,
+)
 RECOVERIES = Counter(
     "runtime_recoveries_total",
     "Expired leases the reaper took back from a lost worker, by outcome (recovering, dead_lettered).",
-    ["outcome"], registry=None)
-TOOL_CALLS = Counter("runtime_tool_calls_total", "Tool call attempts, by tool and outcome (ok, error).",
-                     ["tool", "outcome"], registry=None)
+    ["outcome"],
+    registry=None,
+)
+TOOL_CALLS = Counter(
+    "runtime_tool_calls_total",
+    "Tool call attempts, by tool and outcome (ok, error).",
+    ["tool", "outcome"],
+    registry=None,
+)
 
 # The header a slice message carries: when it is due (time.time() plus its countdown).
 READY_AT_HEADER = "rt_ready_at"
@@ -69,6 +85,7 @@ def observe_slice_start(ready_at: Any) -> None:
 
 
 # --- read at scrape time (web process) -------------------------------------------------------
+
 
 def _gauge(name: str, documentation: str, labels: list[str] | None = None) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, documentation, labels=labels)
@@ -94,29 +111,51 @@ def _database() -> Iterator[Metric]:
     for status in Status:
         tasks.add_metric([status.value], counts.get(status.value, 0))
     yield tasks
-    yield GaugeMetricFamily("runtime_dead_letters", "Tasks held for an operator (dead_lettered).",
-                            value=counts.get(Status.DEAD_LETTERED, 0))
+    yield GaugeMetricFamily(
+        "runtime_dead_letters", "Tasks held for an operator (dead_lettered).", value=counts.get(Status.DEAD_LETTERED, 0)
+    )
     # Since it became recovering (its audit trail says when), not its updated_at: the lease
     # scanner touches a runnable task each time it re-enqueues it, so that age never grows.
     # (updated_at only for a row set to recovering by hand, without a trail.)
-    became_recovering = (AuditRecord.objects.filter(task=OuterRef("pk"), to_status=Status.RECOVERING)
-                         .order_by("-seq").values("created_at")[:1])
-    recovering = Task.objects.filter(status=Status.RECOVERING).annotate(
-        since=Coalesce(Subquery(became_recovering), "updated_at")).aggregate(
-        oldest=Min("since"))["oldest"]
-    yield GaugeMetricFamily("runtime_tasks_recovering_oldest_age_seconds",
-                            "How long the task recovering the longest has waited for a worker.", value=age(recovering))
-    yield GaugeMetricFamily("runtime_tasks_waiting_for_input", "Tasks waiting for a person (input_required).",
-                            value=counts.get(Status.INPUT_REQUIRED, 0))
+    became_recovering = (
+        AuditRecord.objects.filter(task=OuterRef("pk"), to_status=Status.RECOVERING)
+        .order_by("-seq")
+        .values("created_at")[:1]
+    )
+    recovering = (
+        Task.objects.filter(status=Status.RECOVERING)
+        .annotate(since=Coalesce(Subquery(became_recovering), "updated_at"))
+        .aggregate(oldest=Min("since"))["oldest"]
+    )
+    yield GaugeMetricFamily(
+        "runtime_tasks_recovering_oldest_age_seconds",
+        "How long the task recovering the longest has waited for a worker.",
+        value=age(recovering),
+    )
+    yield GaugeMetricFamily(
+        "runtime_tasks_waiting_for_input",
+        "Tasks waiting for a person (input_required).",
+        value=counts.get(Status.INPUT_REQUIRED, 0),
+    )
     waiting = InputRequest.objects.filter(status=InputStatus.OPEN, task__status=Status.INPUT_REQUIRED).aggregate(
-        oldest=Min("created_at"))["oldest"]
-    yield GaugeMetricFamily("runtime_tasks_waiting_for_input_oldest_age_seconds",
-                            "Age of the oldest open question or approval of a task waiting for input.",
-                            value=age(waiting))
-    effects = dict(LedgerEntry.objects.filter(status__in=[EffectStatus.UNKNOWN, EffectStatus.PENDING])
-                   .order_by().values_list("status").annotate(n=Count("id")))
-    ledger = _gauge("runtime_ledger_entries", "Side effects not settled: unknown (may or may not have happened) "
-                    "and pending (a remote task is being polled).", ["status"])
+        oldest=Min("created_at")
+    )["oldest"]
+    yield GaugeMetricFamily(
+        "runtime_tasks_waiting_for_input_oldest_age_seconds",
+        "Age of the oldest open question or approval of a task waiting for input.",
+        value=age(waiting),
+    )
+    effects = dict(
+        LedgerEntry.objects.filter(status__in=[EffectStatus.UNKNOWN, EffectStatus.PENDING])
+        .order_by()
+        .values_list("status")
+        .annotate(n=Count("id"))
+    )
+    ledger = _gauge(
+        "runtime_ledger_entries",
+        "Side effects not settled: unknown (may or may not have happened) and pending (a remote task is being polled).",
+        ["status"],
+    )
     for effect in (EffectStatus.UNKNOWN, EffectStatus.PENDING):
         ledger.add_metric([effect.value], effects.get(effect.value, 0))
     yield ledger
@@ -127,10 +166,14 @@ def _broker() -> Iterator[Metric]:
     a countdown sit with a worker, not in the queue, and are not counted."""
     from django.conf import settings
 
-    depth = _gauge("runtime_queue_depth", "Messages waiting in a queue, by queue and priority step.",
-                   ["queue", "priority"])
-    oldest = _gauge("runtime_queue_oldest_message_age_seconds",
-                    "How long the oldest message of a queue and priority step has been due.", ["queue", "priority"])
+    depth = _gauge(
+        "runtime_queue_depth", "Messages waiting in a queue, by queue and priority step.", ["queue", "priority"]
+    )
+    oldest = _gauge(
+        "runtime_queue_oldest_message_age_seconds",
+        "How long the oldest message of a queue and priority step has been due.",
+        ["queue", "priority"],
+    )
     queues = ("steps", "maintenance")
     options = settings.CELERY_BROKER_TRANSPORT_OPTIONS
     now = time.time()
@@ -147,8 +190,11 @@ def _broker() -> Iterator[Metric]:
         steps = options.get("priority_steps", [0])
         with redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_connect_timeout=3, socket_timeout=3) as client:
             pipe = client.pipeline(transaction=False)
-            keys = [(queue, step, f"{prefix}{queue}" + (f"\x06\x16{step}" if step else ""))
-                    for queue in queues for step in steps]
+            keys = [
+                (queue, step, f"{prefix}{queue}" + (f"\x06\x16{step}" if step else ""))
+                for queue in queues
+                for step in steps
+            ]
             for _, _, key in keys:
                 pipe.llen(key)
                 pipe.lindex(key, -1)  # kombu pushes on the left and pops on the right: the oldest
@@ -189,8 +235,11 @@ def _web_process() -> Iterator[Metric]:
         used.add_metric(["idle"], stats["pool_available"])
         yield used
         yield GaugeMetricFamily("runtime_db_pool_max", "The pool's largest size.", value=stats["pool_max"])
-        yield GaugeMetricFamily("runtime_db_pool_requests_waiting", "Requests waiting for a pooled connection.",
-                                value=stats.get("requests_waiting", 0))
+        yield GaugeMetricFamily(
+            "runtime_db_pool_requests_waiting",
+            "Requests waiting for a pooled connection.",
+            value=stats.get("requests_waiting", 0),
+        )
 
 
 class _Scrape:
@@ -219,6 +268,7 @@ def metrics_view(request: Any) -> Any:
 
 
 # --- the worker's own port ---------------------------------------------------------------
+
 
 def serve_worker_metrics() -> None:
     """In the worker's main process: the sum over its pool processes, on RUNTIME_METRICS_PORT."""

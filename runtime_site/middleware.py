@@ -25,15 +25,19 @@ class BodySizeLimitMiddleware:
             return JsonResponse(error_body("invalid_request", "malformed Content-Length"), status=400)
         if length > limit:
             return JsonResponse(
-                error_body("body_too_large", f"request body is {length} bytes; the limit is {limit}"), status=413)
+                error_body("body_too_large", f"request body is {length} bytes; the limit is {limit}"), status=413
+            )
         return self.get_response(request)
 
 
 def request_texts(request: HttpRequest) -> dict[str, Any]:
     """Everything a request carries besides its body, for json_safety.check(): its path,
     every query parameter and every header (cookies included)."""
-    return {"path": request.path, "query": {key: request.GET.getlist(key) for key in request.GET},
-            "headers": dict(request.headers)}
+    return {
+        "path": request.path,
+        "query": {key: request.GET.getlist(key) for key in request.GET},
+        "headers": dict(request.headers),
+    }
 
 
 class UnsafeTextMiddleware:
@@ -92,7 +96,15 @@ class ChunkedBodyASGI:
     @staticmethod
     async def _too_large(send: Any, limit: int) -> None:
         payload = json.dumps(error_body("body_too_large", f"request body is over the limit of {limit} bytes")).encode()
-        await send({"type": "http.response.start", "status": 413, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
-            (b"connection", b"close")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(payload)).encode()),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": payload})

@@ -15,7 +15,12 @@ from typing import Any
 from drf_spectacular.extensions import OpenApiAuthenticationExtension, OpenApiViewExtension
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
-    OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view, inline_serializer,
+    OpenApiExample,
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_view,
+    inline_serializer,
 )
 from rest_framework import serializers
 
@@ -29,11 +34,16 @@ class BearerApiKey(OpenApiAuthenticationExtension):
     name = "bearerAuth"
 
     def get_security_definition(self, auto_schema: Any) -> dict[str, Any]:
-        return {"type": "http", "scheme": "bearer", "bearerFormat": "rt_<prefix>_<secret>",
-                "description": "An API key, bound to one tenant and role: `Authorization: Bearer rt_...`."}
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "bearerFormat": "rt_<prefix>_<secret>",
+            "description": "An API key, bound to one tenant and role: `Authorization: Bearer rt_...`.",
+        }
 
 
 # --- The one error shape (runtime_site/errors.py) ----------------------------------------------
+
 
 class ErrorDetail(serializers.Serializer):
     def get_fields(self) -> dict[str, serializers.Field]:
@@ -43,8 +53,9 @@ class ErrorDetail(serializers.Serializer):
             "message": serializers.CharField(),
             "fields": serializers.JSONField(required=False, help_text="invalid_request: each field's problem"),
             "currentVersion": serializers.IntegerField(required=False, help_text="version_conflict"),
-            "snapshot": serializers.JSONField(required=False, help_text="version_conflict, command_refused: the "
-                                                                         "task as it is now"),
+            "snapshot": serializers.JSONField(
+                required=False, help_text="version_conflict, command_refused: the task as it is now"
+            ),
             "status": serializers.CharField(required=False, help_text="not_finished: the MCP status"),
             "runtimeStatus": serializers.CharField(required=False, help_text="not_finished"),
         }
@@ -62,14 +73,19 @@ def _error(description: str) -> OpenApiResponse:
 # the key's or tenant's request rate reached (runtime_site/ratelimit.py, config/runtime.yaml
 # `limits`), and the database briefly unavailable. 429 and 503 carry Retry-After (see postprocess).
 RATE_LIMITED = "the key's or the tenant's request rate limit is reached (throttled); retry after Retry-After"
-COMMON = {400: _error("invalid request (the error names the field)"), 401: _error("no or an invalid API key"),
-          403: _error("the key's role does not allow this"), 429: _error(RATE_LIMITED),
-          503: _error("the database is unavailable; retry")}
+COMMON = {
+    400: _error("invalid request (the error names the field)"),
+    401: _error("no or an invalid API key"),
+    403: _error("the key's role does not allow this"),
+    429: _error(RATE_LIMITED),
+    503: _error("the database is unavailable; retry"),
+}
 ON_TASK = {**COMMON, 404: _error("no such task in the key's tenant")}
 ON_KEY = {**COMMON, 404: _error("no such key among those this key may manage")}
 
 
 # --- Answers -------------------------------------------------------------------------------------
+
 
 class InputRequestOut(serializers.Serializer):
     key = serializers.CharField()
@@ -88,8 +104,10 @@ class TaskSnapshot(TaskUrls):
 
     taskId = serializers.UUIDField()  # noqa: N815
     agent = serializers.CharField()
-    status = serializers.ChoiceField(choices=["queued", "working", "input_required", "completed", "failed",
-                                              "cancelled"], help_text="the MCP Tasks status")
+    status = serializers.ChoiceField(
+        choices=["queued", "working", "input_required", "completed", "failed", "cancelled"],
+        help_text="the MCP Tasks status",
+    )
     runtimeStatus = serializers.ChoiceField(choices=Status.choices)  # noqa: N815
     statusMessage = serializers.CharField(allow_blank=True)  # noqa: N815
     progress = serializers.FloatField()
@@ -173,13 +191,19 @@ class SteeringCommandOut(serializers.Serializer):
     outcome = serializers.CharField(allow_blank=True)
     createdAt = serializers.DateTimeField()  # noqa: N815
     appliedAt = serializers.DateTimeField(allow_null=True)  # noqa: N815
-    killPolicy = inline_serializer("KillPolicy", {  # noqa: N815
-        "cut": serializers.ListField(child=serializers.CharField(), help_text="tools cut mid-call"),
-        "finishFirst": serializers.ListField(child=serializers.CharField(),
-                                             help_text="tools whose call in flight returns first"),
-        "default": serializers.CharField(help_text="cut or finish_first: what any other tool gets"),
-        "graceSeconds": serializers.FloatField(),
-    }, required=False, help_text="kill only: what the kill does to a tool call in flight (config/runtime.yaml kill)")
+    killPolicy = inline_serializer(  # noqa: N815
+        "KillPolicy",
+        {
+            "cut": serializers.ListField(child=serializers.CharField(), help_text="tools cut mid-call"),
+            "finishFirst": serializers.ListField(
+                child=serializers.CharField(), help_text="tools whose call in flight returns first"
+            ),
+            "default": serializers.CharField(help_text="cut or finish_first: what any other tool gets"),
+            "graceSeconds": serializers.FloatField(),
+        },
+        required=False,
+        help_text="kill only: what the kill does to a tool call in flight (config/runtime.yaml kill)",
+    )
 
 
 class KeyOut(serializers.Serializer):
@@ -188,8 +212,9 @@ class KeyOut(serializers.Serializer):
     id = serializers.CharField(help_text="the key's public prefix (rt_<id>_...)")
     name = serializers.CharField()
     role = serializers.ChoiceField(choices=Role.choices)
-    scopes = serializers.ListField(child=serializers.ChoiceField(choices=Scope.choices), allow_null=True,
-                                   help_text="null: all its role allows")
+    scopes = serializers.ListField(
+        child=serializers.ChoiceField(choices=Scope.choices), allow_null=True, help_text="null: all its role allows"
+    )
     userId = serializers.IntegerField()  # noqa: N815
     createdAt = serializers.DateTimeField()  # noqa: N815
     expiresAt = serializers.DateTimeField(allow_null=True)  # noqa: N815
@@ -227,57 +252,115 @@ def _view(target: str, request_name: str = "", **methods: dict[str, Any]) -> typ
         view: Any = self.target_class  # the class itself by now (target_class names it by dotted path)
         # Named for what it is: every view's is called InputSerializer.
         renamed = type(request_name, (view.InputSerializer,), {}) if request_name else None
-        return extend_schema_view(**{
-            method: extend_schema(**{**kwargs, "request": renamed} if kwargs.get("request") == VIEW_INPUT else kwargs)
-            for method, kwargs in methods.items()})(view)
+        return extend_schema_view(
+            **{
+                method: extend_schema(
+                    **{**kwargs, "request": renamed} if kwargs.get("request") == VIEW_INPUT else kwargs
+                )
+                for method, kwargs in methods.items()
+            }
+        )(view)
 
-    return type(target.rsplit(".", 1)[1] + "Schema", (OpenApiViewExtension,),
-                {"target_class": target, "view_replacement": view_replacement})
+    return type(
+        target.rsplit(".", 1)[1] + "Schema",
+        (OpenApiViewExtension,),
+        {"target_class": target, "view_replacement": view_replacement},
+    )
 
 
 TaskListCreateSchema = _view(
-    "tasks_app.api.views.TaskListCreateApi", "CreateTask",
+    "tasks_app.api.views.TaskListCreateApi",
+    "CreateTask",
     get={
-        "operation_id": "listTasks", "summary": "The key's tenant's tasks, newest first",
+        "operation_id": "listTasks",
+        "summary": "The key's tenant's tasks, newest first",
         "parameters": [
             # A pattern, not an array of enums: the empty value is valid too (no filter).
-            OpenApiParameter("status", {"type": "string", "pattern": STATUS_LIST},
-                             description="only these runtime statuses, comma-separated: " + ", ".join(Status.values)),
+            OpenApiParameter(
+                "status",
+                {"type": "string", "pattern": STATUS_LIST},
+                description="only these runtime statuses, comma-separated: " + ", ".join(Status.values),
+            ),
             # Up to 18 digits are read; more than 200 are capped at 200.
-            OpenApiParameter("limit", {"type": "integer", "minimum": 1, "maximum": 10**18 - 1},
-                             description="page size (default 50, at most 200)"),
+            OpenApiParameter(
+                "limit",
+                {"type": "integer", "minimum": 1, "maximum": 10**18 - 1},
+                description="page size (default 50, at most 200)",
+            ),
             OpenApiParameter("cursor", str, description="from a page's next or previous link; anything else is a 400"),
         ],
-        "responses": {200: TaskPage, **COMMON}},
+        "responses": {200: TaskPage, **COMMON},
+    },
     post={
-        "operation_id": "createTask", "summary": "Start a task", "request": VIEW_INPUT,
-        "examples": [OpenApiExample("noop", {"agent": "noop", "input": {"steps": 3}, "goal": "try it"},
-                                 request_only=True)],
-        "parameters": [OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER,
-                                     pattern=r"^[A-Za-z0-9._:\-]{1,200}$",
-                                     description="the same key and body again: the same task (200)")],
-        "responses": {201: TaskCreated, 200: OpenApiResponse(TaskCreated, description="replayed by Idempotency-Key"),
-                   422: _error("unknown agent, input not matching the agent's schema, or an "
-                               "Idempotency-Key reused with another body"),
-                   **COMMON, 429: _error(RATE_LIMITED + "; or the tenant's queued tasks are at "
-                                         "limits.queued_tasks_per_tenant (quota_exceeded, no Retry-After)")}},
+        "operation_id": "createTask",
+        "summary": "Start a task",
+        "request": VIEW_INPUT,
+        "examples": [
+            OpenApiExample("noop", {"agent": "noop", "input": {"steps": 3}, "goal": "try it"}, request_only=True)
+        ],
+        "parameters": [
+            OpenApiParameter(
+                "Idempotency-Key",
+                str,
+                OpenApiParameter.HEADER,
+                pattern=r"^[A-Za-z0-9._:\-]{1,200}$",
+                description="the same key and body again: the same task (200)",
+            )
+        ],
+        "responses": {
+            201: TaskCreated,
+            200: OpenApiResponse(TaskCreated, description="replayed by Idempotency-Key"),
+            422: _error(
+                "unknown agent, input not matching the agent's schema, or an Idempotency-Key reused with another body"
+            ),
+            **COMMON,
+            429: _error(
+                RATE_LIMITED + "; or the tenant's queued tasks are at "
+                "limits.queued_tasks_per_tenant (quota_exceeded, no Retry-After)"
+            ),
+        },
+    },
 )
 TaskDetailSchema = _view(
     "tasks_app.api.views.TaskDetailApi",
-    get={"operation_id": "getTask", "summary": "A task's snapshot", "parameters": [TASK_ID],
-             "responses": {200: TaskSnapshot, **ON_TASK}})
+    get={
+        "operation_id": "getTask",
+        "summary": "A task's snapshot",
+        "parameters": [TASK_ID],
+        "responses": {200: TaskSnapshot, **ON_TASK},
+    },
+)
 TaskCancelSchema = _view(
-    "tasks_app.api.views.TaskCancelApi", "CancelTask",
-    post={"operation_id": "cancelTask", "summary": "Cancel a task (at its next safe point)", "parameters": [TASK_ID],
-              "request": VIEW_INPUT, "responses": {202: TaskSnapshot, 409: _error("already finished"), **ON_TASK}})
+    "tasks_app.api.views.TaskCancelApi",
+    "CancelTask",
+    post={
+        "operation_id": "cancelTask",
+        "summary": "Cancel a task (at its next safe point)",
+        "parameters": [TASK_ID],
+        "request": VIEW_INPUT,
+        "responses": {202: TaskSnapshot, 409: _error("already finished"), **ON_TASK},
+    },
+)
 TaskCheckpointsSchema = _view(
     "tasks_app.api.views.TaskCheckpointsApi",
-    get={"operation_id": "listCheckpoints", "summary": "A task's checkpoints", "parameters": [TASK_ID],
-             "responses": {200: _list_of("CheckpointList", CheckpointOut), **ON_TASK}})
+    get={
+        "operation_id": "listCheckpoints",
+        "summary": "A task's checkpoints",
+        "parameters": [TASK_ID],
+        "responses": {200: _list_of("CheckpointList", CheckpointOut), **ON_TASK},
+    },
+)
 TaskResultSchema = _view(
     "tasks_app.api.views.TaskResultApi",
-    get={"operation_id": "getTaskResult", "summary": "A finished task's result or error", "parameters": [TASK_ID],
-             "responses": {200: TaskResult, 409: _error("not finished yet (not_finished)"), **ON_TASK}})
+    get={
+        "operation_id": "getTaskResult",
+        "summary": "A finished task's result or error",
+        "parameters": [TASK_ID],
+        "responses": {200: TaskResult, 409: _error("not finished yet (not_finished)"), **ON_TASK},
+    },
+)
+
+
 class ArtifactOut(serializers.Serializer):
     """tasks_app.artifacts.listing."""
 
@@ -288,71 +371,137 @@ class ArtifactOut(serializers.Serializer):
 
 TaskArtifactsSchema = _view(
     "tasks_app.api.artifacts.TaskArtifactsApi",
-    get={"operation_id": "listTaskArtifacts", "summary": "What a task wrote for people to read (its reports, files)",
-         "parameters": [TASK_ID],
-         "responses": {200: _list_of("ArtifactList", ArtifactOut, taskId=serializers.UUIDField()), **ON_TASK}})
+    get={
+        "operation_id": "listTaskArtifacts",
+        "summary": "What a task wrote for people to read (its reports, files)",
+        "parameters": [TASK_ID],
+        "responses": {200: _list_of("ArtifactList", ArtifactOut, taskId=serializers.UUIDField()), **ON_TASK},
+    },
+)
 TaskArtifactSchema = _view(
     "tasks_app.api.artifacts.TaskArtifactApi",
-    get={"operation_id": "getTaskArtifact", "summary": "One artifact, as stored (its content type by its name)",
-         "parameters": [TASK_ID, OpenApiParameter("name", OpenApiTypes.STR, OpenApiParameter.PATH),
-                        OpenApiParameter("download", OpenApiTypes.STR, OpenApiParameter.QUERY,
-                                         description="1 or true: as an attachment")],
-         "responses": {(200, "*/*"): OpenApiResponse(OpenApiTypes.BINARY, description="the artifact's bytes"),
-                       **ON_TASK, 404: _error("no such task in the key's tenant, or no such artifact"),
-                       413: _error("larger than api.max_artifact_bytes (too_large)")}})
+    get={
+        "operation_id": "getTaskArtifact",
+        "summary": "One artifact, as stored (its content type by its name)",
+        "parameters": [
+            TASK_ID,
+            OpenApiParameter("name", OpenApiTypes.STR, OpenApiParameter.PATH),
+            OpenApiParameter(
+                "download", OpenApiTypes.STR, OpenApiParameter.QUERY, description="1 or true: as an attachment"
+            ),
+        ],
+        "responses": {
+            (200, "*/*"): OpenApiResponse(OpenApiTypes.BINARY, description="the artifact's bytes"),
+            **ON_TASK,
+            404: _error("no such task in the key's tenant, or no such artifact"),
+            413: _error("larger than api.max_artifact_bytes (too_large)"),
+        },
+    },
+)
 TaskAuditSchema = _view(
     "tasks_app.api.views.TaskAuditApi",
-    get={"operation_id": "getTaskAudit", "summary": "A task's hash-chained audit records", "parameters": [TASK_ID],
-             "responses": {200: _list_of("AuditList", AuditRecordOut, head=serializers.CharField(
-                 allow_blank=True, help_text="hash of the newest record")), **ON_TASK}})
+    get={
+        "operation_id": "getTaskAudit",
+        "summary": "A task's hash-chained audit records",
+        "parameters": [TASK_ID],
+        "responses": {
+            200: _list_of(
+                "AuditList",
+                AuditRecordOut,
+                head=serializers.CharField(allow_blank=True, help_text="hash of the newest record"),
+            ),
+            **ON_TASK,
+        },
+    },
+)
 TaskSteeringSchema = _view(
-    "steering_app.api.views.TaskSteeringApi", "SteerTask",
-    get={"operation_id": "listSteeringCommands", "summary": "A task's steering commands, in order",
-             "parameters": [TASK_ID], "responses": {200: _list_of("SteeringCommandList", SteeringCommandOut), **ON_TASK}},
+    "steering_app.api.views.TaskSteeringApi",
+    "SteerTask",
+    get={
+        "operation_id": "listSteeringCommands",
+        "summary": "A task's steering commands, in order",
+        "parameters": [TASK_ID],
+        "responses": {200: _list_of("SteeringCommandList", SteeringCommandOut), **ON_TASK},
+    },
     post={
         "operation_id": "steerTask",
         "summary": "Pause, resume, adjust, re-plan, answer (applied at a safe point) or kill (at once)",
         "description": "`kill` is the emergency stop: it aborts the running step without waiting for a safe "
-                    "point, needs a `reason` (else 422 invalid_payload), and its answer carries the "
-                    "`killPolicy`, what it does to a tool call in flight.",
-        "parameters": [TASK_ID], "request": VIEW_INPUT,
-        "responses": {202: SteeringCommandOut,
-                   409: _error("version_conflict or command_refused (finished, held): both with the task as "
-                               "it is now (snapshot)"),
-                   422: _error("a payload this command cannot take, or a kill without a reason "
-                               "(invalid_payload)"), **ON_TASK}})
-TaskInputSchema = _view(
-    "steering_app.api.views.TaskInputApi", "Answer",
-    post={
-        "operation_id": "answerInput", "summary": "Answer an open input request (an approval: approve or reject)",
-        "parameters": [TASK_ID, OpenApiParameter("key", str, OpenApiParameter.PATH,
-                                              description="the input request's key (inputRequests[].key)")],
+        "point, needs a `reason` (else 422 invalid_payload), and its answer carries the "
+        "`killPolicy`, what it does to a tool call in flight.",
+        "parameters": [TASK_ID],
         "request": VIEW_INPUT,
-        "responses": {202: SteeringCommandOut, 409: _error("no such open request, or already answered"),
-                   422: _error("an answer not matching the request's schema"), **ON_TASK}})
-
+        "responses": {
+            202: SteeringCommandOut,
+            409: _error(
+                "version_conflict or command_refused (finished, held): both with the task as it is now (snapshot)"
+            ),
+            422: _error("a payload this command cannot take, or a kill without a reason (invalid_payload)"),
+            **ON_TASK,
+        },
+    },
+)
+TaskInputSchema = _view(
+    "steering_app.api.views.TaskInputApi",
+    "Answer",
+    post={
+        "operation_id": "answerInput",
+        "summary": "Answer an open input request (an approval: approve or reject)",
+        "parameters": [
+            TASK_ID,
+            OpenApiParameter(
+                "key", str, OpenApiParameter.PATH, description="the input request's key (inputRequests[].key)"
+            ),
+        ],
+        "request": VIEW_INPUT,
+        "responses": {
+            202: SteeringCommandOut,
+            409: _error("no such open request, or already answered"),
+            422: _error("an answer not matching the request's schema"),
+            **ON_TASK,
+        },
+    },
+)
 
 
 # --- API keys (tasks_app/api/keys.py) ------------------------------------------------------------
 
 KEY_ID = OpenApiParameter("key_id", str, OpenApiParameter.PATH, description="a key's id (its prefix)")
 KeyListCreateSchema = _view(
-    "tasks_app.api.keys.KeyListCreateApi", "CreateKey",
-    get={"operation_id": "listKeys", "summary": "The keys this key may manage (a tenant admin's: all of the tenant's)",
-             "responses": {200: inline_serializer("KeyList", {"keys": KeyOut(many=True)}), **COMMON}},
-    post={"operation_id": "createKey", "summary": "Make a key, at most as wide as this one", "request": VIEW_INPUT,
-              "responses": {201: KeyIssued, **COMMON}})
+    "tasks_app.api.keys.KeyListCreateApi",
+    "CreateKey",
+    get={
+        "operation_id": "listKeys",
+        "summary": "The keys this key may manage (a tenant admin's: all of the tenant's)",
+        "responses": {200: inline_serializer("KeyList", {"keys": KeyOut(many=True)}), **COMMON},
+    },
+    post={
+        "operation_id": "createKey",
+        "summary": "Make a key, at most as wide as this one",
+        "request": VIEW_INPUT,
+        "responses": {201: KeyIssued, **COMMON},
+    },
+)
 KeyDetailSchema = _view(
     "tasks_app.api.keys.KeyDetailApi",
     get={"operation_id": "getKey", "summary": "A key", "parameters": [KEY_ID], "responses": {200: KeyOut, **ON_KEY}},
-    delete={"operation_id": "revokeKey", "summary": "Revoke a key: it stops working on its next request",
-                "parameters": [KEY_ID], "responses": {200: KeyOut, **ON_KEY}})
+    delete={
+        "operation_id": "revokeKey",
+        "summary": "Revoke a key: it stops working on its next request",
+        "parameters": [KEY_ID],
+        "responses": {200: KeyOut, **ON_KEY},
+    },
+)
 KeyRotateSchema = _view(
     "tasks_app.api.keys.KeyRotateApi",
-    post={"operation_id": "rotateKey", "summary": "A new key with the same grant; the old one keeps working for "
-                                                "security.key_rotation_grace_seconds",
-              "parameters": [KEY_ID], "request": None,
-              "responses": {201: KeyRotated, **ON_KEY, 400: _error("a revoked key cannot be rotated")}})
+    post={
+        "operation_id": "rotateKey",
+        "summary": "A new key with the same grant; the old one keeps working for security.key_rotation_grace_seconds",
+        "parameters": [KEY_ID],
+        "request": None,
+        "responses": {201: KeyRotated, **ON_KEY, 400: _error("a revoked key cannot be rotated")},
+    },
+)
 
 
 # --- The SSE endpoint (a plain Django view: DRF and so drf-spectacular cannot see it) ------------
@@ -362,25 +511,47 @@ SSE_OPERATION = {
         "operationId": "streamTaskEvents",
         "summary": "A task's events as Server-Sent Events (docs/streaming.md)",
         "description": "`task.snapshot` first (its id is `<channel>:<seq>`), then every event after it: "
-                       "progress, status changes, input requests, logs, and a terminal event. Reconnect "
-                       "with `Last-Event-ID` to resume; past the replay window the stream starts with "
-                       "a fresh snapshot. A browser with a dashboard session may use its cookie instead "
-                       "of a key.",
+        "progress, status changes, input requests, logs, and a terminal event. Reconnect "
+        "with `Last-Event-ID` to resume; past the replay window the stream starts with "
+        "a fresh snapshot. A browser with a dashboard session may use its cookie instead "
+        "of a key.",
         "tags": ["runtime"],
         "security": [{"bearerAuth": []}],
         "parameters": [
             {"name": "task_id", "in": "path", "required": True, "schema": {"type": "string", "format": "uuid"}},
-            {"name": "Last-Event-ID", "in": "header", "required": False, "schema": {"type": "string"},
-             "description": "the id of the last event received"},
+            {
+                "name": "Last-Event-ID",
+                "in": "header",
+                "required": False,
+                "schema": {"type": "string"},
+                "description": "the id of the last event received",
+            },
         ],
         "responses": {
-            "200": {"description": "the event stream", "content": {"text/event-stream": {"schema": {
-                "type": "string", "description": "`id:`, `event:` and `data:` lines; data is a JSON object"}}}},
-            **{str(code): {"description": description, "content": {
-                "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
-               for code, description in ((400, "a malformed Last-Event-ID"), (401, "no or an invalid API key"),
-                                         (404, "no such task in the key's tenant"), (429, RATE_LIMITED),
-                                         (503, "the database is unavailable; retry"))},
+            "200": {
+                "description": "the event stream",
+                "content": {
+                    "text/event-stream": {
+                        "schema": {
+                            "type": "string",
+                            "description": "`id:`, `event:` and `data:` lines; data is a JSON object",
+                        }
+                    }
+                },
+            },
+            **{
+                str(code): {
+                    "description": description,
+                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+                }
+                for code, description in (
+                    (400, "a malformed Last-Event-ID"),
+                    (401, "no or an invalid API key"),
+                    (404, "no such task in the key's tenant"),
+                    (429, RATE_LIMITED),
+                    (503, "the database is unavailable; retry"),
+                )
+            },
         },
     },
 }
@@ -394,17 +565,20 @@ SSE_OPERATION = {
 _ref = {"JsonValue": {"$ref": "#/components/schemas/JsonValue"}, "JsonItem": {"$ref": "#/components/schemas/JsonItem"}}
 JSON_VALUE = {
     "description": "any JSON but null that the database can store: no NUL character, numbers within "
-                   f"64-bit integers, nested at most {json_safety.MAX_DEPTH} levels deep",
+    f"64-bit integers, nested at most {json_safety.MAX_DEPTH} levels deep",
     "anyOf": [
-        {"type": "string"}, {"type": "boolean"},
+        {"type": "string"},
+        {"type": "boolean"},
         {"type": "integer", "minimum": json_safety.MIN_INT, "maximum": json_safety.MAX_INT},
         {"type": "number", "minimum": json_safety.MIN_INT, "maximum": json_safety.MAX_INT},
         {"type": "array", "items": _ref["JsonItem"]},
         {"type": "object", "additionalProperties": _ref["JsonItem"]},
     ],
 }
-JSON_ITEM = {"description": "a JsonValue, or null", "anyOf": [
-    _ref["JsonValue"], {"type": "string", "nullable": True, "enum": [None]}]}
+JSON_ITEM = {
+    "description": "a JsonValue, or null",
+    "anyOf": [_ref["JsonValue"], {"type": "string", "nullable": True, "enum": [None]}],
+}
 
 
 # DRF trims a string field before it checks it is not blank: at least one character Python's
@@ -428,6 +602,7 @@ def _free_form_to_json_value(schema: dict[str, Any]) -> None:
 
 # --- Hooks (SPECTACULAR_SETTINGS["POSTPROCESSING_HOOKS"]) ----------------------------------------
 
+
 def postprocess(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
     """The stream beside the other operations; request bodies as what is accepted (free-form JSON
     that json_safety lets through, numbers within 64 bits, strings not blank once trimmed)."""
@@ -436,14 +611,19 @@ def postprocess(result: dict[str, Any], generator: Any, request: Any, public: bo
         for operation in item.values():
             if "429" in operation["responses"]:
                 # DRF's Throttled (and the SSE view) set it; a quota_exceeded create does not.
-                operation["responses"]["429"]["headers"] = {"Retry-After": {
-                    "required": operation["operationId"] != "createTask",
-                    "schema": {"type": "integer", "minimum": 1},
-                    "description": "seconds until the rate limit's window ends"}}
+                operation["responses"]["429"]["headers"] = {
+                    "Retry-After": {
+                        "required": operation["operationId"] != "createTask",
+                        "schema": {"type": "integer", "minimum": 1},
+                        "description": "seconds until the rate limit's window ends",
+                    }
+                }
     schemas = result["components"]["schemas"]
     for name, schema in schemas.items():
         if name.endswith("Request"):  # COMPONENT_SPLIT_REQUEST: the request side of each body
             _free_form_to_json_value(schema)
     schemas["JsonValue"], schemas["JsonItem"] = JSON_VALUE, JSON_ITEM
-    schemas["CreateKeyRequest"]["properties"]["scopes"]["minItems"] = 1  # allow_empty=False, which drf-spectacular drops
+    schemas["CreateKeyRequest"]["properties"]["scopes"]["minItems"] = (
+        1  # allow_empty=False, which drf-spectacular drops
+    )
     return result

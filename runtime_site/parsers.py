@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rest_framework import serializers
+
 # DRF defines get_encoding (rest_framework/parsers.py); its stubs do not declare it.
 from rest_framework.parsers import JSONParser, get_encoding  # type: ignore[attr-defined]
 

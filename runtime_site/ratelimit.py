@@ -58,8 +58,9 @@ def surface_of(path: str) -> str:
 def _client(url: str) -> redis.Redis:
     with _lock:
         if url not in _clients:
-            _clients[url] = redis.Redis.from_url(url, socket_connect_timeout=REDIS_TIMEOUT,
-                                                 socket_timeout=REDIS_TIMEOUT, retry_on_timeout=False)
+            _clients[url] = redis.Redis.from_url(
+                url, socket_connect_timeout=REDIS_TIMEOUT, socket_timeout=REDIS_TIMEOUT, retry_on_timeout=False
+            )
         return _clients[url]
 
 
@@ -76,8 +77,12 @@ def _counts(keys: list[str], window: int) -> list[int] | None:
         return pipe.execute()[::2]
     except redis.RedisError as exc:
         _skip_until = time.monotonic() + BACKOFF_SECONDS
-        logger.warning("rate limits not enforced for %.0f s: Redis failed (%s: %s); requests are let through",
-                       BACKOFF_SECONDS, type(exc).__name__, exc)
+        logger.warning(
+            "rate limits not enforced for %.0f s: Redis failed (%s: %s); requests are let through",
+            BACKOFF_SECONDS,
+            type(exc).__name__,
+            exc,
+        )
         return None
 
 

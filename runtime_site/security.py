@@ -13,8 +13,9 @@ class SignInThrottleBackend(AxesStandaloneBackend):
     script, a management command, the test client's login()) is nobody guessing passwords
     over the network; axes would refuse it outright, so it is left to the model backend."""
 
-    def authenticate(self, request: HttpRequest | None, username: str | None = None, password: str | None = None,
-                     **kwargs: Any) -> Any:
+    def authenticate(
+        self, request: HttpRequest | None, username: str | None = None, password: str | None = None, **kwargs: Any
+    ) -> Any:
         if request is None:
             return None
         return super().authenticate(request, username, password, **kwargs)

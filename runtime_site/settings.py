@@ -199,9 +199,12 @@ else:
         # A host that drops packets would hold a reconnection attempt for minutes, not fail it.
         DATABASES["default"].setdefault("OPTIONS", {}).setdefault("connect_timeout", 5)
         DATABASES["default"]["OPTIONS"]["pool"] = {
-            "min_size": 1, "max_size": int(os.getenv("RUNTIME_DB_POOL_MAX", "20")),
-            "timeout": float(os.getenv("RUNTIME_DB_POOL_TIMEOUT", "5")), "reconnect_timeout": 5.0,
-            "check": dbpool.check_connection}
+            "min_size": 1,
+            "max_size": int(os.getenv("RUNTIME_DB_POOL_MAX", "20")),
+            "timeout": float(os.getenv("RUNTIME_DB_POOL_TIMEOUT", "5")),
+            "reconnect_timeout": 5.0,
+            "check": dbpool.check_connection,
+        }
 
 # --- Runtime knobs (config/runtime.yaml, overridable by environment) ---------------------
 RUNTIME = config.load()
@@ -238,8 +241,9 @@ if RUNTIME_HEARTBEAT_SECONDS * 2 > RUNTIME_LEASE_SECONDS:
     raise ImproperlyConfigured("heartbeat_seconds must be at most half of lease_seconds")
 if not (isinstance(RUNTIME_STEP_SECONDS, int | float) and 0 <= RUNTIME_STEP_SECONDS < float("inf")):
     # A negative one abandoned every step at its first beat, NaN none ever (0 says "no limit").
-    raise ImproperlyConfigured(f"step_seconds must be a number of seconds, 0 or more (0: no limit), "
-                               f"not {RUNTIME_STEP_SECONDS!r}")
+    raise ImproperlyConfigured(
+        f"step_seconds must be a number of seconds, 0 or more (0: no limit), not {RUNTIME_STEP_SECONDS!r}"
+    )
 
 # --- MCP server (/mcp, mcp_server; docs/mcp.md) ---------------------------------------
 # Lifetime of a task created over MCP when the client asks for none (ttlMs on the wire).
@@ -274,13 +278,26 @@ if not RUNTIME_AUDIT_KEY and EMBEDDED:
 
 # --- Mail (the email.send tool; Django 6.1 MAILERS) ----------------------------------------
 if os.getenv("EMAIL_HOST"):
-    MAILERS = {"default": {"BACKEND": "django.core.mail.backends.smtp.EmailBackend", "OPTIONS": {
-        "host": os.environ["EMAIL_HOST"], "port": int(os.getenv("EMAIL_PORT", "25")),
-        "username": os.getenv("EMAIL_HOST_USER", ""), "password": env_secret("EMAIL_HOST_PASSWORD", "") or "",
-        "use_tls": env_bool("EMAIL_USE_TLS", False), "timeout": 10}}}
+    MAILERS = {
+        "default": {
+            "BACKEND": "django.core.mail.backends.smtp.EmailBackend",
+            "OPTIONS": {
+                "host": os.environ["EMAIL_HOST"],
+                "port": int(os.getenv("EMAIL_PORT", "25")),
+                "username": os.getenv("EMAIL_HOST_USER", ""),
+                "password": env_secret("EMAIL_HOST_PASSWORD", "") or "",
+                "use_tls": env_bool("EMAIL_USE_TLS", False),
+                "timeout": 10,
+            },
+        }
+    }
 else:  # embedded default: mail lands as files in the data folder
-    MAILERS = {"default": {"BACKEND": "django.core.mail.backends.filebased.EmailBackend",
-                           "OPTIONS": {"file_path": str(DATA_DIR / "mail")}}}
+    MAILERS = {
+        "default": {
+            "BACKEND": "django.core.mail.backends.filebased.EmailBackend",
+            "OPTIONS": {"file_path": str(DATA_DIR / "mail")},
+        }
+    }
 DEFAULT_FROM_EMAIL = os.getenv("DEFAULT_FROM_EMAIL", "runtime@localhost")
 
 # --- Celery ------------------------------------------------------------------------------
@@ -320,8 +337,11 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TASK_DEFAULT_QUEUE = "steps"
-CELERY_TASK_ROUTES = {"tasks.scan_leases": {"queue": "maintenance"}, "tasks.trim": {"queue": "maintenance"},
-                      "tasks.anchor_audit": {"queue": "maintenance"}}
+CELERY_TASK_ROUTES = {
+    "tasks.scan_leases": {"queue": "maintenance"},
+    "tasks.trim": {"queue": "maintenance"},
+    "tasks.anchor_audit": {"queue": "maintenance"},
+}
 CELERY_BEAT_SCHEDULE = {
     "scan-leases": {"task": "tasks.scan_leases", "schedule": float(RUNTIME_SCAN_SECONDS)},
     "trim": {"task": "tasks.trim", "schedule": 60.0},
@@ -353,7 +373,7 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "DESCRIPTION": "Start, watch, steer and audit long-running agent tasks. Every error is "
-                   '{"error": {"code", "message", ...}}. The contract: runtime_site/openapi.py.',
+    '{"error": {"code", "message", ...}}. The contract: runtime_site/openapi.py.',
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "runtime_site.openapi.postprocess"],
     "COMPONENT_SPLIT_REQUEST": True,
 }
@@ -366,13 +386,17 @@ if RUNTIME_LOG_FORMAT not in ("plain", "json"):
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
-                   "json": {"()": "runtime_site.logs.JsonFormatter"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "runtime_site.logs.JsonFormatter"},
+    },
     "filters": {"redact": {"()": "tasks_app.redaction.RedactingFilter"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": RUNTIME_LOG_FORMAT,
-                             "filters": ["redact"]}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": RUNTIME_LOG_FORMAT, "filters": ["redact"]}},
     "root": {"handlers": ["console"], "level": os.getenv("RUNTIME_LOG_LEVEL", "INFO")},
     # uvicorn set up its own handlers before Django loaded: in JSON, its lines go through ours.
-    "loggers": {name: {"handlers": ["console"], "propagate": False}
-                for name in ("uvicorn", "uvicorn.error", "uvicorn.access")} if RUNTIME_LOG_FORMAT == "json" else {},
+    "loggers": {
+        name: {"handlers": ["console"], "propagate": False} for name in ("uvicorn", "uvicorn.error", "uvicorn.access")
+    }
+    if RUNTIME_LOG_FORMAT == "json"
+    else {},
 }

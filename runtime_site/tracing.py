@@ -41,8 +41,12 @@ def configure(service: str) -> bool:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    resource = Resource.create({"service.name": os.getenv("OTEL_SERVICE_NAME") or service,
-                                "service.instance.id": f"{socket.gethostname()}:{os.getpid()}"})
+    resource = Resource.create(
+        {
+            "service.name": os.getenv("OTEL_SERVICE_NAME") or service,
+            "service.instance.id": f"{socket.gethostname()}:{os.getpid()}",
+        }
+    )
     provider = TracerProvider(resource=resource)
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)

@@ -1,19 +1,17 @@
 from django.contrib import admin
-from django.urls import include, path
 from django.templatetags.static import static
+from django.urls import include, path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView
 
+from mcp_server.views import mcp_endpoint
 from runtime_site import openapi  # noqa: F401 (registers the API's schema extensions)
 from runtime_site.health import healthz, readyz
 from runtime_site.metrics import metrics_view
-from mcp_server.views import mcp_endpoint
-
 
 urlpatterns = [
     path("runtime/", include("tasks_app.api.urls")),
-    path("runtime/schema", SpectacularAPIView.as_view(permission_classes=[], authentication_classes=[]),
-         name="schema"),
+    path("runtime/schema", SpectacularAPIView.as_view(permission_classes=[], authentication_classes=[]), name="schema"),
     path("admin/", admin.site.urls),
     path("healthz", healthz),
     path("readyz", readyz),

@@ -20,9 +20,9 @@ from django.utils import timezone
 
 from common import json_safety
 from common.schema import SchemaError, validate
-from steering_app.models import CommandStatus, CommandType, InputRequest, InputStatus, SteeringCommand
 from ledger_app.actions import settle_interrupted
 from ledger_app.models import EffectStatus, LedgerEntry
+from steering_app.models import CommandStatus, CommandType, InputRequest, InputStatus, SteeringCommand
 from tasks_app import events, kills
 from tasks_app.actions import TRANSITION_FIELDS, IllegalTransition, transition
 from tasks_app.agents import base as agents
@@ -56,8 +56,9 @@ class AnswerConflict(CommandRefused):
 
     def __init__(self, key: str, command: SteeringCommand) -> None:
         shown = json.dumps(command.payload["answer"])
-        super().__init__(f"input request {key!r} already has the answer {shown[:200]} "
-                         f"(from {command.requested_by}); it stands")
+        super().__init__(
+            f"input request {key!r} already has the answer {shown[:200]} (from {command.requested_by}); it stands"
+        )
         self.key, self.command = key, command
 
     @property
@@ -97,9 +98,20 @@ PAYLOAD_SCHEMAS: dict[str, dict[str, Any]] = {
 }
 
 # Everything apply_command may change on the task row.
-STEERING_FIELDS = [*TRANSITION_FIELDS, "goal", "constraints", "plan_version", "priority", "cancel_requested",
-                   "cancel_reason", "kill_requested", "steering_head", "lease_owner", "lease_expires_at",
-                   "lease_epoch"]
+STEERING_FIELDS = [
+    *TRANSITION_FIELDS,
+    "goal",
+    "constraints",
+    "plan_version",
+    "priority",
+    "cancel_requested",
+    "cancel_reason",
+    "kill_requested",
+    "steering_head",
+    "lease_owner",
+    "lease_expires_at",
+    "lease_epoch",
+]
 
 
 def _validate(task: Task, type: str, payload: dict[str, Any], reason: str) -> None:
@@ -119,9 +131,16 @@ def _validate(task: Task, type: str, payload: dict[str, Any], reason: str) -> No
             raise InvalidCommand(str(exc)) from None
     if type == CommandType.PROVIDE_INPUT:
         # Under the task's row lock: of two answers racing, the second sees the first.
-        standing = SteeringCommand.objects.filter(
-            task=task, type=CommandType.PROVIDE_INPUT, payload__key=payload["key"],
-            status__in=[CommandStatus.PENDING, CommandStatus.APPLIED]).order_by("id").first()
+        standing = (
+            SteeringCommand.objects.filter(
+                task=task,
+                type=CommandType.PROVIDE_INPUT,
+                payload__key=payload["key"],
+                status__in=[CommandStatus.PENDING, CommandStatus.APPLIED],
+            )
+            .order_by("id")
+            .first()
+        )
         if standing is not None:
             raise AnswerConflict(payload["key"], standing)
         request = InputRequest.objects.filter(task=task, key=payload["key"]).first()
@@ -156,14 +175,29 @@ def _idle(task: Task) -> bool:
 
 @transaction.atomic(durable=True)
 def do_enqueue_command(
-    task_id: UUID, *, tenant: Tenant, command_id: str, type: str, payload: dict[str, Any],
-    expected_version: int, requested_by: str, reason: str = "",
+    task_id: UUID,
+    *,
+    tenant: Tenant,
+    command_id: str,
+    type: str,
+    payload: dict[str, Any],
+    expected_version: int,
+    requested_by: str,
+    reason: str = "",
 ) -> tuple[SteeringCommand, bool]:
     """Accept a command (compare-and-set on state_version) and apply it at once when the
     task is at a safe point. Returns (command, created); a known command_id returns the
     original command whatever happened since."""
-    json_safety.check({"commandId": command_id, "type": type, "payload": payload, "expectedVersion": expected_version,
-                       "requestedBy": requested_by, "reason": reason})  # the last line, whatever the edge
+    json_safety.check(
+        {
+            "commandId": command_id,
+            "type": type,
+            "payload": payload,
+            "expectedVersion": expected_version,
+            "requestedBy": requested_by,
+            "reason": reason,
+        }
+    )  # the last line, whatever the edge
     # The row lock orders concurrent commands: exactly one of two with the same expected
     # version sees its version still current.
     task = Task.objects.select_for_update().get(id=task_id, tenant=tenant)
@@ -177,11 +211,25 @@ def do_enqueue_command(
 
     before = task.state_version
     task.state_version += 1
-    command = SteeringCommand(tenant_id=task.tenant_id, task=task, command_id=command_id, type=type,
-                              payload=payload, reason=reason[:500], expected_version=expected_version,
-                              requested_by=requested_by, version=task.state_version)
-    record_audit(task, actor=requested_by, action="steering_accepted", before_version=before, reason=reason,
-                 data={"commandId": command_id, "type": type, "payload": payload})
+    command = SteeringCommand(
+        tenant_id=task.tenant_id,
+        task=task,
+        command_id=command_id,
+        type=type,
+        payload=payload,
+        reason=reason[:500],
+        expected_version=expected_version,
+        requested_by=requested_by,
+        version=task.state_version,
+    )
+    record_audit(
+        task,
+        actor=requested_by,
+        action="steering_accepted",
+        before_version=before,
+        reason=reason,
+        data={"commandId": command_id, "type": type, "payload": payload},
+    )
     enqueue = False
     if _idle(task):
         # At a safe point now: what a worker left pending (a pause accepted just before its
@@ -237,8 +285,9 @@ def apply_command(task: Task, command: SteeringCommand, *, actor: str, by_worker
     before = task.state_version
     refused = refusal(task, command.type, applying=True)
     if command.type == CommandType.PROVIDE_INPUT and refused is None:
-        open_request = InputRequest.objects.filter(task=task, key=command.payload["key"],
-                                                   status=InputStatus.OPEN).first()
+        open_request = InputRequest.objects.filter(
+            task=task, key=command.payload["key"], status=InputStatus.OPEN
+        ).first()
         refused = None if open_request else f"input request {command.payload['key']!r} is no longer open"
     if refused is not None:
         _settle(task, command, CommandStatus.REJECTED, refused, actor, before)
@@ -251,8 +300,12 @@ def apply_command(task: Task, command: SteeringCommand, *, actor: str, by_worker
         case CommandType.RESUME:
             waiting = InputRequest.objects.filter(task=task, status=InputStatus.OPEN).exists()
             if task.status == Status.PAUSED:
-                transition(task, Status.INPUT_REQUIRED if waiting else Status.WORKING, actor=actor,
-                           reason=command.reason or "resumed")
+                transition(
+                    task,
+                    Status.INPUT_REQUIRED if waiting else Status.WORKING,
+                    actor=actor,
+                    reason=command.reason or "resumed",
+                )
             else:  # PAUSING: the pause never landed; carry on
                 transition(task, Status.WORKING, actor=actor, reason=command.reason or "resumed before pausing")
             task.status_message = ""
@@ -298,9 +351,15 @@ def _kill_running(task: Task, command: SteeringCommand, *, actor: str) -> None:
     """A kill of a task a worker is running: ended now, unless the call in flight must
     finish (the Kill Policy): then the worker stops the task right after it returns,
     applying this command (and the lease, refused meanwhile, keeps it from going on)."""
-    finishing = sorted({tool for tool in LedgerEntry.objects.filter(
-        task=task, status=EffectStatus.STARTED, lease_epoch=task.lease_epoch).values_list("tool", flat=True)
-        if kills.must_finish(tool)})
+    finishing = sorted(
+        {
+            tool
+            for tool in LedgerEntry.objects.filter(
+                task=task, status=EffectStatus.STARTED, lease_epoch=task.lease_epoch
+            ).values_list("tool", flat=True)
+            if kills.must_finish(tool)
+        }
+    )
     if not finishing:
         apply_command(task, command, actor=actor)
         # Commands accepted earlier wait for a safe point the killed step never reaches (its
@@ -351,21 +410,44 @@ def _settle(task: Task, command: SteeringCommand, status: str, outcome: str, act
     command.status, command.outcome, command.applied_at = status, outcome, timezone.now()
     command.save(update_fields=["status", "outcome", "applied_at"])
     applied = status == CommandStatus.APPLIED
-    record_audit(task, actor=actor, action="steering_applied" if applied else "steering_rejected",
-                 before_version=before, reason=outcome or command.reason,
-                 data={"commandId": command.command_id, "type": command.type})
-    events.emit(task, "steering.applied" if applied else "steering.rejected", {
-        "commandId": command.command_id, "type": command.type, "version": command.version,
-        "stateVersion": task.state_version, "runtimeStatus": task.status, "outcome": outcome})
+    record_audit(
+        task,
+        actor=actor,
+        action="steering_applied" if applied else "steering_rejected",
+        before_version=before,
+        reason=outcome or command.reason,
+        data={"commandId": command.command_id, "type": command.type},
+    )
+    events.emit(
+        task,
+        "steering.applied" if applied else "steering.rejected",
+        {
+            "commandId": command.command_id,
+            "type": command.type,
+            "version": command.version,
+            "stateVersion": task.state_version,
+            "runtimeStatus": task.status,
+            "outcome": outcome,
+        },
+    )
 
 
-def open_input_request(task: Task, *, key: str, prompt: str, schema: dict[str, Any], step: int,
-                       kind: str = "question") -> InputRequest:
+def open_input_request(
+    task: Task, *, key: str, prompt: str, schema: dict[str, Any], step: int, kind: str = "question"
+) -> InputRequest:
     """Engine-only, in its fenced transaction: the task is about to wait for this answer."""
     assert transaction.get_connection().in_atomic_block
     request, _ = InputRequest.objects.get_or_create(
-        task=task, key=key, defaults={"tenant_id": task.tenant_id, "prompt": prompt, "answer_schema": schema,
-                                      "step_sequence": step, "kind": kind})
+        task=task,
+        key=key,
+        defaults={
+            "tenant_id": task.tenant_id,
+            "prompt": prompt,
+            "answer_schema": schema,
+            "step_sequence": step,
+            "kind": kind,
+        },
+    )
     return request
 
 
@@ -388,8 +470,9 @@ def answer_refusal(who: Any, task: Task, kind: str) -> str | None:
     return None
 
 
-def do_answer_input(task_id: UUID, *, tenant: Tenant, key: str, answer: Any, requested_by: str,
-                    reason: str = "") -> SteeringCommand:
+def do_answer_input(
+    task_id: UUID, *, tenant: Tenant, key: str, answer: Any, requested_by: str, reason: str = ""
+) -> SteeringCommand:
     """The one way every edge answers (REST, dashboard, MCP): a provide_input command keyed
     by the request. The same answer again is a replay and returns the command that stands;
     a different one raises AnswerConflict carrying it. Its precondition is the open request
@@ -401,9 +484,16 @@ def do_answer_input(task_id: UUID, *, tenant: Tenant, key: str, answer: Any, req
     for attempt in range(5):
         version = Task.objects.values_list("state_version", flat=True).get(id=task_id)
         try:
-            command = do_enqueue_command(task_id, tenant=tenant, command_id=command_id,
-                                         type=CommandType.PROVIDE_INPUT, payload={"key": key, "answer": answer},
-                                         expected_version=version, requested_by=requested_by, reason=reason)[0]
+            command = do_enqueue_command(
+                task_id,
+                tenant=tenant,
+                command_id=command_id,
+                type=CommandType.PROVIDE_INPUT,
+                payload={"key": key, "answer": answer},
+                expected_version=version,
+                requested_by=requested_by,
+                reason=reason,
+            )[0]
         except AnswerConflict as exc:  # answered through the steering endpoint, under another command id
             command = exc.command
         except VersionConflict:

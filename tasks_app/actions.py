@@ -47,8 +47,10 @@ def _check_queue_cap(tenant: Tenant) -> None:
         return
     list(Tenant.objects.select_for_update(no_key=True).filter(pk=tenant.pk).values_list("pk", flat=True))
     if Task.objects.filter(tenant=tenant, status=Status.QUEUED).count() >= cap:
-        raise QuotaExceeded(f"this tenant already has {cap} queued tasks (limits.queued_tasks_per_tenant); "
-                            "start more once some have started")
+        raise QuotaExceeded(
+            f"this tenant already has {cap} queued tasks (limits.queued_tasks_per_tenant); "
+            "start more once some have started"
+        )
 
 
 def transition(task: Task, to: str, *, actor: str, reason: str = "", data: dict[str, Any] | None = None) -> None:
@@ -60,8 +62,16 @@ def transition(task: Task, to: str, *, actor: str, reason: str = "", data: dict[
     task.status, task.state_version = to, task.state_version + 1
     if to in TERMINAL:
         task.finished_at = timezone.now()
-    record_audit(task, actor=actor, action="transition", from_status=from_status, to_status=to,
-                 before_version=before, reason=reason, data=data)
+    record_audit(
+        task,
+        actor=actor,
+        action="transition",
+        from_status=from_status,
+        to_status=to,
+        before_version=before,
+        reason=reason,
+        data=data,
+    )
     if to in TERMINAL:
         events.emit(task, "terminal", {"status": task.mcp_status, "runtimeStatus": to, "reason": reason})
     elif to == Status.DEAD_LETTERED:
@@ -71,9 +81,11 @@ def transition(task: Task, to: str, *, actor: str, reason: str = "", data: dict[
 TRANSITION_FIELDS = ["status", "state_version", "finished_at", "status_message", "updated_at"]
 
 
-CHECKPOINT_POLICY_SCHEMA = {"type": "object", "properties": {
-    "everySteps": {"type": "integer", "minimum": 1}, "maxSeconds": {"type": "number", "minimum": 1}},
-    "additionalProperties": False}
+CHECKPOINT_POLICY_SCHEMA = {
+    "type": "object",
+    "properties": {"everySteps": {"type": "integer", "minimum": 1}, "maxSeconds": {"type": "number", "minimum": 1}},
+    "additionalProperties": False,
+}
 
 
 def _fingerprint(body: dict[str, Any]) -> str:
@@ -81,9 +93,17 @@ def _fingerprint(body: dict[str, Any]) -> str:
 
 
 def do_create_task(
-    tenant: Tenant, *, actor: str, agent: str, input: dict[str, Any], goal: str = "",
-    checkpoint_policy: dict[str, Any] | None = None, approval_policy: dict[str, Any] | None = None,
-    budget: dict[str, Any] | None = None, priority: int = 5, idempotency_key: str | None = None,
+    tenant: Tenant,
+    *,
+    actor: str,
+    agent: str,
+    input: dict[str, Any],
+    goal: str = "",
+    checkpoint_policy: dict[str, Any] | None = None,
+    approval_policy: dict[str, Any] | None = None,
+    budget: dict[str, Any] | None = None,
+    priority: int = 5,
+    idempotency_key: str | None = None,
     ttl_seconds: int | None = None,
 ) -> tuple[Task, bool]:
     """Validate and create a task; enqueue its first slice on commit.
@@ -92,18 +112,36 @@ def do_create_task(
     the original task; the same key with another body raises IdempotencyConflict.
     """
     # The last line, whatever the edge (REST, MCP, dashboard, admin, a script): UnsafeInput.
-    json_safety.check({"agent": agent, "input": input, "goal": goal, "checkpointPolicy": checkpoint_policy,
-                       "approvalPolicy": approval_policy, "budget": budget, "priority": priority,
-                       "idempotencyKey": idempotency_key, "ttlSeconds": ttl_seconds, "actor": actor})
+    json_safety.check(
+        {
+            "agent": agent,
+            "input": input,
+            "goal": goal,
+            "checkpointPolicy": checkpoint_policy,
+            "approvalPolicy": approval_policy,
+            "budget": budget,
+            "priority": priority,
+            "idempotencyKey": idempotency_key,
+            "ttlSeconds": ttl_seconds,
+            "actor": actor,
+        }
+    )
     definition = agents.get_agent(agent)  # UnknownAgent
     validate(input, definition.input_schema, "input")  # SchemaError
     validate(checkpoint_policy or {}, CHECKPOINT_POLICY_SCHEMA, "checkpointPolicy")
     validate(budget or {}, policy.BUDGET_SCHEMA, "budget")
     validate(approval_policy or {}, policy.APPROVAL_POLICY_SCHEMA, "approvalPolicy")
     approval_policy = policy.canonical_approval_policy(approval_policy or {})
-    body = {"agent": agent, "input": input, "goal": goal, "checkpointPolicy": checkpoint_policy or {},
-            "approvalPolicy": approval_policy or {}, "budget": budget or {}, "priority": priority,
-            "ttlSeconds": ttl_seconds}
+    body = {
+        "agent": agent,
+        "input": input,
+        "goal": goal,
+        "checkpointPolicy": checkpoint_policy or {},
+        "approvalPolicy": approval_policy or {},
+        "budget": budget or {},
+        "priority": priority,
+        "ttlSeconds": ttl_seconds,
+    }
     fingerprint = _fingerprint(body)
     if idempotency_key is not None and (existing := _replay(tenant, idempotency_key, fingerprint)):
         return existing, False
@@ -111,14 +149,23 @@ def do_create_task(
         with transaction.atomic(durable=True):
             _check_queue_cap(tenant)  # after the replay: a retried create is never refused
             task = Task.objects.create(
-                tenant=tenant, created_by=actor, agent=agent, input=input, goal=goal,
-                checkpoint_policy=checkpoint_policy or {}, approval_policy=approval_policy or {},
-                budget=budget or {}, priority=priority, idempotency_key=idempotency_key,
-                request_fingerprint=fingerprint, trace_context=trace_headers().get("traceparent", "")[:256],
+                tenant=tenant,
+                created_by=actor,
+                agent=agent,
+                input=input,
+                goal=goal,
+                checkpoint_policy=checkpoint_policy or {},
+                approval_policy=approval_policy or {},
+                budget=budget or {},
+                priority=priority,
+                idempotency_key=idempotency_key,
+                request_fingerprint=fingerprint,
+                trace_context=trace_headers().get("traceparent", "")[:256],
                 expires_at=timezone.now() + timedelta(seconds=ttl_seconds) if ttl_seconds else None,
             )
-            record_audit(task, actor=actor, action="created", to_status=task.status,
-                         before_version=0, data={"agent": agent})
+            record_audit(
+                task, actor=actor, action="created", to_status=task.status, before_version=0, data={"agent": agent}
+            )
             events.emit(task, "task.snapshot", task_snapshot(task))
             enqueue_slice_on_commit(task.id, task.priority)
     except IntegrityError:

@@ -33,8 +33,12 @@ class MembershipAdmin(admin.ModelAdmin):
 
 
 class ApiKeyForm(forms.ModelForm):
-    scopes = forms.MultipleChoiceField(choices=Scope.choices, required=False, widget=forms.CheckboxSelectMultiple,
-                                       help_text="none: everything the role allows")
+    scopes = forms.MultipleChoiceField(
+        choices=Scope.choices,
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        help_text="none: everything the role allows",
+    )
 
     class Meta:
         model = ApiKey
@@ -55,8 +59,18 @@ class ApiKeyAdmin(admin.ModelAdmin):
     (the old key lives on for the grace period) and revoked; the hash is never shown."""
 
     form = ApiKeyForm
-    list_display = ["name", "prefix", "tenant", "user", "role", "scopes", "created_at", "expires_at", "last_used_at",
-                    "revoked_at"]
+    list_display = [
+        "name",
+        "prefix",
+        "tenant",
+        "user",
+        "role",
+        "scopes",
+        "created_at",
+        "expires_at",
+        "last_used_at",
+        "revoked_at",
+    ]
     list_filter = ["tenant", "role"]
     readonly_fields = ["prefix", "created_at", "last_used_at", "revoked_at", "rotated_from"]
     actions = ["rotate", "revoke"]
@@ -73,8 +87,9 @@ class ApiKeyAdmin(admin.ModelAdmin):
         if change:
             obj.save(update_fields=["name", "expires_at"])
             return
-        key, token = issue_api_key(obj.tenant, obj.user, role=obj.role, name=obj.name, scopes=obj.scopes,
-                                   expires_at=obj.expires_at)
+        key, token = issue_api_key(
+            obj.tenant, obj.user, role=obj.role, name=obj.name, scopes=obj.scopes, expires_at=obj.expires_at
+        )
         obj.pk, obj.prefix = key.pk, key.prefix
         self.message_user(request, f"The new key, shown only this once: {token}", level=messages.SUCCESS)
 
@@ -86,8 +101,11 @@ class ApiKeyAdmin(admin.ModelAdmin):
             except ValueError as exc:
                 self.message_user(request, f"{key.prefix}: {exc}", level=messages.WARNING)
                 continue
-            self.message_user(request, f"{key.prefix} rotated; the new key {new.prefix}, shown only this once: {token}",
-                              level=messages.SUCCESS)
+            self.message_user(
+                request,
+                f"{key.prefix} rotated; the new key {new.prefix}, shown only this once: {token}",
+                level=messages.SUCCESS,
+            )
 
     @admin.action(description="Revoke: the keys stop working at once")
     def revoke(self, request, queryset):
@@ -134,15 +152,33 @@ class ReadOnlyInline(admin.TabularInline):
 
 class CheckpointInline(ReadOnlyInline):
     model = Checkpoint
-    fields = ["sequence", "step_name", "reason", "schema_version", "plan_version", "discarded", "checksum",
-              "created_at"]
+    fields = [
+        "sequence",
+        "step_name",
+        "reason",
+        "schema_version",
+        "plan_version",
+        "discarded",
+        "checksum",
+        "created_at",
+    ]
     ordering = ["sequence", "id"]
 
 
 class SteeringInline(ReadOnlyInline):
     model = SteeringCommand
-    fields = ["version", "command_id", "type", "payload", "status", "outcome", "requested_by", "reason",
-              "created_at", "applied_at"]
+    fields = [
+        "version",
+        "command_id",
+        "type",
+        "payload",
+        "status",
+        "outcome",
+        "requested_by",
+        "reason",
+        "created_at",
+        "applied_at",
+    ]
     ordering = ["version"]
 
 
@@ -161,14 +197,26 @@ class LedgerInline(ReadOnlyInline):
 
 class AuditInline(ReadOnlyInline):
     model = AuditRecord
-    fields = ["seq", "actor", "action", "from_status", "to_status", "before_version", "after_version", "reason",
-              "created_at"]
+    fields = [
+        "seq",
+        "actor",
+        "action",
+        "from_status",
+        "to_status",
+        "before_version",
+        "after_version",
+        "reason",
+        "created_at",
+    ]
     ordering = ["seq"]
 
 
 class CancelForm(forms.Form):
-    reason = forms.CharField(max_length=500, widget=forms.TextInput(attrs={"size": 80}),
-                             help_text="Recorded in each task's audit chain with you as the actor.")
+    reason = forms.CharField(
+        max_length=500,
+        widget=forms.TextInput(attrs={"size": 80}),
+        help_text="Recorded in each task's audit chain with you as the actor.",
+    )
 
 
 class DateDrillDownChangeList(ChangeList):
@@ -186,8 +234,20 @@ class DateDrillDownChangeList(ChangeList):
 
 @admin.register(Task)
 class TaskAdmin(admin.ModelAdmin):
-    list_display = ["id", "tenant", "agent", "status", "progress", "phase", "state_version", "lease_owner",
-                    "lease_expires_at", "recoveries", "created_at", "updated_at"]
+    list_display = [
+        "id",
+        "tenant",
+        "agent",
+        "status",
+        "progress",
+        "phase",
+        "state_version",
+        "lease_owner",
+        "lease_expires_at",
+        "recoveries",
+        "created_at",
+        "updated_at",
+    ]
     list_filter = ["status", AgeFilter, "agent", "tenant"]
     list_select_related = ["tenant"]
     search_fields = ["id", "idempotency_key", "tenant__slug", "agent", "goal", "lease_owner", "created_by"]
@@ -229,53 +289,95 @@ class TaskAdmin(admin.ModelAdmin):
 
     @admin.action(description="Redrive a dead letter from its last good checkpoint")
     def redrive(self, request, queryset):
-        self._each(request, queryset, "redriven", lambda t, actor: operators.do_redrive_task(
-            t.id, actor=actor, reason="redriven by an operator in admin"))
+        self._each(
+            request,
+            queryset,
+            "redriven",
+            lambda t, actor: operators.do_redrive_task(t.id, actor=actor, reason="redriven by an operator in admin"),
+        )
 
     @admin.action(description="Cancel with a reason (lands at the next safe point)")
     def cancel(self, request, queryset):
-        return self._with_reason(request, queryset, "cancel", "Cancel", "A task a worker holds stops at its next "
-                                 "safe point; the others stop now.", "cancel requested",
-                                 lambda t, actor, reason: do_cancel_task(t.id, tenant=t.tenant, actor=actor,
-                                                                          reason=reason))
+        return self._with_reason(
+            request,
+            queryset,
+            "cancel",
+            "Cancel",
+            "A task a worker holds stops at its next safe point; the others stop now.",
+            "cancel requested",
+            lambda t, actor, reason: do_cancel_task(t.id, tenant=t.tenant, actor=actor, reason=reason),
+        )
 
     @admin.action(description="Kill: emergency stop, without waiting for the running step")
     def kill(self, request, queryset):
         def kill_one(task: Task, actor: str, reason: str) -> None:
             # The steering command, as over REST and MCP: audited, with the task's version now.
-            command, _ = do_enqueue_command(task.id, tenant=task.tenant, command_id=f"admin-kill-{uuid4().hex}",
-                                            type=CommandType.KILL, payload={}, expected_version=task.state_version,
-                                            requested_by=actor, reason=reason)
+            command, _ = do_enqueue_command(
+                task.id,
+                tenant=task.tenant,
+                command_id=f"admin-kill-{uuid4().hex}",
+                type=CommandType.KILL,
+                payload={},
+                expected_version=task.state_version,
+                requested_by=actor,
+                reason=reason,
+            )
             if command.outcome:
                 self.message_user(request, f"{task.id}: {command.outcome}", level=messages.WARNING)
 
-        return self._with_reason(request, queryset, "kill", "Kill", "The step a worker runs is aborted now; the "
-                                 "others stop now.", "killed", kill_one, kill_policy=kills.policy())
+        return self._with_reason(
+            request,
+            queryset,
+            "kill",
+            "Kill",
+            "The step a worker runs is aborted now; the others stop now.",
+            "killed",
+            kill_one,
+            kill_policy=kills.policy(),
+        )
 
-    def _with_reason(self, request, queryset, action: str, verb: str, explanation: str, done: str, act,
-                     **context):
+    def _with_reason(self, request, queryset, action: str, verb: str, explanation: str, done: str, act, **context):
         form = CancelForm(request.POST if "apply" in request.POST else None)
         if form.is_bound and form.is_valid():
             reason = form.cleaned_data["reason"]
             self._each(request, queryset, done, lambda t, actor: act(t, actor, reason))
             return None
         # First the reason: an intermediate page, then the same POST again with "apply".
-        return TemplateResponse(request, "admin/tasks_app/task/steer_reason.html", {
-            **self.admin_site.each_context(request), "title": f"{verb} tasks", "opts": self.model._meta,
-            "tasks": queryset, "form": form, "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
-            "select_across": request.POST.get("select_across", "0"), "action": action, "verb": verb,
-            "explanation": explanation, **context,
-        })
+        return TemplateResponse(
+            request,
+            "admin/tasks_app/task/steer_reason.html",
+            {
+                **self.admin_site.each_context(request),
+                "title": f"{verb} tasks",
+                "opts": self.model._meta,
+                "tasks": queryset,
+                "form": form,
+                "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+                "select_across": request.POST.get("select_across", "0"),
+                "action": action,
+                "verb": verb,
+                "explanation": explanation,
+                **context,
+            },
+        )
 
     @admin.action(description="Release a stale lease (fences the holder)")
     def release_lease(self, request, queryset):
-        self._each(request, queryset, "lease released", lambda t, actor: operators.do_release_lease(
-            t.id, actor=actor, reason="released by an operator in admin"))
+        self._each(
+            request,
+            queryset,
+            "lease released",
+            lambda t, actor: operators.do_release_lease(t.id, actor=actor, reason="released by an operator in admin"),
+        )
 
     @admin.action(description="Close a dead letter as failed")
     def close(self, request, queryset):
-        self._each(request, queryset, "closed", lambda t, actor: operators.do_close_task(
-            t.id, actor=actor, reason="closed by an operator in admin"))
+        self._each(
+            request,
+            queryset,
+            "closed",
+            lambda t, actor: operators.do_close_task(t.id, actor=actor, reason="closed by an operator in admin"),
+        )
 
 
 @admin.register(Step)

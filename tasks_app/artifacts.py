@@ -21,8 +21,12 @@ from runtime_site.blobstore import BlobNotFound, blob_store
 from tasks_app.models import Task
 
 NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}\Z")
-TYPES = {".md": "text/markdown; charset=utf-8", ".json": "application/json", ".txt": "text/plain; charset=utf-8",
-         ".csv": "text/csv; charset=utf-8"}
+TYPES = {
+    ".md": "text/markdown; charset=utf-8",
+    ".json": "application/json",
+    ".txt": "text/plain; charset=utf-8",
+    ".csv": "text/csv; charset=utf-8",
+}
 
 
 def prefix(task: Task) -> str:
@@ -59,8 +63,11 @@ def response(task: Task, name: str, *, download: bool = False) -> HttpResponse:
         return _error(404, "not_found", f"task has no artifact {name!r}")
     limit = int(settings.RUNTIME["api"].get("max_artifact_bytes", 10_485_760))
     if len(data) > limit:
-        return _error(413, "too_large", f"artifact {name!r} is {len(data)} bytes; this server serves at most "
-                                        f"{limit} (api.max_artifact_bytes)")
+        return _error(
+            413,
+            "too_large",
+            f"artifact {name!r} is {len(data)} bytes; this server serves at most {limit} (api.max_artifact_bytes)",
+        )
     answer = HttpResponse(data, content_type=content_type(name))
     answer["Content-Length"] = str(len(data))
     answer["X-Content-Type-Options"] = "nosniff"

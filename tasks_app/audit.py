@@ -41,17 +41,33 @@ def _hash(record: AuditRecord) -> str:
 
 
 def record_audit(
-    task: Task, *, actor: str, action: str, before_version: int, from_status: str = "",
-    to_status: str = "", reason: str = "", data: dict[str, Any] | None = None,
+    task: Task,
+    *,
+    actor: str,
+    action: str,
+    before_version: int,
+    from_status: str = "",
+    to_status: str = "",
+    reason: str = "",
+    data: dict[str, Any] | None = None,
 ) -> AuditRecord:
     """In-transaction helper. The caller holds the task row (lock or fence) and saves nothing
     of the chain itself: this updates task.audit_seq/audit_head in the same transaction."""
     assert transaction.get_connection().in_atomic_block, "audit inside the change's transaction"
     record = AuditRecord(
-        tenant_id=task.tenant_id, task=task, seq=task.audit_seq + 1, actor=actor, action=action,
-        from_status=from_status, to_status=to_status, before_version=before_version,
-        after_version=task.state_version, reason=redact(reason)[:1000], data=redact(data or {}),
-        created_at=timezone.now(), prev_hash=task.audit_head or GENESIS,
+        tenant_id=task.tenant_id,
+        task=task,
+        seq=task.audit_seq + 1,
+        actor=actor,
+        action=action,
+        from_status=from_status,
+        to_status=to_status,
+        before_version=before_version,
+        after_version=task.state_version,
+        reason=redact(reason)[:1000],
+        data=redact(data or {}),
+        created_at=timezone.now(),
+        prev_hash=task.audit_head or GENESIS,
     )
     record.hash = _hash(record)
     record.save()
@@ -115,27 +131,41 @@ def anchor_heads(*, store: BlobStore | None = None) -> str | None:
     secret = settings.RUNTIME_AUDIT_KEY
     if not secret:
         return None
-    heads = list(Task.objects.filter(audit_seq__gt=F("audit_anchored_seq")).order_by("id")
-                 .values_list("id", "tenant_id", "audit_seq", "audit_head")[:ANCHOR_BATCH])
+    heads = list(
+        Task.objects.filter(audit_seq__gt=F("audit_anchored_seq"))
+        .order_by("id")
+        .values_list("id", "tenant_id", "audit_seq", "audit_head")[:ANCHOR_BATCH]
+    )
     if not heads:
         return None
     now = timezone.now()
-    body = {"version": 1, "deployment": settings.RUNTIME_DEPLOYMENT, "taken_at": now.isoformat(),
-            "heads": [{"task": str(task), "tenant": str(tenant), "seq": seq, "hash": head}
-                      for task, tenant, seq, head in heads]}
+    body = {
+        "version": 1,
+        "deployment": settings.RUNTIME_DEPLOYMENT,
+        "taken_at": now.isoformat(),
+        "heads": [
+            {"task": str(task), "tenant": str(tenant), "seq": seq, "hash": head} for task, tenant, seq, head in heads
+        ],
+    }
     anchor = {**body, "kid": key_id(secret), "signature": _signature(body, secret)}
     key = f"{ANCHOR_PREFIX}/{now:%Y/%m/%d/%H%M%S}-{uuid.uuid4().hex[:8]}.json"
     (store or blob_store()).put(key, json.dumps(anchor, indent=1).encode(), "application/json")
     # Marked only once the object is stored: a crash in between anchors the same heads again
     # next time, which is harmless. Greatest: a record committed meanwhile stays unanchored.
-    Task.objects.filter(id__in=[h[0] for h in heads]).update(audit_anchored_seq=Greatest(
-        "audit_anchored_seq",
-        Case(*[When(id=task, then=Value(seq)) for task, _, seq, _ in heads], output_field=IntegerField())))
+    Task.objects.filter(id__in=[h[0] for h in heads]).update(
+        audit_anchored_seq=Greatest(
+            "audit_anchored_seq",
+            Case(*[When(id=task, then=Value(seq)) for task, _, seq, _ in heads], output_field=IntegerField()),
+        )
+    )
     return key
 
 
 def verify_anchors(
-    *, store: BlobStore | None = None, task_id: str | None = None, since: datetime | None = None,
+    *,
+    store: BlobStore | None = None,
+    task_id: str | None = None,
+    since: datetime | None = None,
 ) -> tuple[int, list[BrokenLink]]:
     """Every anchor's signature, and every anchored head against the records: (anchors checked,
     problems). `since` skips older anchors (after deleting old tasks by retention policy)."""
@@ -150,8 +180,14 @@ def verify_anchors(
         checked += 1
         secret = keys.get(anchor.get("kid", ""))
         if secret is None:
-            problems.append(BrokenLink("", None, f"anchor {name}: signed with unknown key {anchor.get('kid')!r} "
-                                                 "(a retired key missing from RUNTIME_AUDIT_RETIRED_KEYS?)"))
+            problems.append(
+                BrokenLink(
+                    "",
+                    None,
+                    f"anchor {name}: signed with unknown key {anchor.get('kid')!r} "
+                    "(a retired key missing from RUNTIME_AUDIT_RETIRED_KEYS?)",
+                )
+            )
             continue
         if not hmac.compare_digest(_signature(body, secret), str(anchor.get("signature"))):
             problems.append(BrokenLink("", None, f"anchor {name}: signature does not verify (anchor edited)"))
@@ -163,8 +199,12 @@ def verify_anchors(
 
 def _check_heads(anchor: str, heads: list[dict[str, Any]]) -> list[BrokenLink]:
     task_ids = {h["task"] for h in heads}
-    stored = {(str(t), seq): hash_ for t, seq, hash_ in AuditRecord.objects.filter(
-        task_id__in=task_ids, seq__in={h["seq"] for h in heads}).values_list("task_id", "seq", "hash")}
+    stored = {
+        (str(t), seq): hash_
+        for t, seq, hash_ in AuditRecord.objects.filter(
+            task_id__in=task_ids, seq__in={h["seq"] for h in heads}
+        ).values_list("task_id", "seq", "hash")
+    }
     existing = {str(t) for t in Task.objects.filter(id__in=task_ids).values_list("id", flat=True)}
     problems = []
     for head in heads:

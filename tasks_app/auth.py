@@ -13,8 +13,8 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import OuterRef, Q, Subquery
-from django.utils import timezone
 from django.http import HttpRequest
+from django.utils import timezone
 from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
 
@@ -82,14 +82,30 @@ def check_key_grant(role: str, scopes: list[str] | None, *, granted_by: Principa
             raise ValueError(f"scopes {sorted(wanted - granted_by.scopes)} are beyond this key's own")
 
 
-def issue_api_key(tenant: Tenant, user: User, *, role: str, name: str, scopes: list[str] | None = None,
-                  expires_at: datetime | None = None, rotated_from: ApiKey | None = None) -> tuple[ApiKey, str]:
+def issue_api_key(
+    tenant: Tenant,
+    user: User,
+    *,
+    role: str,
+    name: str,
+    scopes: list[str] | None = None,
+    expires_at: datetime | None = None,
+    rotated_from: ApiKey | None = None,
+) -> tuple[ApiKey, str]:
     """Create a key and return it with the full token, which is never stored or shown again."""
     check_key_grant(role, scopes)
     prefix, secret = secrets.token_hex(6), secrets.token_urlsafe(32)
-    key = ApiKey.objects.create(tenant=tenant, user=user, role=role, name=name, prefix=prefix,
-                                key_hash=_hash(secret), scopes=sorted(scopes or []), expires_at=expires_at,
-                                rotated_from=rotated_from)
+    key = ApiKey.objects.create(
+        tenant=tenant,
+        user=user,
+        role=role,
+        name=name,
+        prefix=prefix,
+        key_hash=_hash(secret),
+        scopes=sorted(scopes or []),
+        expires_at=expires_at,
+        rotated_from=rotated_from,
+    )
     return key, f"{KEY_PREFIX}{prefix}_{secret}"
 
 
@@ -102,8 +118,15 @@ def rotate_api_key(old: ApiKey, *, grace: timedelta | None = None) -> tuple[ApiK
         old = ApiKey.objects.select_for_update().get(pk=old.pk)
         if old.revoked_at is not None:
             raise ValueError("a revoked key cannot be rotated")
-        new, token = issue_api_key(old.tenant, old.user, role=old.role, name=old.name, scopes=old.scopes,
-                                   expires_at=old.expires_at, rotated_from=old)
+        new, token = issue_api_key(
+            old.tenant,
+            old.user,
+            role=old.role,
+            name=old.name,
+            scopes=old.scopes,
+            expires_at=old.expires_at,
+            rotated_from=old,
+        )
         ends = timezone.now() + grace
         if old.expires_at is None or old.expires_at > ends:
             old.expires_at = ends
@@ -128,8 +151,12 @@ def authenticate_key(token: str) -> tuple[Any, Principal]:
     if shape is None:
         raise exceptions.AuthenticationFailed("malformed API key: expected rt_<prefix>_<secret>")
     prefix, secret = shape.groups()
-    key = (ApiKey.objects.select_related("tenant", "user").annotate(member_role=_member_role())
-           .filter(prefix=prefix).first())
+    key = (
+        ApiKey.objects.select_related("tenant", "user")
+        .annotate(member_role=_member_role())
+        .filter(prefix=prefix)
+        .first()
+    )
     # compare_digest even on a miss would not hide much: prefixes are not secret.
     if key is None or not hmac.compare_digest(key.key_hash, _hash(secret)) or key.revoked_at is not None:
         raise exceptions.AuthenticationFailed("invalid or revoked API key")
@@ -144,11 +171,18 @@ def authenticate_key(token: str) -> tuple[Any, Principal]:
     role = min(key.role, key.member_role, key=lambda r: ROLE_RANK[Role(r)])
     if key.last_used_at is None or now - key.last_used_at >= LAST_USED_EVERY:
         # Conditional, so concurrent requests of one key write once between them.
-        (ApiKey.objects.filter(pk=key.pk)
-         .filter(Q(last_used_at__isnull=True) | Q(last_used_at__lte=now - LAST_USED_EVERY))
-         .update(last_used_at=now))
-    return key.user, Principal(tenant=key.tenant, role=role, actor=f"user:{key.user_id}",
-                               scopes=effective_scopes(key.role, key.scopes), key=key.prefix)
+        (
+            ApiKey.objects.filter(pk=key.pk)
+            .filter(Q(last_used_at__isnull=True) | Q(last_used_at__lte=now - LAST_USED_EVERY))
+            .update(last_used_at=now)
+        )
+    return key.user, Principal(
+        tenant=key.tenant,
+        role=role,
+        actor=f"user:{key.user_id}",
+        scopes=effective_scopes(key.role, key.scopes),
+        key=key.prefix,
+    )
 
 
 class ApiKeyAuthentication(authentication.BaseAuthentication):

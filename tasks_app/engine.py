@@ -31,9 +31,9 @@ from checkpoints_app.codec import CheckpointCorrupt
 from common.schema import SchemaError, validate
 from ledger_app import actions as ledger
 from ledger_app import llm
-from steering_app import actions as steering
 from runtime_site.blobstore import blob_store
 from runtime_site.metrics import LEASE_TAKEOVERS
+from steering_app import actions as steering
 from tasks_app import events, faults, kills, leases, operators, policy, shutdown, telemetry
 from tasks_app.actions import TRANSITION_FIELDS, transition
 from tasks_app.agents import base as agents
@@ -93,9 +93,12 @@ def run_slice(task_id: UUID, *, worker_id: str) -> SliceOutcome:
         return SliceOutcome.AT_CAPACITY
     if lease is None:
         return SliceOutcome.DROPPED
-    with (kills.guarding(task_id) as guard,
-          leases.Heartbeat(lease, ttl=ttl, interval=settings.RUNTIME_HEARTBEAT_SECONDS,
-                           abandon=operators.do_abandon_step, guard=guard) as heartbeat):
+    with (
+        kills.guarding(task_id) as guard,
+        leases.Heartbeat(
+            lease, ttl=ttl, interval=settings.RUNTIME_HEARTBEAT_SECONDS, abandon=operators.do_abandon_step, guard=guard
+        ) as heartbeat,
+    ):
         try:
             run = _load(lease)
             if run is None:
@@ -124,8 +127,7 @@ def _abandon(lease: leases.Lease, fault: Exception) -> bool:
     runtime.max_infra_faults slices in a row abandoned without a new step, the task is held
     for an operator (dead-lettered with the diagnosis, which a redrive clears) instead of
     retrying unseen for ever. True: held."""
-    logger.warning("task %s: infrastructure fault, slice abandoned: %s: %s", lease.task_id,
-                   type(fault).__name__, fault)
+    logger.warning("task %s: infrastructure fault, slice abandoned: %s: %s", lease.task_id, type(fault).__name__, fault)
     faults.drop_connection()
     try:
         with transaction.atomic(durable=True):
@@ -134,9 +136,14 @@ def _abandon(lease: leases.Lease, fault: Exception) -> bool:
             in_a_row = _faults_without_progress(task) + 1
             diagnosis = f"{type(fault).__name__}: {fault}"
             actor = f"worker:{lease.worker_id}"
-            record_audit(task, actor=actor, action="infrastructure_fault", before_version=task.state_version,
-                         reason=diagnosis[:500], data={"infraFaults": task.infra_faults, "inARow": in_a_row,
-                                                       "stepsDone": task.steps_done})
+            record_audit(
+                task,
+                actor=actor,
+                action="infrastructure_fault",
+                before_version=task.state_version,
+                reason=diagnosis[:500],
+                data={"infraFaults": task.infra_faults, "inARow": in_a_row, "stepsDone": task.steps_done},
+            )
             fields = ["infra_faults", "updated_at", *leases.release_fields(task)]
             limit = settings.RUNTIME["runtime"]["max_infra_faults"]
             held = bool(limit) and in_a_row >= limit
@@ -184,8 +191,12 @@ def _load(lease: leases.Lease) -> _Run | None:
     try:
         agent = agents.get_agent(task.agent)
     except agents.UnknownAgent:
-        _stop(lease, Status.FAILED, reason=f"agent {task.agent!r} is not registered on this worker",
-              error={"code": "unknown_agent", "message": f"agent {task.agent!r} is not registered"})
+        _stop(
+            lease,
+            Status.FAILED,
+            reason=f"agent {task.agent!r} is not registered on this worker",
+            error={"code": "unknown_agent", "message": f"agent {task.agent!r} is not registered"},
+        )
         return None
     ledger.settle_interrupted(task.id)  # whatever a lost worker left started is unknown now
     cp = checkpoints.latest_checkpoint(task)
@@ -195,8 +206,13 @@ def _load(lease: leases.Lease) -> _Run | None:
         try:
             state = checkpoints.load_state(cp, agent=task.agent)
         except CheckpointCorrupt as exc:
-            _stop(lease, Status.DEAD_LETTERED, reason=str(exc), message=f"held for operator: {exc}",
-                  error={"code": "checkpoint_corrupt", "message": str(exc), "checkpoint": cp.sequence})
+            _stop(
+                lease,
+                Status.DEAD_LETTERED,
+                reason=str(exc),
+                message=f"held for operator: {exc}",
+                error={"code": "checkpoint_corrupt", "message": str(exc), "checkpoint": cp.sequence},
+            )
             return None
         sequence, step_name, refs = cp.sequence, cp.step_name, list(cp.artifact_refs)
     plan_version = cp.plan_version if cp else 1
@@ -210,10 +226,19 @@ def _load(lease: leases.Lease) -> _Run | None:
     policy = task.checkpoint_policy or {}
     defaults = settings.RUNTIME["checkpoint"]
     return _Run(
-        lease=lease, agent=agent, task=task, state=state, sequence=sequence, last_step_name=step_name,
-        artifact_refs=refs, checkpoint_sequence=cp.sequence if cp else None, rerun_until=high_water,
-        plan_version=plan_version, steering_cursor=cp.steering_cursor if cp else 0,
-        answers=steering.answers_for(task), every_steps=int(policy.get("everySteps", defaults["every_steps"])),
+        lease=lease,
+        agent=agent,
+        task=task,
+        state=state,
+        sequence=sequence,
+        last_step_name=step_name,
+        artifact_refs=refs,
+        checkpoint_sequence=cp.sequence if cp else None,
+        rerun_until=high_water,
+        plan_version=plan_version,
+        steering_cursor=cp.steering_cursor if cp else 0,
+        answers=steering.answers_for(task),
+        every_steps=int(policy.get("everySteps", defaults["every_steps"])),
         max_interval=float(policy.get("maxSeconds", defaults["max_interval_seconds"])),
     )
 
@@ -249,8 +274,11 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
                 return SliceOutcome.DONE
             _stop(run.lease, Status.FAILED, reason=reason, error={"code": "budget_exhausted", "message": reason})
             return SliceOutcome.DONE
-        if (steps >= settings.RUNTIME_SLICE_STEPS or time.monotonic() - started >= settings.RUNTIME_SLICE_SECONDS
-                or shutdown.requested()):  # the worker is stopping: hand the task over now
+        if (
+            steps >= settings.RUNTIME_SLICE_STEPS
+            or time.monotonic() - started >= settings.RUNTIME_SLICE_SECONDS
+            or shutdown.requested()
+        ):  # the worker is stopping: hand the task over now
             _yield(run)
             return SliceOutcome.CONTINUE
         if heartbeat.lost:
@@ -259,20 +287,35 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
         sequence = run.sequence + 1
 
         def tool_runner(name: str, args: dict[str, Any], index: int, sequence: int = sequence) -> Any:
-            return ledger.execute_once(run.lease, tenant_id=run.task.tenant_id, sequence=sequence, index=index,
-                                       name=name, args=args, answers=run.answers)
+            return ledger.execute_once(
+                run.lease,
+                tenant_id=run.task.tenant_id,
+                sequence=sequence,
+                index=index,
+                name=name,
+                args=args,
+                answers=run.answers,
+            )
 
         ctx = agents.StepContext(
-            task_id=str(run.task.id), goal=run.task.goal, input=run.task.input, step_name=step_name,
-            sequence=sequence, blobs=blob_store(), answers=run.answers, tool_runner=tool_runner,
+            task_id=str(run.task.id),
+            goal=run.task.goal,
+            input=run.task.input,
+            step_name=step_name,
+            sequence=sequence,
+            blobs=blob_store(),
+            answers=run.answers,
+            tool_runner=tool_runner,
         )
         began, t0 = timezone.now(), time.perf_counter()
         try:
             heartbeat.watch(step_name, _step_deadline(run.agent, step_name))
             # A JSON round trip both copies the state (a failed step leaves ours intact)
             # and proves the agent's new state can be checkpointed.
-            with (telemetry.step(run.task, step_name, sequence, rerun=sequence <= run.rerun_until),
-                  kills.step(heartbeat.guard)):
+            with (
+                telemetry.step(run.task, step_name, sequence, rerun=sequence <= run.rerun_until),
+                kills.step(heartbeat.guard),
+            ):
                 new_state = json.loads(json.dumps(run.agent.run_step(ctx, json.loads(json.dumps(run.state)))))
             if why := _unstorable(ctx, new_state):  # the agent's failure, not the commit's
                 raise ValueError(f"the step's output cannot be stored: {why}")
@@ -287,21 +330,41 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
         except leases.LeaseLost:
             raise
         except agents.ToolRejected as exc:
-            _stop(run.lease, Status.FAILED, reason=f"step {step_name}: {exc}"[:500],
-                  error={"code": "rejected", "step": step_name, "message": str(exc)[:1000]})
+            _stop(
+                run.lease,
+                Status.FAILED,
+                reason=f"step {step_name}: {exc}"[:500],
+                error={"code": "rejected", "step": step_name, "message": str(exc)[:1000]},
+            )
             return SliceOutcome.DONE
         except (ledger.ToolFailed, tools.UnknownTool, SchemaError) as exc:
-            _stop(run.lease, Status.FAILED, reason=f"step {step_name}: {exc}"[:500],
-                  error={"code": "tool_failed", "step": step_name, "sequence": run.sequence + 1,
-                         "message": str(exc)[:1000]})
+            _stop(
+                run.lease,
+                Status.FAILED,
+                reason=f"step {step_name}: {exc}"[:500],
+                error={
+                    "code": "tool_failed",
+                    "step": step_name,
+                    "sequence": run.sequence + 1,
+                    "message": str(exc)[:1000],
+                },
+            )
             return SliceOutcome.DONE
         except Exception as exc:
             if faults.is_infrastructure_error(exc):
                 raise  # not the agent's failure: run_slice abandons the slice
             logger.exception("task %s: step %s failed", run.task.id, step_name)
-            _stop(run.lease, Status.FAILED, reason=f"step {step_name} failed: {exc}"[:500],
-                  error={"code": "step_failed", "step": step_name, "sequence": run.sequence + 1,
-                         "message": f"{type(exc).__name__}: {exc}"[:1000]})
+            _stop(
+                run.lease,
+                Status.FAILED,
+                reason=f"step {step_name} failed: {exc}"[:500],
+                error={
+                    "code": "step_failed",
+                    "step": step_name,
+                    "sequence": run.sequence + 1,
+                    "message": f"{type(exc).__name__}: {exc}"[:1000],
+                },
+            )
             return SliceOutcome.DONE
         finally:
             heartbeat.watch(None)  # what follows (commit, checkpoint, yield) is the runtime's, not the step's
@@ -330,8 +393,10 @@ def _step_deadline(agent: agents.Agent, step_name: str) -> float:
     if declared is None:
         return settings.RUNTIME_STEP_SECONDS
     if not (isinstance(declared, int | float) and 0 <= declared < float("inf")):
-        raise ValueError(f"agent {agent.name} declares step deadline {declared!r} for {step_name}: "
-                         f"it must be a number of seconds, 0 or more (0: no limit)")
+        raise ValueError(
+            f"agent {agent.name} declares step deadline {declared!r} for {step_name}: "
+            f"it must be a number of seconds, 0 or more (0: no limit)"
+        )
     return declared
 
 
@@ -340,9 +405,11 @@ def _unstorable(ctx: agents.StepContext, new_state: dict[str, Any]) -> str | Non
     and no lone surrogate; names, phases and messages have a length), or None. Checked before the
     commit: a refused commit would escape the slice and crash-loop the task into a dead
     letter that blames the worker. Fetched content carries such characters easily."""
-    for what, value, limit in (("step name", ctx.step_name, Step._meta.get_field("name").max_length),
-                               ("phase", ctx.phase or "", Task._meta.get_field("phase").max_length),
-                               ("message", ctx.message or "", Task._meta.get_field("status_message").max_length)):
+    for what, value, limit in (
+        ("step name", ctx.step_name, Step._meta.get_field("name").max_length),
+        ("phase", ctx.phase or "", Task._meta.get_field("phase").max_length),
+        ("message", ctx.message or "", Task._meta.get_field("status_message").max_length),
+    ):
         if limit is not None and len(value) > limit:
             return f"its {what} is longer than {limit} characters"
     stack: list[Any] = [ctx.step_name, ctx.phase, ctx.message, ctx.logs, ctx.artifacts, ctx.summary, new_state]
@@ -368,9 +435,17 @@ def _over_budget(run: _Run) -> str | None:
     started = run.task.started_at or timezone.now()
     limited = "maxTokens" in policy.effective_budget(run.task.budget, run.answers)
     tokens = llm.tokens_used(run.task.id) if limited else None
-    return policy.exhausted(run.task.budget, policy.Usage(
-        steps=run.sequence, tool_calls=None, wall_seconds=(timezone.now() - started).total_seconds(),
-        cost=run.task.cost, tokens=tokens), run.answers)
+    return policy.exhausted(
+        run.task.budget,
+        policy.Usage(
+            steps=run.sequence,
+            tool_calls=None,
+            wall_seconds=(timezone.now() - started).total_seconds(),
+            cost=run.task.cost,
+            tokens=tokens,
+        ),
+        run.answers,
+    )
 
 
 def _apply_steering(run: _Run) -> bool:
@@ -399,13 +474,15 @@ def _wait_for_input(run: _Run, need: agents.InputNeeded) -> None:
     with transaction.atomic(durable=True):
         task = leases.fenced(run.lease)
         for asked in (need, *need.also):
-            steering.open_input_request(task, key=asked.key, prompt=asked.prompt, schema=asked.schema,
-                                        step=run.sequence + 1, kind=asked.kind)
+            steering.open_input_request(
+                task, key=asked.key, prompt=asked.prompt, schema=asked.schema, step=run.sequence + 1, kind=asked.kind
+            )
         transition(task, Status.INPUT_REQUIRED, actor=f"worker:{run.lease.worker_id}", reason=need.prompt[:500])
         task.status_message = need.prompt[:500]
         _flush_progress(run, task)
-        events.emit(task, "input_required", {"key": need.key, "kind": need.kind, "prompt": need.prompt,
-                                             "schema": need.schema})
+        events.emit(
+            task, "input_required", {"key": need.key, "kind": need.kind, "prompt": need.prompt, "schema": need.schema}
+        )
         # Entering approval is a safe point: a pause sent just before lands here, so the
         # guarded call cannot happen until someone resumes (and someone approves).
         steering.apply_pending(task, actor=f"worker:{run.lease.worker_id}", by_worker=False)
@@ -459,9 +536,19 @@ def _commit_step(run: _Run, ctx: agents.StepContext, new_state: dict[str, Any], 
     items += [("log", {"step": sequence, **entry}) for entry in ctx.logs]
     items += [("artifact", {"step": sequence, **artifact}) for artifact in ctx.artifacts]
     step = Step(
-        tenant_id=run.task.tenant_id, task_id=run.task.id, sequence=sequence, attempt=1, name=ctx.step_name,
-        status=Step.StepStatus.SUCCEEDED, worker=run.lease.worker_id, lease_epoch=run.lease.epoch, started_at=began,
-        finished_at=timezone.now(), duration_ms=ms, output=ctx.summary)
+        tenant_id=run.task.tenant_id,
+        task_id=run.task.id,
+        sequence=sequence,
+        attempt=1,
+        name=ctx.step_name,
+        status=Step.StepStatus.SUCCEEDED,
+        worker=run.lease.worker_id,
+        lease_epoch=run.lease.epoch,
+        started_at=began,
+        finished_at=timezone.now(),
+        duration_ms=ms,
+        output=ctx.summary,
+    )
     fields["event_seq"] = F("event_seq") + len(items)
     if not (items or due or rerun):
         # The common step: fence, progress and step row in one statement, its own transaction.
@@ -470,8 +557,9 @@ def _commit_step(run: _Run, ctx: agents.StepContext, new_state: dict[str, Any], 
     with transaction.atomic(durable=True):
         if rerun:  # after the attempts before it (the fence's row lock keeps this race-free)
             fresh = leases.fenced_write(run.lease, fields, returning=FRESH)
-            step.attempt += Step.objects.filter(task_id=run.task.id, sequence=sequence).aggregate(
-                n=Max("attempt"))["n"] or 0
+            step.attempt += (
+                Step.objects.filter(task_id=run.task.id, sequence=sequence).aggregate(n=Max("attempt"))["n"] or 0
+            )
             step.save(force_insert=True)
         else:
             fresh = leases.fenced_write(run.lease, fields, returning=FRESH, insert=step)
@@ -487,8 +575,9 @@ def _commit_step(run: _Run, ctx: agents.StepContext, new_state: dict[str, Any], 
 FRESH = ("event_seq", "cancel_requested", "cancel_reason", "steering_head", "steps_done")
 
 
-def _took_step(run: _Run, ctx: agents.StepContext, new_state: dict[str, Any], sequence: int,
-               fresh: dict[str, Any]) -> None:
+def _took_step(
+    run: _Run, ctx: agents.StepContext, new_state: dict[str, Any], sequence: int, fresh: dict[str, Any]
+) -> None:
     run.state, run.sequence, run.last_step_name = new_state, sequence, ctx.step_name
     run.task.event_seq, run.task.steps_done = fresh["event_seq"], fresh["steps_done"]
     run.task.cancel_requested, run.task.cancel_reason = fresh["cancel_requested"], fresh["cancel_reason"]
@@ -510,9 +599,14 @@ def _checkpoint(run: _Run, task: Task, reason: str, *, force: bool = False) -> N
     if run.checkpoint_sequence == run.sequence and not force:
         return  # nothing new since the last one
     cp = checkpoints.record_checkpoint(
-        task, sequence=run.sequence, step_name=run.last_step_name,
-        next_step=run.agent.next_step(run.state) or "", state=run.state,
-        artifact_refs=run.artifact_refs, reason=reason, plan_version=run.plan_version,
+        task,
+        sequence=run.sequence,
+        step_name=run.last_step_name,
+        next_step=run.agent.next_step(run.state) or "",
+        state=run.state,
+        artifact_refs=run.artifact_refs,
+        reason=reason,
+        plan_version=run.plan_version,
         steering_cursor=run.steering_cursor,
     )
     events.emit(task, "checkpoint", {"checkpoint": cp.sequence, "reason": reason})
@@ -537,8 +631,12 @@ def _complete(run: _Run) -> SliceOutcome:
     try:
         validate(result, run.agent.output_schema, "result")
     except SchemaError as exc:
-        _stop(run.lease, Status.FAILED, reason=str(exc)[:500],
-              error={"code": "invalid_result", "message": str(exc)[:1000]})
+        _stop(
+            run.lease,
+            Status.FAILED,
+            reason=str(exc)[:500],
+            error={"code": "invalid_result", "message": str(exc)[:1000]},
+        )
         return SliceOutcome.DONE
     _finish(run, Status.COMPLETED, result=result)
     return SliceOutcome.DONE

@@ -15,10 +15,21 @@ from tasks_app.models import Task, TaskEvent
 from tasks_app.redaction import redact
 from tasks_app.streams import publish
 
-EVENT_TYPES = frozenset({
-    "task.snapshot", "progress", "log", "artifact", "checkpoint", "steering.applied",
-    "steering.rejected", "input_required", "recovering", "dead_lettered", "terminal",
-})
+EVENT_TYPES = frozenset(
+    {
+        "task.snapshot",
+        "progress",
+        "log",
+        "artifact",
+        "checkpoint",
+        "steering.applied",
+        "steering.rejected",
+        "input_required",
+        "recovering",
+        "dead_lettered",
+        "terminal",
+    }
+)
 
 
 def emit(task: Task, event_type: str, data: dict[str, Any]) -> TaskEvent:
@@ -35,11 +46,18 @@ def store(task: Task, first_seq: int, items: list[tuple[str, dict[str, Any]]]) -
     allocated on the task row in this transaction (the engine folds that into its fence)."""
     for event_type, _ in items:
         assert event_type in EVENT_TYPES, event_type
-    rows = TaskEvent.objects.bulk_create([
-        TaskEvent(tenant_id=task.tenant_id, task_id=task.id, seq=seq, type=event_type,
-                  data={"seq": seq, "taskId": str(task.id), **redact(data)})
-        for seq, (event_type, data) in enumerate(items, start=first_seq)
-    ])
+    rows = TaskEvent.objects.bulk_create(
+        [
+            TaskEvent(
+                tenant_id=task.tenant_id,
+                task_id=task.id,
+                seq=seq,
+                type=event_type,
+                data={"seq": seq, "taskId": str(task.id), **redact(data)},
+            )
+            for seq, (event_type, data) in enumerate(items, start=first_seq)
+        ]
+    )
     # Published only once the change is committed; never from inside the transaction.
     task_id = task.id
 

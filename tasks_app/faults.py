@@ -24,11 +24,15 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 # OperationalError also covers serialization failures, deadlocks, statement timeouts and
 # SQLite's "database is locked": all transient, all safe to retry from the last commit.
 _INFRASTRUCTURE: tuple[type[BaseException], ...] = (
-    OperationalError, InterfaceError,  # Django's wrappers of the driver's errors
-    psycopg.OperationalError, psycopg.InterfaceError,  # the driver's own (psycopg_pool's PoolTimeout too)
+    OperationalError,
+    InterfaceError,  # Django's wrappers of the driver's errors
+    psycopg.OperationalError,
+    psycopg.InterfaceError,  # the driver's own (psycopg_pool's PoolTimeout too)
     kombu.exceptions.OperationalError,  # the broker, as Celery/kombu report it
-    redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
-    botocore.exceptions.ConnectionError, botocore.exceptions.HTTPClientError,  # the S3 blob store
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    botocore.exceptions.ConnectionError,
+    botocore.exceptions.HTTPClientError,  # the S3 blob store
 )
 
 BACKOFF_FIRST_SECONDS = 1.0

@@ -51,8 +51,12 @@ class StepKilled(BaseException):
 def policy() -> dict[str, Any]:
     """The Kill Policy as the kill command's answer shows it."""
     kill = settings.RUNTIME["kill"]
-    return {"cut": list(kill["cut"]), "finishFirst": list(kill["finish_first"]), "default": kill["default"],
-            "graceSeconds": kill["grace_seconds"]}
+    return {
+        "cut": list(kill["cut"]),
+        "finishFirst": list(kill["finish_first"]),
+        "default": kill["default"],
+        "graceSeconds": kill["grace_seconds"],
+    }
 
 
 def must_finish(tool: str) -> bool:
@@ -63,6 +67,7 @@ def must_finish(tool: str) -> bool:
 
 
 # --- the doorbell ---------------------------------------------------------------------
+
 
 def _channel() -> str:
     return f"{settings.RUNTIME_DEPLOYMENT}:kill"
@@ -120,6 +125,7 @@ def _listen() -> None:
 
 # --- cutting the step -----------------------------------------------------------------
 
+
 class Guard:
     """What a slice's thread is doing, as far as a kill is concerned."""
 
@@ -148,8 +154,12 @@ class Guard:
 
     def stuck(self, grace: float) -> bool:
         """Killed, cut, and still in the step (native code a signal cannot break) past the grace."""
-        return (self.killed_at is not None and self.stepping and not self.shield
-                and time.monotonic() - self.killed_at > grace)
+        return (
+            self.killed_at is not None
+            and self.stepping
+            and not self.shield
+            and time.monotonic() - self.killed_at > grace
+        )
 
 
 _by_task: dict[str, Guard] = {}
@@ -185,6 +195,7 @@ def current() -> Guard | None:
 # Each of these saves and restores its guard's state rather than counting: a StepKilled
 # raised by the signal between two statements of an inner `finally` then cannot leave the
 # state off by one, because the outer one restores what it saved.
+
 
 @contextlib.contextmanager
 def step(guard: Guard) -> Iterator[None]:

@@ -65,9 +65,14 @@ def claim(task_id: UUID, *, worker_id: str, ttl: float) -> Lease | None:
         if limit:
             _check_capacity(task_id, limit)
         claimed = (
-            _claimable().filter(id=task_id)
-            .update(lease_owner=worker_id, lease_expires_at=deadline(ttl), lease_epoch=F("lease_epoch") + 1,
-                    waiting_turn_since=None)
+            _claimable()
+            .filter(id=task_id)
+            .update(
+                lease_owner=worker_id,
+                lease_expires_at=deadline(ttl),
+                lease_epoch=F("lease_epoch") + 1,
+                waiting_turn_since=None,
+            )
         )
         if claimed != 1:
             return None  # another worker got there first, or there is nothing to do: normal
@@ -83,15 +88,19 @@ def _check_capacity(task_id: UUID, limit: int) -> None:
     if tenant_id is None:
         return
     list(Tenant.objects.select_for_update(no_key=True).filter(id=tenant_id).values_list("id"))
-    running = Task.objects.filter(tenant_id=tenant_id, lease_owner__isnull=False, lease_expires_at__gt=Now()).exclude(
-        id=task_id).count()
+    running = (
+        Task.objects.filter(tenant_id=tenant_id, lease_owner__isnull=False, lease_expires_at__gt=Now())
+        .exclude(id=task_id)
+        .count()
+    )
     if running >= limit and _claimable().filter(id=task_id).exists():
         raise AtCapacity(f"tenant {tenant_id} runs {running} of at most {limit} tasks")
 
 
 def _claimable() -> QuerySet[Task]:
     return Task.objects.filter(status__in=CLAIMABLE).filter(
-        Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=Now()))
+        Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=Now())
+    )
 
 
 def wait_for_turn(task_id: UUID) -> None:
@@ -109,12 +118,13 @@ def next_waiting(task_id: UUID) -> list[tuple[UUID, int]]:
     tenant_id = Task.objects.filter(id=task_id).values_list("tenant_id", flat=True).first()
     if tenant_id is None:  # the task is gone: nobody of its tenant to ring
         return []
-    waiting = Task.objects.filter(tenant_id=tenant_id, waiting_turn_since__isnull=False, status__in=CLAIMABLE,
-                                  lease_owner__isnull=True).order_by("priority", "waiting_turn_since")
+    waiting = Task.objects.filter(
+        tenant_id=tenant_id, waiting_turn_since__isnull=False, status__in=CLAIMABLE, lease_owner__isnull=True
+    ).order_by("priority", "waiting_turn_since")
     if not waiting.exists():
         return []
     running = Task.objects.filter(tenant_id=tenant_id, lease_owner__isnull=False, lease_expires_at__gt=Now()).count()
-    return list(waiting.values_list("id", "priority")[:max(limit - running, 0)])
+    return list(waiting.values_list("id", "priority")[: max(limit - running, 0)])
 
 
 def renew(lease: Lease, *, ttl: float, unless_killed: bool = True) -> bool:
@@ -167,13 +177,18 @@ def fenced_update(lease: Lease, **fields: Any) -> None:
     """Compare-and-set write of the task row on our lease epoch (the hot path's fence):
     zero rows means the lease was taken over, and the caller's transaction rolls back."""
     assert transaction.get_connection().in_atomic_block, "fence inside the write's transaction"
-    if Task.objects.filter(id=lease.task_id, lease_epoch=lease.epoch, lease_owner=lease.worker_id).update(
-            updated_at=Now(), **fields) != 1:
+    if (
+        Task.objects.filter(id=lease.task_id, lease_epoch=lease.epoch, lease_owner=lease.worker_id).update(
+            updated_at=Now(), **fields
+        )
+        != 1
+    ):
         raise LeaseLost(lease.task_id)
 
 
-def fenced_write(lease: Lease, fields: dict[str, Any], *, returning: tuple[str, ...],
-                 insert: models.Model | None = None) -> dict[str, Any]:
+def fenced_write(
+    lease: Lease, fields: dict[str, Any], *, returning: tuple[str, ...], insert: models.Model | None = None
+) -> dict[str, Any]:
     """fenced_update in one statement that also reads the row back (`returning`: the
     values after the write) and, on PostgreSQL, inserts `insert` only if the fence held:
     UPDATE ... RETURNING inside a CTE whose INSERT selects from it. Outside a transaction
@@ -196,8 +211,10 @@ def fenced_write(lease: Lease, fields: dict[str, Any], *, returning: tuple[str, 
         assert insert is not None
         table, names, values, columns = _insert_parts(type(insert))
         # Table, column names and placeholders come from the model (_insert_parts), values are parameters.
-        sql = f"WITH fence AS ({sql}), written AS (INSERT INTO {table} ({names}) SELECT {values} FROM fence) " \
-              f"SELECT {back} FROM fence"  # noqa: S608
+        sql = (
+            f"WITH fence AS ({sql}), written AS (INSERT INTO {table} ({names}) SELECT {values} FROM fence) "  # noqa: S608
+            f"SELECT {back} FROM fence"
+        )
         params += [f.get_db_prep_save(f.pre_save(insert, add=True), conn) for f in columns]
     with conn.cursor() as cursor:
         cursor.execute(sql, params)
@@ -212,16 +229,23 @@ def fenced_write(lease: Lease, fields: dict[str, Any], *, returning: tuple[str, 
 # The SQL that does not change from step to step, built once (per slice, per model): the
 # ORM's query building was most of a step's CPU time.
 
+
 @functools.lru_cache(maxsize=16)
 def _fence_query(lease: Lease) -> UpdateQuery:
-    return cast(UpdateQuery, Task.objects.filter(id=lease.task_id, lease_epoch=lease.epoch,
-                                                 lease_owner=lease.worker_id).query.chain(UpdateQuery))
+    return cast(
+        UpdateQuery,
+        Task.objects.filter(id=lease.task_id, lease_epoch=lease.epoch, lease_owner=lease.worker_id).query.chain(
+            UpdateQuery
+        ),
+    )
 
 
 @functools.cache
 def _columns(model: type[models.Model], names: tuple[str, ...]) -> str:
-    return ", ".join(connection.ops.quote_name(cast("models.Field[Any, Any]", model._meta.get_field(name)).column or name)
-                     for name in names)
+    return ", ".join(
+        connection.ops.quote_name(cast("models.Field[Any, Any]", model._meta.get_field(name)).column or name)
+        for name in names
+    )
 
 
 @functools.cache
@@ -230,8 +254,12 @@ def _insert_parts(model: type[models.Model]) -> tuple[str, str, str, list[models
     typed, since a SELECT list makes untyped literals text."""
     quote = connection.ops.quote_name
     fields = [f for f in model._meta.concrete_fields if not f.primary_key]
-    return (quote(model._meta.db_table), ", ".join(quote(f.column or f.name) for f in fields),
-            ", ".join(f"CAST(%s AS {f.db_type(connection) or ''})" for f in fields), fields)
+    return (
+        quote(model._meta.db_table),
+        ", ".join(quote(f.column or f.name) for f in fields),
+        ", ".join(f"CAST(%s AS {f.db_type(connection) or ''})" for f in fields),
+        fields,
+    )
 
 
 def release_fields(task: Task) -> list[str]:
@@ -241,8 +269,9 @@ def release_fields(task: Task) -> list[str]:
     return ["lease_owner", "lease_expires_at"]
 
 
-def stalled(*, stall_seconds: float, recovering_seconds: float | None = None,
-            limit: int = 500) -> list[tuple[UUID, int]]:
+def stalled(
+    *, stall_seconds: float, recovering_seconds: float | None = None, limit: int = 500
+) -> list[tuple[UUID, int]]:
     """Runnable tasks with no lease, untouched for stall_seconds: the broker lost their
     message (or it never left a crashed web process). Not a crash; nothing is counted.
 
@@ -254,17 +283,20 @@ def stalled(*, stall_seconds: float, recovering_seconds: float | None = None,
 
     The rows are touched so the next scan leaves them alone for another interval.
     """
+
     def before(seconds: float) -> ExpressionWrapper:
         return ExpressionWrapper(Now() - timedelta(seconds=seconds), output_field=DateTimeField())
 
     due = Q(updated_at__lt=before(stall_seconds))
     if recovering_seconds is not None:
         due |= Q(status=Status.RECOVERING, updated_at__lt=before(recovering_seconds))
-    rows = list(Task.objects.filter(due, status__in=CLAIMABLE, lease_owner__isnull=True)
-                .order_by("priority", "updated_at").values_list("id", "priority")[:limit])
+    rows = list(
+        Task.objects.filter(due, status__in=CLAIMABLE, lease_owner__isnull=True)
+        .order_by("priority", "updated_at")
+        .values_list("id", "priority")[:limit]
+    )
     if rows:
-        Task.objects.filter(id__in=[task_id for task_id, _ in rows], lease_owner__isnull=True).update(
-            updated_at=Now())
+        Task.objects.filter(id__in=[task_id for task_id, _ in rows], lease_owner__isnull=True).update(updated_at=Now())
     return rows
 
 
@@ -285,8 +317,15 @@ class Heartbeat:
     the task up (operators.do_abandon_step, an action a layer above this module: the engine
     passes it in)."""
 
-    def __init__(self, lease: Lease, *, ttl: float, interval: float, abandon: Callable[..., Any],
-                 guard: kills.Guard | None = None) -> None:
+    def __init__(
+        self,
+        lease: Lease,
+        *,
+        ttl: float,
+        interval: float,
+        abandon: Callable[..., Any],
+        guard: kills.Guard | None = None,
+    ) -> None:
         self.lease, self.ttl, self.interval, self.abandon = lease, ttl, interval, abandon
         self.guard = guard or kills.Guard(lease.task_id)  # the slice's: what a kill cuts
         self.lost = False

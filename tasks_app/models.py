@@ -172,14 +172,21 @@ class Task(models.Model):
             # runtime.max_concurrent_tasks: a tenant's running (leased) tasks, counted at each claim,
             # and those turned away, rung when a turn frees.
             models.Index(fields=["tenant"], name="task_leased_by_tenant", condition=Q(lease_owner__isnull=False)),
-            models.Index(fields=["tenant", "priority", "waiting_turn_since"], name="task_waiting_turn",
-                         condition=Q(waiting_turn_since__isnull=False)),
+            models.Index(
+                fields=["tenant", "priority", "waiting_turn_since"],
+                name="task_waiting_turn",
+                condition=Q(waiting_turn_since__isnull=False),
+            ),
             # scan_leases: runnable tasks by lease expiry.
-            models.Index(fields=["lease_expires_at"], name="task_lease_expiry",
-                         condition=Q(status__in=["queued", "working", "recovering", "pausing"])),
+            models.Index(
+                fields=["lease_expires_at"],
+                name="task_lease_expiry",
+                condition=Q(status__in=["queued", "working", "recovering", "pausing"]),
+            ),
             # anchor_audit: chains that grew since their last anchor.
-            models.Index(fields=["id"], name="task_audit_unanchored",
-                         condition=Q(audit_seq__gt=F("audit_anchored_seq"))),
+            models.Index(
+                fields=["id"], name="task_audit_unanchored", condition=Q(audit_seq__gt=F("audit_anchored_seq"))
+            ),
         ]
 
     def __str__(self) -> str:
@@ -226,9 +233,7 @@ class Step(models.Model):
     output = models.JSONField(default=dict)  # a small summary, never a transcript
 
     class Meta:
-        constraints = [
-            models.UniqueConstraint(fields=["task", "sequence", "attempt"], name="step_unique_attempt")
-        ]
+        constraints = [models.UniqueConstraint(fields=["task", "sequence", "attempt"], name="step_unique_attempt")]
 
 
 class AuditRecord(models.Model):

@@ -53,22 +53,31 @@ def _drop_lease(task: Task) -> str | None:
 
 
 def expired_lease_ids(limit: int = 500) -> list[UUID]:
-    return list(Task.objects.filter(status__in=CLAIMABLE, lease_owner__isnull=False, lease_expires_at__lt=Now())
-                .order_by("lease_expires_at").values_list("id", flat=True)[:limit])
+    return list(
+        Task.objects.filter(status__in=CLAIMABLE, lease_owner__isnull=False, lease_expires_at__lt=Now())
+        .order_by("lease_expires_at")
+        .values_list("id", flat=True)[:limit]
+    )
 
 
 def expired_ttl_ids(limit: int = 500) -> list[UUID]:
-    return list(Task.objects.filter(expires_at__lt=Now()).exclude(status__in=TERMINAL)
-                .order_by("expires_at").values_list("id", flat=True)[:limit])
+    return list(
+        Task.objects.filter(expires_at__lt=Now())
+        .exclude(status__in=TERMINAL)
+        .order_by("expires_at")
+        .values_list("id", flat=True)[:limit]
+    )
 
 
 @transaction.atomic(durable=True)
 def do_mark_recovering(task_id: UUID, *, actor: str, max_recoveries: int | None = None) -> Task | None:
     """A runnable task whose lease expired lost its worker: count a recovery and hand it to
     the next worker, or dead-letter it when it has crashed workers too often."""
-    task = (Task.objects.select_for_update()
-            .filter(id=task_id, status__in=CLAIMABLE, lease_owner__isnull=False, lease_expires_at__lt=Now())
-            .first())
+    task = (
+        Task.objects.select_for_update()
+        .filter(id=task_id, status__in=CLAIMABLE, lease_owner__isnull=False, lease_expires_at__lt=Now())
+        .first()
+    )
     if task is None:
         return None  # renewed, released or already handled by another scan: nothing to do
     lost = _drop_lease(task)
@@ -81,18 +90,25 @@ def do_abandon_step(lease: Lease, *, step: str, seconds: float) -> Task | None:
     its worker, still holding the lease, gives the task up as if it had crashed (the epoch
     moves; a recovery is counted, a dead letter past max_recoveries) and records which
     step overran which deadline. None: the lease was lost already; its holder decides."""
-    task = Task.objects.select_for_update().filter(
-        id=lease.task_id, lease_epoch=lease.epoch, lease_owner=lease.worker_id).first()
+    task = (
+        Task.objects.select_for_update()
+        .filter(id=lease.task_id, lease_epoch=lease.epoch, lease_owner=lease.worker_id)
+        .first()
+    )
     if task is None:
         return None
     _drop_lease(task)
-    return _recover(task, actor=f"worker:{lease.worker_id}",
-                    lost=f"step {step} ran past its deadline of {seconds:g}s on {lease.worker_id}",
-                    cause={"code": "step_deadline_exceeded", "step": step, "deadlineSeconds": seconds})
+    return _recover(
+        task,
+        actor=f"worker:{lease.worker_id}",
+        lost=f"step {step} ran past its deadline of {seconds:g}s on {lease.worker_id}",
+        cause={"code": "step_deadline_exceeded", "step": step, "deadlineSeconds": seconds},
+    )
 
 
-def _recover(task: Task, *, actor: str, lost: str, max_recoveries: int | None = None,
-             cause: dict[str, Any] | None = None) -> Task:
+def _recover(
+    task: Task, *, actor: str, lost: str, max_recoveries: int | None = None, cause: dict[str, Any] | None = None
+) -> Task:
     """On a locked row whose lease was just dropped: count the recovery and enqueue the
     next slice, or dead-letter past max_recoveries. `lost` says what happened, `cause`
     (audited, and kept in the dead letter's error) what an operator should look at."""
@@ -116,8 +132,9 @@ def _recover(task: Task, *, actor: str, lost: str, max_recoveries: int | None = 
     else:
         reason = f"{lost} (recovery {task.recoveries} of at most {max_recoveries})"
         if task.status == Status.RECOVERING:  # the recovering worker died too: no status change
-            record_audit(task, actor=actor, action="recovery", before_version=task.state_version, reason=reason,
-                         data=data)
+            record_audit(
+                task, actor=actor, action="recovery", before_version=task.state_version, reason=reason, data=data
+            )
         else:
             transition(task, Status.RECOVERING, actor=actor, reason=reason, data=data)
         events.emit(task, "recovering", {"recoveries": task.recoveries, "reason": reason})
@@ -129,8 +146,9 @@ def _recover(task: Task, *, actor: str, lost: str, max_recoveries: int | None = 
 @transaction.atomic(durable=True)
 def do_expire_task(task_id: UUID, *, actor: str) -> Task | None:
     """Past its TTL or deadline: failed with the reason, whatever it was doing."""
-    task = Task.objects.select_for_update().filter(id=task_id, expires_at__lt=Now()).exclude(
-        status__in=TERMINAL).first()
+    task = (
+        Task.objects.select_for_update().filter(id=task_id, expires_at__lt=Now()).exclude(status__in=TERMINAL).first()
+    )
     if task is None:
         return None
     _drop_lease(task)
@@ -164,10 +182,24 @@ def do_redrive_task(task_id: UUID, *, actor: str, reason: str, tenant: Any | Non
     task.recoveries, task.error, task.status_message = 0, None, ""
     task.kill_requested = task.cancel_requested = False
     task.cancel_reason, task.finished_at = "", None
-    transition(task, Status.RECOVERING, actor=actor, reason=reason, data={
-        "redriveFrom": good.sequence if good else None, "discardedCheckpoints": discarded})
-    task.save(update_fields=[*TRANSITION_FIELDS, *LEASE_FIELDS, "recoveries", "error", "kill_requested",
-                             "cancel_requested", "cancel_reason"])
+    transition(
+        task,
+        Status.RECOVERING,
+        actor=actor,
+        reason=reason,
+        data={"redriveFrom": good.sequence if good else None, "discardedCheckpoints": discarded},
+    )
+    task.save(
+        update_fields=[
+            *TRANSITION_FIELDS,
+            *LEASE_FIELDS,
+            "recoveries",
+            "error",
+            "kill_requested",
+            "cancel_requested",
+            "cancel_reason",
+        ]
+    )
     enqueue_slice_on_commit(task.id, task.priority)
     return task
 
@@ -191,8 +223,14 @@ def do_release_lease(task_id: UUID, *, actor: str, reason: str, tenant: Any | No
     if task.lease_owner is None:
         raise NoLease(task.id)
     owner = _drop_lease(task)
-    record_audit(task, actor=actor, action="lease_released", before_version=task.state_version,
-                 reason=reason, data={"owner": owner})
+    record_audit(
+        task,
+        actor=actor,
+        action="lease_released",
+        before_version=task.state_version,
+        reason=reason,
+        data={"owner": owner},
+    )
     task.save(update_fields=[*LEASE_FIELDS, "updated_at"])
     if task.status in CLAIMABLE:
         enqueue_slice_on_commit(task.id, task.priority)
@@ -214,16 +252,27 @@ def do_resolve_unknown(entry_id: int, *, succeeded: bool, actor: str, reason: st
         else:
             entry.error = {"message": f"{entry.tool}: did not take effect (resolved by {actor})", "retryable": False}
         entry.save(update_fields=["status", "result", "error", "updated_at"])
-        record_audit(task, actor=actor, action="ledger_resolved", before_version=task.state_version, reason=reason,
-                     data={"key": entry.key, "status": entry.status})
+        record_audit(
+            task,
+            actor=actor,
+            action="ledger_resolved",
+            before_version=task.state_version,
+            reason=reason,
+            data={"key": entry.key, "status": entry.status},
+        )
     key = f"confirm-{entry.key}"
     if InputRequest.objects.filter(task=task, key=key, status=InputStatus.OPEN).exists():
         try:
-            do_enqueue_command(task.id, tenant=task.tenant, command_id=f"resolve-{entry.id}",
-                               type=CommandType.PROVIDE_INPUT,
-                               payload={"key": key, "answer": tools.DONE if succeeded else tools.NOT_DONE},
-                               expected_version=Task.objects.values_list("state_version", flat=True).get(id=task.id),
-                               requested_by=actor, reason=reason)
+            do_enqueue_command(
+                task.id,
+                tenant=task.tenant,
+                command_id=f"resolve-{entry.id}",
+                type=CommandType.PROVIDE_INPUT,
+                payload={"key": key, "answer": tools.DONE if succeeded else tools.NOT_DONE},
+                expected_version=Task.objects.values_list("state_version", flat=True).get(id=task.id),
+                requested_by=actor,
+                reason=reason,
+            )
         except (VersionConflict, CommandRefused) as exc:
             # The effect itself is resolved above; the request stays open for a person to answer.
             logger.warning("resolved %s, but could not answer %s for the task: %s", entry.key, key, exc)

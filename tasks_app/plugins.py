@@ -25,7 +25,8 @@ TOOLS_GROUP = "long_task_runtime.tools"
 def load() -> list[str]:
     """Register what installed packages offer; the names registered."""
     from ledger_app import tools
-    from tasks_app.agents import base, tools as registry
+    from tasks_app.agents import base
+    from tasks_app.agents import tools as registry
 
     loaded = []
     for ep in entry_points(group=TOOLS_GROUP):

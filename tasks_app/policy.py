@@ -33,14 +33,23 @@ class Usage:
 
 
 # budget key -> (Usage field, what a person reads)
-LIMITS = {"maxSteps": ("steps", "steps"), "maxToolCalls": ("tool_calls", "tool calls"),
-          "maxWallSeconds": ("wall_seconds", "seconds"), "maxCost": ("cost", "cost"),
-          "maxTokens": ("tokens", "model tokens")}
-BUDGET_SCHEMA = {"type": "object", "properties": {key: {"type": "number", "minimum": 0} for key in LIMITS},
-                 "additionalProperties": False}
-APPROVAL_POLICY_SCHEMA = {"type": "object", "properties": {
-    "before": {"type": "array", "items": {"type": "string", "minLength": 1}, "uniqueItems": True}},
-    "additionalProperties": False}
+LIMITS = {
+    "maxSteps": ("steps", "steps"),
+    "maxToolCalls": ("tool_calls", "tool calls"),
+    "maxWallSeconds": ("wall_seconds", "seconds"),
+    "maxCost": ("cost", "cost"),
+    "maxTokens": ("tokens", "model tokens"),
+}
+BUDGET_SCHEMA = {
+    "type": "object",
+    "properties": {key: {"type": "number", "minimum": 0} for key in LIMITS},
+    "additionalProperties": False,
+}
+APPROVAL_POLICY_SCHEMA = {
+    "type": "object",
+    "properties": {"before": {"type": "array", "items": {"type": "string", "minLength": 1}, "uniqueItems": True}},
+    "additionalProperties": False,
+}
 
 
 # What an approver answers when a budget runs out (budget.on_exhausted: ask): higher limits, or stop.
@@ -94,8 +103,14 @@ def canonical_approval_policy(approval_policy: dict[str, Any]) -> dict[str, Any]
     return {**approval_policy, "before": before} if "before" in approval_policy else approval_policy
 
 
-def decide(tool: str, *, approval_policy: dict[str, Any], budget: dict[str, Any], usage: Usage,
-           answers: dict[str, Any] | None = None) -> Decision:
+def decide(
+    tool: str,
+    *,
+    approval_policy: dict[str, Any],
+    budget: dict[str, Any],
+    usage: Usage,
+    answers: dict[str, Any] | None = None,
+) -> Decision:
     security = settings.RUNTIME["security"]
     if reason := denial(tool):
         return Decision(DENY, reason)
@@ -113,5 +128,9 @@ def budget_question(key: str, reason: str, answers: dict[str, Any]) -> InputNeed
     key = EXTENSION_PREFIX + key
     if settings.RUNTIME["budget"]["on_exhausted"] != "ask" or key in answers:
         return None
-    return InputNeeded(key, f'{reason}. Extend the budget (higher limits, e.g. {{"maxSteps": 500}}) or answer "stop".',
-                       EXTENSION_SCHEMA, kind="approval")
+    return InputNeeded(
+        key,
+        f'{reason}. Extend the budget (higher limits, e.g. {{"maxSteps": 500}}) or answer "stop".',
+        EXTENSION_SCHEMA,
+        kind="approval",
+    )

@@ -20,15 +20,20 @@ logger = logging.getLogger(__name__)
 SLICE_TASK = "tasks.run_task_slice"  # tasks_app.tasks.run_task_slice
 
 
-def enqueue_slice(task_id: UUID | str, priority: int | None, *, countdown: float = 0,
-                  faults_in_a_row: int = 0) -> None:
+def enqueue_slice(task_id: UUID | str, priority: int | None, *, countdown: float = 0, faults_in_a_row: int = 0) -> None:
     # faults_in_a_row: infrastructure faults just before this slice; its backoff grows with them.
     kwargs = {"faults_in_a_row": faults_in_a_row} if faults_in_a_row else None
     # When the message is due: the queue's age and the slice's start latency are measured from it.
     # ignore_result as run_task_slice declares it (apply_async would pass it on the same way).
-    current_app.send_task(SLICE_TASK, args=[str(task_id)], kwargs=kwargs, priority=priority,
-                          countdown=countdown or None, headers={READY_AT_HEADER: time.time() + countdown},
-                          ignore_result=True)
+    current_app.send_task(
+        SLICE_TASK,
+        args=[str(task_id)],
+        kwargs=kwargs,
+        priority=priority,
+        countdown=countdown or None,
+        headers={READY_AT_HEADER: time.time() + countdown},
+        ignore_result=True,
+    )
 
 
 def enqueue_slice_on_commit(task_id: UUID, priority: int) -> None:

@@ -14,12 +14,17 @@ from typing import Any
 from django.conf import settings
 
 MASK = "***"
-_SECRET_KEY = re.compile(r"pass(word|wd)?$|secret|token|api[_-]?key|authori[sz]ation|cookie|credential|"
-                         r"private[_-]?key|session", re.IGNORECASE)
+_SECRET_KEY = re.compile(
+    r"pass(word|wd)?$|secret|token|api[_-]?key|authori[sz]ation|cookie|credential|"
+    r"private[_-]?key|session",
+    re.IGNORECASE,
+)
 # A secret named by its key inside a string (an error message, a URL, a printed dict): the
 # value is masked and the key kept, so the line still says what was there.
-_KEY_IN_TEXT = (r"[A-Za-z0-9_-]*(?i:pass(?:word|wd)|secret|token|api[_-]?key|authori[sz]ation|cookie|credential|"
-                r"private[_-]?key|session)")
+_KEY_IN_TEXT = (
+    r"[A-Za-z0-9_-]*(?i:pass(?:word|wd)|secret|token|api[_-]?key|authori[sz]ation|cookie|credential|"
+    r"private[_-]?key|session)"
+)
 _SECRET_VALUE = re.compile(
     r"(?P<bearer>\b(?:Bearer|Basic|Token)\s+)[A-Za-z0-9._~+/=-]{8,}"  # authorization header values
     r"|\brt_[0-9a-f]{12}_[A-Za-z0-9_-]{20,}"  # our own API keys
@@ -59,14 +64,16 @@ def _personal_in_text(personal: frozenset[str]) -> re.Pattern[str] | None:
         return None
     names = "|".join(re.escape(name) for name in sorted(personal))
     # \\* : the same quoted inside JSON that is itself quoted (an error body echoing a payload).
-    return re.compile(rf"(?P<quoted>(?i:\b(?:{names}))\\*[\"']\s*[:=]\s*\\*[\"'])[^\"'\\]*"
-                      rf"|(?P<named>(?i:\b(?:{names}))\s*[:=]\s*)[^\s\"'&;,}})]+")
+    return re.compile(
+        rf"(?P<quoted>(?i:\b(?:{names}))\\*[\"']\s*[:=]\s*\\*[\"'])[^\"'\\]*"
+        rf"|(?P<named>(?i:\b(?:{names}))\s*[:=]\s*)[^\s\"'&;,}})]+"
+    )
 
 
 def _mask(text: str, personal: frozenset[str] = frozenset()) -> str:
     text = _SECRET_VALUE.sub(
-        lambda m: (m.group("bearer") or m.group("quoted") or m.group("named") or m.group("userinfo") or "") + MASK,
-        text)
+        lambda m: (m.group("bearer") or m.group("quoted") or m.group("named") or m.group("userinfo") or "") + MASK, text
+    )
     if (pattern := _personal_in_text(personal)) is not None:
         text = pattern.sub(lambda m: (m.group("quoted") or m.group("named") or "") + MASK, text)
     text = _JWT.sub(MASK, text)
@@ -83,8 +90,10 @@ def redact(value: Any, _personal: frozenset[str] | None = None) -> Any:
     personal-looking values (tokens, keys, passwords, emails, card numbers) masked."""
     personal = _personal_fields() if _personal is None else _personal
     if isinstance(value, dict):
-        return {k: MASK if isinstance(k, str) and (_SECRET_KEY.search(k) or k.lower() in personal)
-                else redact(v, personal) for k, v in value.items()}
+        return {
+            k: MASK if isinstance(k, str) and (_SECRET_KEY.search(k) or k.lower() in personal) else redact(v, personal)
+            for k, v in value.items()
+        }
     if isinstance(value, list | tuple):
         return [redact(v, personal) for v in value]
     if isinstance(value, str):

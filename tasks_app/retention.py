@@ -29,15 +29,17 @@ BATCH = 5000  # rows per statement: short transactions beside running work
 def trim_events(*, retention_seconds: float | None = None) -> int:
     retention = settings.RUNTIME["stream"]["retention_seconds"] if retention_seconds is None else retention_seconds
     cutoff = timezone.now() - timedelta(seconds=retention)
-    stale = (TaskEvent.objects.filter(task__status__in=TERMINAL, task__finished_at__lt=cutoff)
-             | TaskEvent.objects.filter(type="progress", created_at__lt=cutoff))
+    stale = TaskEvent.objects.filter(
+        task__status__in=TERMINAL, task__finished_at__lt=cutoff
+    ) | TaskEvent.objects.filter(type="progress", created_at__lt=cutoff)
     return _delete_in_batches(TaskEvent, stale.values_list("id", flat=True))
 
 
 def trim_checkpoints(*, keep: int | None = None) -> int:
     keep = settings.RUNTIME["checkpoint"]["keep"] if keep is None else keep
-    ranked = Checkpoint.objects.annotate(rank=Window(RowNumber(), partition_by=[F("task_id")],
-                                                     order_by=[F("sequence").desc(), F("id").desc()]))
+    ranked = Checkpoint.objects.annotate(
+        rank=Window(RowNumber(), partition_by=[F("task_id")], order_by=[F("sequence").desc(), F("id").desc()])
+    )
     return _delete_in_batches(Checkpoint, ranked.filter(rank__gt=keep).values_list("id", flat=True))
 
 

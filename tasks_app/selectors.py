@@ -11,8 +11,12 @@ from tasks_app.models import Task
 
 def task_urls(task: Task) -> dict[str, str]:
     base = f"/runtime/tasks/{task.id}"
-    return {"statusUrl": base, "streamUrl": f"{base}/events", "resultUrl": f"{base}/result",
-            "artifactsUrl": f"{base}/artifacts"}
+    return {
+        "statusUrl": base,
+        "streamUrl": f"{base}/events",
+        "resultUrl": f"{base}/result",
+        "artifactsUrl": f"{base}/artifacts",
+    }
 
 
 def with_snapshot(tasks: QuerySet[Task], *, prefetch_inputs: bool = False) -> QuerySet[Task]:
@@ -25,10 +29,16 @@ def with_snapshot(tasks: QuerySet[Task], *, prefetch_inputs: bool = False) -> Qu
 
     tasks = tasks.annotate(
         snapshot_last_checkpoint=Subquery(_last_checkpoint(Checkpoint.objects.filter(task_id=OuterRef("id")))[:1]),
-        snapshot_inputs_open=Exists(InputRequest.objects.filter(task_id=OuterRef("id"), status=InputStatus.OPEN)))
+        snapshot_inputs_open=Exists(InputRequest.objects.filter(task_id=OuterRef("id"), status=InputStatus.OPEN)),
+    )
     if prefetch_inputs:
-        tasks = tasks.prefetch_related(Prefetch("input_requests", to_attr="snapshot_open_inputs", queryset=(
-            InputRequest.objects.filter(status=InputStatus.OPEN).order_by("id"))))
+        tasks = tasks.prefetch_related(
+            Prefetch(
+                "input_requests",
+                to_attr="snapshot_open_inputs",
+                queryset=(InputRequest.objects.filter(status=InputStatus.OPEN).order_by("id")),
+            )
+        )
     return tasks
 
 

@@ -28,19 +28,38 @@ CLAIMABLE = frozenset({Status.QUEUED, Status.WORKING, Status.RECOVERING, Status.
 
 # Read it as: "from X you may go to any of ...". Anything else is a bug or a stale request.
 ALLOWED_TRANSITIONS: dict[str, frozenset[str]] = {
-    Status.QUEUED: frozenset({Status.WORKING, Status.RECOVERING, Status.PAUSED, Status.CANCELLED, Status.FAILED,
-                              Status.DEAD_LETTERED}),
+    Status.QUEUED: frozenset(
+        {Status.WORKING, Status.RECOVERING, Status.PAUSED, Status.CANCELLED, Status.FAILED, Status.DEAD_LETTERED}
+    ),
     Status.WORKING: frozenset(
-        {Status.INPUT_REQUIRED, Status.PAUSING, Status.PAUSED, Status.RECOVERING, Status.COMPLETED,
-         Status.FAILED, Status.CANCELLED, Status.DEAD_LETTERED}
+        {
+            Status.INPUT_REQUIRED,
+            Status.PAUSING,
+            Status.PAUSED,
+            Status.RECOVERING,
+            Status.COMPLETED,
+            Status.FAILED,
+            Status.CANCELLED,
+            Status.DEAD_LETTERED,
+        }
     ),
     # A pausing task may reach an approval point first: the pause then lands there.
-    Status.PAUSING: frozenset({Status.PAUSED, Status.WORKING, Status.INPUT_REQUIRED, Status.RECOVERING,
-                               Status.CANCELLED, Status.FAILED, Status.DEAD_LETTERED}),
+    Status.PAUSING: frozenset(
+        {
+            Status.PAUSED,
+            Status.WORKING,
+            Status.INPUT_REQUIRED,
+            Status.RECOVERING,
+            Status.CANCELLED,
+            Status.FAILED,
+            Status.DEAD_LETTERED,
+        }
+    ),
     Status.PAUSED: frozenset({Status.WORKING, Status.INPUT_REQUIRED, Status.CANCELLED, Status.FAILED}),
     Status.INPUT_REQUIRED: frozenset({Status.WORKING, Status.PAUSED, Status.CANCELLED, Status.FAILED}),
-    Status.RECOVERING: frozenset({Status.WORKING, Status.PAUSED, Status.DEAD_LETTERED, Status.CANCELLED,
-                                  Status.FAILED}),
+    Status.RECOVERING: frozenset(
+        {Status.WORKING, Status.PAUSED, Status.DEAD_LETTERED, Status.CANCELLED, Status.FAILED}
+    ),
     Status.DEAD_LETTERED: frozenset({Status.RECOVERING, Status.FAILED, Status.CANCELLED}),  # redrive / close
     # The one way back from a terminal status: an operator redrives a task killed by mistake
     # (operators.do_redrive_task allows it for killed tasks only).

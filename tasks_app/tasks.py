@@ -37,6 +37,7 @@ def run_task_slice(self: Any, task_id: str, faults_in_a_row: int = 0) -> None:
         faults.drop_connection()
         _retry_later(task_id, faults_in_a_row + 1)
 
+
 def _retry_later(task_id: str, faults_in_a_row: int) -> None:
     """Infrastructure faults delay a task, never fail it: ring again after a backoff that
     grows with each fault in a row. If the broker is what failed, the lease scanner
@@ -73,8 +74,9 @@ def scan_leases() -> None:
         if task := operators.do_mark_recovering(task_id, actor="system:reaper"):
             metrics.RECOVERIES.labels(task.status).inc()
             logger.warning("task %s: worker lost, now %s (recoveries %s)", task_id, task.status, task.recoveries)
-    for task_id, priority in leases.stalled(stall_seconds=settings.RUNTIME_STALL_SECONDS,
-                                            recovering_seconds=settings.RUNTIME_LEASE_SECONDS):
+    for task_id, priority in leases.stalled(
+        stall_seconds=settings.RUNTIME_STALL_SECONDS, recovering_seconds=settings.RUNTIME_LEASE_SECONDS
+    ):
         logger.info("task %s: no lease and no progress, re-enqueued (message lost)", task_id)
         enqueue_slice(task_id, priority)
     for task_id in operators.expired_ttl_ids():

@@ -22,7 +22,13 @@ from tasks_app.agents import base as agents
 tracer = trace.get_tracer("runtime")
 # Span attributes (and log fields) that name what a span worked on.
 TASK_ID, TENANT, AGENT, STEP, SEQUENCE, ATTEMPT = (
-    "runtime.task_id", "runtime.tenant", "runtime.agent", "runtime.step", "runtime.step.sequence", "runtime.attempt")
+    "runtime.task_id",
+    "runtime.tenant",
+    "runtime.agent",
+    "runtime.step",
+    "runtime.step.sequence",
+    "runtime.attempt",
+)
 
 
 @contextmanager
@@ -31,8 +37,9 @@ def slice_of(task_id: str) -> Iterator[Span]:
     the task's id, tenant and agent on every log line written inside."""
     from tasks_app.models import Task
 
-    agent, tenant, created_in = (Task.objects.filter(id=task_id).values_list("agent", "tenant__slug", "trace_context")
-                                 .first() or (None, None, ""))
+    agent, tenant, created_in = Task.objects.filter(id=task_id).values_list(
+        "agent", "tenant__slug", "trace_context"
+    ).first() or (None, None, "")
     parent, links = _task_trace(created_in)
     with tracer.start_as_current_span("slice", context=parent, links=links, attributes={TASK_ID: task_id}) as span:
         if span.is_recording() and agent:
@@ -62,11 +69,18 @@ def step(task: Any, name: str, sequence: int, *, rerun: bool = False) -> Iterato
     """Around one agent step: a span, and its duration by agent and outcome. `rerun`: a
     crash forced this step to run again (its attempt is then one more than the rows kept)."""
     t0, outcome = time.perf_counter(), "ok"
-    with tracer.start_as_current_span(f"step {name}", record_exception=False,
-                                      set_status_on_exception=False) as span:
+    with tracer.start_as_current_span(f"step {name}", record_exception=False, set_status_on_exception=False) as span:
         if span.is_recording():
-            span.set_attributes({TASK_ID: str(task.id), TENANT: task.tenant.slug, AGENT: task.agent, STEP: name,
-                                 SEQUENCE: sequence, ATTEMPT: _attempt(task, sequence) if rerun else 1})
+            span.set_attributes(
+                {
+                    TASK_ID: str(task.id),
+                    TENANT: task.tenant.slug,
+                    AGENT: task.agent,
+                    STEP: name,
+                    SEQUENCE: sequence,
+                    ATTEMPT: _attempt(task, sequence) if rerun else 1,
+                }
+            )
         try:
             with logs.about(step=name):
                 yield
@@ -105,9 +119,15 @@ def tool(name: str, call: Callable[[dict[str, Any], str, float], Any]) -> Callab
 
     def observed(args: dict[str, Any], key: str, timeout: float) -> Any:
         task_id, _, rest = key.partition(":")
-        with tracer.start_as_current_span(f"tool {name}", attributes={
-                "runtime.tool": name, "runtime.idempotency_key": key, TASK_ID: task_id,
-                SEQUENCE: int(rest.partition(":")[0]) if rest.partition(":")[0].isdigit() else 0}):
+        with tracer.start_as_current_span(
+            f"tool {name}",
+            attributes={
+                "runtime.tool": name,
+                "runtime.idempotency_key": key,
+                TASK_ID: task_id,
+                SEQUENCE: int(rest.partition(":")[0]) if rest.partition(":")[0].isdigit() else 0,
+            },
+        ):
             try:
                 result = call(args, key, timeout)
             except BaseException:

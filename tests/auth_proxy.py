@@ -49,8 +49,9 @@ class AuthProxy:
             writer.close()
             return
         lines = head[:-4].split(b"\r\n")
-        kept = [lines[0]] + [line for line in lines[1:]
-                             if not line.lower().startswith((b"authorization:", b"connection:"))]
+        kept = [lines[0]] + [
+            line for line in lines[1:] if not line.lower().startswith((b"authorization:", b"connection:"))
+        ]
         kept += [f"Authorization: Bearer {self.token}".encode(), b"Connection: close"]
         try:
             up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)

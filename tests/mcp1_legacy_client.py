@@ -18,15 +18,16 @@ warnings.simplefilter("ignore", DeprecationWarning)
 
 async def main(url: str, token: str) -> dict:
     seen: dict = {}
-    async with streamablehttp_client(url, headers={"Authorization": f"Bearer {token}"}) as (read, write, _), \
-            ClientSession(read, write) as s:
+    async with (
+        streamablehttp_client(url, headers={"Authorization": f"Bearer {token}"}) as (read, write, _),
+        ClientSession(read, write) as s,
+    ):
         init = await s.initialize()
         seen["protocolVersion"] = init.protocolVersion
         seen["tasksCapability"] = init.capabilities.model_dump(exclude_none=True).get("tasks")
         tools = (await s.list_tools()).tools
         seen["taskSupport"] = {t.name: t.execution.taskSupport if t.execution else None for t in tools}
-        created = await s.experimental.call_tool_as_task("slow_compute", {"seconds": 1, "label": "legacy"},
-                                                         ttl=60000)
+        created = await s.experimental.call_tool_as_task("slow_compute", {"seconds": 1, "label": "legacy"}, ttl=60000)
         tid = created.task.taskId
         seen["created"] = created.task.model_dump(mode="json")
         seen["statuses"] = [st.status async for st in s.experimental.poll_task(tid)]

@@ -57,8 +57,13 @@ async def session_run(url: str, token: str, answer, body) -> Any:
     asked: list[dict] = []
 
     async def callback(ctx: Any, params: ElicitRequestParams) -> ElicitResult | ErrorData:
-        asked.append({"message": params.message, "related": (params.meta.model_extra or {}).get(RELATED)
-                      if params.meta else None, "schema": params.requestedSchema})
+        asked.append(
+            {
+                "message": params.message,
+                "related": (params.meta.model_extra or {}).get(RELATED) if params.meta else None,
+                "schema": params.requestedSchema,
+            }
+        )
         return answer(params)
 
     headers = {"Authorization": f"Bearer {token}"}
@@ -71,9 +76,15 @@ async def session_run(url: str, token: str, answer, body) -> Any:
 
 def accept(values: dict[str, bool]):
     def answer(params: ElicitRequestParams) -> ElicitResult:
-        which = "first" if params.message.startswith("First") else "second" if params.message.startswith(
-            "Second") else "confirm"
+        which = (
+            "first"
+            if params.message.startswith("First")
+            else "second"
+            if params.message.startswith("Second")
+            else "confirm"
+        )
         return ElicitResult(action="accept", content={"confirm": values[which]})
+
     return answer
 
 
@@ -83,14 +94,21 @@ async def main(url: str, token: str) -> dict:
     async def confirm(s: ClientSession, tap: ResponseTap, asked: list, session_id: str | None) -> None:
         created = await s.experimental.call_tool_as_task("confirm_delete", {"filename": "a.txt"}, ttl=60000)
         final = await s.experimental.get_task_result(created.task.taskId, CallToolResult)
-        seen["confirm"] = {"taskId": created.task.taskId, "asked": asked, "text": text(final),
-                           "meta": final.meta, "sessionId": session_id}
+        seen["confirm"] = {
+            "taskId": created.task.taskId,
+            "asked": asked,
+            "text": text(final),
+            "meta": final.meta,
+            "sessionId": session_id,
+        }
+
     await session_run(url, token, accept({"confirm": True}), confirm)
 
     async def multi(s: ClientSession, tap: ResponseTap, asked: list, session_id: str | None) -> None:
         created = await s.experimental.call_tool_as_task("multi_input", {}, ttl=60000)
         final = await s.experimental.get_task_result(created.task.taskId, CallToolResult)
         seen["multi"] = {"taskId": created.task.taskId, "asked": [a["message"] for a in asked], "text": text(final)}
+
     await session_run(url, token, accept({"first": True, "second": False}), multi)
 
     async def decline(s: ClientSession, tap: ResponseTap, asked: list, session_id: str | None) -> None:
@@ -101,11 +119,18 @@ async def main(url: str, token: str) -> dict:
         after = await s.experimental.get_task(tid)
         # Someone answers elsewhere (REST); the waiting tasks/result then returns.
         async with httpx.AsyncClient(headers={"Authorization": f"Bearer {token}"}) as rest:
-            posted = await rest.post(url.removesuffix("/mcp") + f"/runtime/tasks/{tid}/inputs/confirm",
-                                     json={"answer": {"confirm": True}})
+            posted = await rest.post(
+                url.removesuffix("/mcp") + f"/runtime/tasks/{tid}/inputs/confirm", json={"answer": {"confirm": True}}
+            )
         final = await asyncio.wait_for(waiting, timeout=60)
-        seen["decline"] = {"taskId": tid, "asked": len(asked), "statusAfterDecline": after.status,
-                           "rest": posted.status_code, "text": text(final)}
+        seen["decline"] = {
+            "taskId": tid,
+            "asked": len(asked),
+            "statusAfterDecline": after.status,
+            "rest": posted.status_code,
+            "text": text(final),
+        }
+
     await session_run(url, token, lambda params: ElicitResult(action="decline"), decline)
     return seen
 

@@ -80,8 +80,14 @@ async def cancel_task(session: Any, task_id: str) -> Any:
     return await session.send_request(CancelTask(params=TaskIdParams(task_id=task_id)), Ack)
 
 
-async def poll(session: Any, task_id: str, *, answer: Answer | None = None, timeout: float = 60,
-               seen: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+async def poll(
+    session: Any,
+    task_id: str,
+    *,
+    answer: Answer | None = None,
+    timeout: float = 60,
+    seen: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """Poll tasks/get (honouring pollIntervalMs) until terminal, answering each input key once."""
     deadline, answered = time.monotonic() + timeout, set()
     while True:
@@ -122,5 +128,6 @@ class TasksClient(ClientExtension):
 def client(url: str, token: str, *, tasks: bool = True, answer: Answer | None = None, **kwargs: Any) -> Client:
     """An SDK Client on the live server, authenticated by API key (modern wire by discovery)."""
     http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=httpx2.Timeout(30, read=120))
-    return Client(streamable_http_client(url, http_client=http), extensions=[TasksClient(answer)] if tasks else [],
-                  **kwargs)
+    return Client(
+        streamable_http_client(url, http_client=http), extensions=[TasksClient(answer)] if tasks else [], **kwargs
+    )

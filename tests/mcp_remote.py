@@ -42,7 +42,11 @@ def _iso(t: float) -> str:
 
 
 def _declared_tasks(ctx: ServerRequestContext[Any, Any]) -> bool:
-    meta = ctx.meta.model_dump(by_alias=True) if ctx.meta is not None and hasattr(ctx.meta, "model_dump") else (ctx.meta or {})
+    meta = (
+        ctx.meta.model_dump(by_alias=True)
+        if ctx.meta is not None and hasattr(ctx.meta, "model_dump")
+        else (ctx.meta or {})
+    )
     caps = meta.get("io.modelcontextprotocol/clientCapabilities") or {}
     return TASKS in (caps.get("extensions") or {})
 
@@ -63,10 +67,21 @@ class Tasks(Extension):
         effects["long_job"] += 1
         now = time.time()
         task_id = secrets.token_urlsafe(16)
-        tasks[task_id] = {"created": now, "done_at": now + float((params.arguments or {}).get("seconds", 1)),
-                          "arguments": params.arguments or {}}
-        return {"resultType": "task", "taskId": task_id, "status": "working", "statusMessage": "started",
-                "createdAt": _iso(now), "lastUpdatedAt": _iso(now), "ttlMs": 3_600_000, "pollIntervalMs": 200}
+        tasks[task_id] = {
+            "created": now,
+            "done_at": now + float((params.arguments or {}).get("seconds", 1)),
+            "arguments": params.arguments or {},
+        }
+        return {
+            "resultType": "task",
+            "taskId": task_id,
+            "status": "working",
+            "statusMessage": "started",
+            "createdAt": _iso(now),
+            "lastUpdatedAt": _iso(now),
+            "ttlMs": 3_600_000,
+            "pollIntervalMs": 200,
+        }
 
     async def get(self, ctx, params: TaskIdParams):
         from mcp.shared.exceptions import MCPError
@@ -76,14 +91,26 @@ class Tasks(Extension):
             raise MCPError(code=-32602, message="Task not found")
         polls[params.task_id] += 1
         now = time.time()
-        base = {"resultType": "complete", "taskId": params.task_id, "createdAt": _iso(task["created"]),
-                "lastUpdatedAt": _iso(now), "ttlMs": 3_600_000, "pollIntervalMs": 200}
+        base = {
+            "resultType": "complete",
+            "taskId": params.task_id,
+            "createdAt": _iso(task["created"]),
+            "lastUpdatedAt": _iso(now),
+            "ttlMs": 3_600_000,
+            "pollIntervalMs": 200,
+        }
         if now < task["done_at"]:
             return {**base, "status": "working", "statusMessage": f"{task['done_at'] - now:.1f}s to go"}
         text = f"done: {task['arguments'].get('label', '')}"
-        return {**base, "status": "completed", "result": {
-            "content": [{"type": "text", "text": text}], "structuredContent": {"label": task["arguments"].get("label", "")},
-            "isError": False}}
+        return {
+            **base,
+            "status": "completed",
+            "result": {
+                "content": [{"type": "text", "text": text}],
+                "structuredContent": {"label": task["arguments"].get("label", "")},
+                "isError": False,
+            },
+        }
 
 
 server = MCPServer("ledger-test-remote", extensions=[Tasks()])
@@ -130,8 +157,9 @@ class RequireBearer:
 
 
 async def stats(request) -> JSONResponse:
-    return JSONResponse({"effects": dict(effects), "tasks": len(tasks), "polls": dict(polls),
-                         "traceparents": traceparents})
+    return JSONResponse(
+        {"effects": dict(effects), "tasks": len(tasks), "polls": dict(polls), "traceparents": traceparents}
+    )
 
 
 def main() -> None:
@@ -141,8 +169,10 @@ def main() -> None:
     options = parser.parse_args()
     port = options.port
     mcp_app = server.streamable_http_app(streamable_http_path="/mcp")
-    app = Starlette(routes=[Route("/stats", stats), Mount("/", app=RequireBearer(mcp_app, options.token))],
-                    lifespan=mcp_app.router.lifespan_context)
+    app = Starlette(
+        routes=[Route("/stats", stats), Mount("/", app=RequireBearer(mcp_app, options.token))],
+        lifespan=mcp_app.router.lifespan_context,
+    )
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 
 

@@ -24,8 +24,10 @@ class PostStream:
     def _run(self) -> None:
         url, body, headers = self._args
         try:
-            with httpx.Client(timeout=httpx.Timeout(10, read=60)) as client, \
-                    client.stream("POST", url, json=body, headers=headers) as response:
+            with (
+                httpx.Client(timeout=httpx.Timeout(10, read=60)) as client,
+                client.stream("POST", url, json=body, headers=headers) as response,
+            ):
                 self.status = response.status_code
                 for line in response.iter_lines():
                     if line.startswith("data:"):

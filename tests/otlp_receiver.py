@@ -57,14 +57,21 @@ class OtlpReceiver:
             resource = {a.key: _value(a.value) for a in resource_spans.resource.attributes}
             for scope_spans in resource_spans.scope_spans:
                 for span in scope_spans.spans:
-                    spans.append({
-                        "service": resource.get("service.name"), "trace_id": span.trace_id.hex(),
-                        "span_id": span.span_id.hex(), "parent_id": span.parent_span_id.hex(), "name": span.name,
-                        "kind": span.kind, "start": span.start_time_unix_nano, "end": span.end_time_unix_nano,
-                        "attributes": {a.key: _value(a.value) for a in span.attributes},
-                        "status": span.status.code,
-                        "links": [(link.trace_id.hex(), link.span_id.hex()) for link in span.links],
-                    })
+                    spans.append(
+                        {
+                            "service": resource.get("service.name"),
+                            "trace_id": span.trace_id.hex(),
+                            "span_id": span.span_id.hex(),
+                            "parent_id": span.parent_span_id.hex(),
+                            "name": span.name,
+                            "kind": span.kind,
+                            "start": span.start_time_unix_nano,
+                            "end": span.end_time_unix_nano,
+                            "attributes": {a.key: _value(a.value) for a in span.attributes},
+                            "status": span.status.code,
+                            "links": [(link.trace_id.hex(), link.span_id.hex()) for link in span.links],
+                        }
+                    )
         with self._lock:
             self.spans += spans
             self.requests += 1

@@ -17,8 +17,10 @@ class ScriptedModel:
         self.port = free_port()
         path = tmp / f"script-{self.port}.json"
         path.write_text(json.dumps(script))
-        processes.start("model", [sys.executable, str(ROOT / "tests" / "scripted_llm.py"), "--port", str(self.port),
-                                  "--script", str(path)])
+        processes.start(
+            "model",
+            [sys.executable, str(ROOT / "tests" / "scripted_llm.py"), "--port", str(self.port), "--script", str(path)],
+        )
         self.url = f"http://127.0.0.1:{self.port}"
         wait_until(lambda: answers(f"{self.url}/stats"), timeout=10, what="the scripted model")
 
@@ -29,6 +31,13 @@ class ScriptedModel:
         """The worker's llm section pointed here: the default model on the OpenAI wire and
         `second` on Anthropic's."""
         second = {"provider": "anthropic", "base_url": self.url, "model": "scripted-claude"}
-        return {"LLM_PROVIDER": "openai", "LLM_BASE_URL": f"{self.url}/v1", "LLM_MODEL": "scripted-gpt",
-                "LLM_API_KEY_ENV": "SCRIPTED_MODEL_KEY", "SCRIPTED_MODEL_KEY": "sk-test", "LLM_BACKOFF_SECONDS": "0.2",
-                "LLM_MODELS": json.dumps({"second": second}), **overrides}
+        return {
+            "LLM_PROVIDER": "openai",
+            "LLM_BASE_URL": f"{self.url}/v1",
+            "LLM_MODEL": "scripted-gpt",
+            "LLM_API_KEY_ENV": "SCRIPTED_MODEL_KEY",
+            "SCRIPTED_MODEL_KEY": "sk-test",
+            "LLM_BACKOFF_SECONDS": "0.2",
+            "LLM_MODELS": json.dumps({"second": second}),
+            **overrides,
+        }

@@ -32,8 +32,17 @@ from typing import Any
 
 lock = threading.Lock()
 script: list[dict[str, Any]] = []
-state: dict[str, Any] = {"next": 0, "requests": 0, "answered": 0, "byWire": {}, "prompts": [], "models": [],
-                         "tools": [], "hung": set(), "cache": {}}
+state: dict[str, Any] = {
+    "next": 0,
+    "requests": 0,
+    "answered": 0,
+    "byWire": {},
+    "prompts": [],
+    "models": [],
+    "tools": [],
+    "hung": set(),
+    "cache": {},
+}
 
 
 def _prompt(wire: str, body: dict[str, Any]) -> str:
@@ -47,29 +56,52 @@ def _openai(entry: dict[str, Any], n: int, model: str) -> dict[str, Any]:
     def raw(arguments: Any) -> str:
         return arguments if isinstance(arguments, str) else json.dumps(arguments)
 
-    calls = [{"id": f"call_{n}_{i}", "type": "function", "function": {"name": c["name"], "arguments": raw(c["arguments"])}}
-             for i, c in enumerate(entry.get("toolCalls", []))]
+    calls = [
+        {"id": f"call_{n}_{i}", "type": "function", "function": {"name": c["name"], "arguments": raw(c["arguments"])}}
+        for i, c in enumerate(entry.get("toolCalls", []))
+    ]
     usage = entry.get("usage", {"input": 100, "output": 20})
     message: dict[str, Any] = {"role": "assistant", "content": entry.get("text")}
     if calls:
         message["tool_calls"] = calls
-    return {"id": f"chatcmpl-{n}", "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if calls else "stop"}],
-            "usage": {"prompt_tokens": usage["input"], "completion_tokens": usage["output"],
-                      "total_tokens": usage["input"] + usage["output"]}}
+    return {
+        "id": f"chatcmpl-{n}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if calls else "stop"}],
+        "usage": {
+            "prompt_tokens": usage["input"],
+            "completion_tokens": usage["output"],
+            "total_tokens": usage["input"] + usage["output"],
+        },
+    }
 
 
 def _anthropic(entry: dict[str, Any], n: int, model: str) -> dict[str, Any]:
     content: list[dict[str, Any]] = []
     if entry.get("text"):
         content.append({"type": "text", "text": entry["text"]})
-    content += [{"type": "tool_use", "id": f"toolu_{n}_{i}", "name": c["name"],
-                 "input": c["arguments"] if isinstance(c["arguments"], dict) else {"_raw": c["arguments"]}}
-                for i, c in enumerate(entry.get("toolCalls", []))]
+    content += [
+        {
+            "type": "tool_use",
+            "id": f"toolu_{n}_{i}",
+            "name": c["name"],
+            "input": c["arguments"] if isinstance(c["arguments"], dict) else {"_raw": c["arguments"]},
+        }
+        for i, c in enumerate(entry.get("toolCalls", []))
+    ]
     usage = entry.get("usage", {"input": 100, "output": 20})
-    return {"id": f"msg_{n}", "type": "message", "role": "assistant", "model": model, "content": content,
-            "stop_reason": "tool_use" if entry.get("toolCalls") else "end_turn", "stop_sequence": None,
-            "usage": {"input_tokens": usage["input"], "output_tokens": usage["output"]}}
+    return {
+        "id": f"msg_{n}",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": "tool_use" if entry.get("toolCalls") else "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": usage["input"], "output_tokens": usage["output"]},
+    }
 
 
 class Handler(BaseHTTPRequestHandler):

@@ -22,8 +22,8 @@ import select
 import socket
 import threading
 import time
-from urllib.parse import parse_qs, urlsplit
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
 
 lock = threading.Lock()
 posts: dict[str, int] = {}
@@ -83,9 +83,17 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         with lock:
             if self.path == "/stats":
-                return self._send(200, {"posts": state["total"], "perKey": posts, "effects": len(effects),
-                                        "traceparents": traceparents, "hanging": state["hanging"],
-                                        "dropped": state["dropped"]})
+                return self._send(
+                    200,
+                    {
+                        "posts": state["total"],
+                        "perKey": posts,
+                        "effects": len(effects),
+                        "traceparents": traceparents,
+                        "hanging": state["hanging"],
+                        "dropped": state["dropped"],
+                    },
+                )
             key = self.path.removeprefix("/effects/")
             if key in effects:
                 return self._send(200, effects[key])

@@ -22,8 +22,12 @@ class Recorder:
         text = envelope.content.decode("utf8", errors="replace")
         headers = dict(line.split(": ", 1) for line in text.split("\r\n\r\n")[0].split("\r\n") if ": " in line)
         with self.lock, self.out.open("a") as f:
-            f.write(json.dumps({"to": envelope.rcpt_tos, "key": headers.get("Idempotency-Key"),
-                                "subject": headers.get("Subject")}) + "\n")
+            f.write(
+                json.dumps(
+                    {"to": envelope.rcpt_tos, "key": headers.get("Idempotency-Key"), "subject": headers.get("Subject")}
+                )
+                + "\n"
+            )
         return "250 Message accepted for delivery"
 
 

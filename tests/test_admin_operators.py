@@ -82,11 +82,17 @@ def test_the_task_page_shows_its_history_and_nothing_on_it_can_be_edited_by_hand
     assert "3 steps" in page and f"?task__id__exact={task.id}" in page
     assert 'name="status"' not in page and 'name="state_version"' not in page and 'name="lease_owner"' not in page
 
-    operator.post(f"/admin/tasks_app/task/{task.id}/change/",
-                  {"status": "queued", "state_version": "1", "lease_owner": "me", "priority": "0"})
+    operator.post(
+        f"/admin/tasks_app/task/{task.id}/change/",
+        {"status": "queued", "state_version": "1", "lease_owner": "me", "priority": "0"},
+    )
     after = Task.objects.get(id=task.id)
     assert (after.status, after.state_version, after.lease_owner, after.priority) == (
-        "completed", task.state_version, None, task.priority)
+        "completed",
+        task.state_version,
+        None,
+        task.priority,
+    )
     assert operator.get("/admin/tasks_app/task/add/").status_code == 403  # tasks start via do_create_task
     steps = operator.get(f"/admin/tasks_app/step/?task__id__exact={task.id}")
     assert steps.status_code == 200
@@ -97,15 +103,16 @@ ACTIONS = [
     ("redrive", "do_redrive_task", dead_letter, {}, "recovering", "transition"),
     ("close", "do_close_task", dead_letter, {}, "failed", "transition"),
     ("release_lease", "do_release_lease", held_by_a_gone_worker, {}, "queued", "lease_released"),
-    ("cancel", "do_cancel_task", new_task, {"apply": "1", "reason": "customer withdrew"}, "cancelled",
-     "transition"),
+    ("cancel", "do_cancel_task", new_task, {"apply": "1", "reason": "customer withdrew"}, "cancelled", "transition"),
 ]
 
 
-@pytest.mark.parametrize(("action", "function", "make", "extra", "status", "audit_action"), ACTIONS,
-                         ids=[a[0] for a in ACTIONS])
+@pytest.mark.parametrize(
+    ("action", "function", "make", "extra", "status", "audit_action"), ACTIONS, ids=[a[0] for a in ACTIONS]
+)
 def test_each_action_changes_state_only_through_its_domain_function_and_is_audited(
-        alice, operator, action, function, make, extra, status, audit_action):
+    alice, operator, action, function, make, extra, status, audit_action
+):
     module = task_admin if function == "do_cancel_task" else operators
     real = getattr(module, function)
 
@@ -117,7 +124,11 @@ def test_each_action_changes_state_only_through_its_domain_function_and_is_audit
     assert stub.call_args.kwargs["actor"] == "admin:opal"
     unchanged = Task.objects.get(id=task.id)
     assert (unchanged.status, unchanged.state_version, unchanged.lease_epoch, unchanged.audit_seq) == (
-        before.status, before.state_version, before.lease_epoch, before.audit_seq)
+        before.status,
+        before.state_version,
+        before.lease_epoch,
+        before.audit_seq,
+    )
 
     with mock.patch.object(module, function, wraps=real) as spy:
         assert post_action(operator, action, task, **extra).status_code == 302
@@ -155,12 +166,21 @@ def test_an_action_refused_by_the_domain_function_changes_nothing_and_says_why(a
 @pytest.mark.parametrize("resolution", ["succeeded", "failed"])
 def test_resolving_an_unknown_ledger_entry_goes_through_do_resolve_unknown(alice, operator, resolution):
     task = new_task(alice)
-    entry = LedgerEntry.objects.create(tenant=alice.tenant, task=task, step_sequence=1, call_index=1,
-                                       key=f"{task.id}:1:1", tool="content.publish", fingerprint="f",
-                                       status="unknown", lease_epoch=1)
+    entry = LedgerEntry.objects.create(
+        tenant=alice.tenant,
+        task=task,
+        step_sequence=1,
+        call_index=1,
+        key=f"{task.id}:1:1",
+        tool="content.publish",
+        fingerprint="f",
+        status="unknown",
+        lease_epoch=1,
+    )
     with mock.patch("ledger_app.admin.do_resolve_unknown", wraps=operators.do_resolve_unknown) as spy:
-        response = operator.post("/admin/ledger_app/ledgerentry/", {
-            "action": f"resolve_{resolution}", "_selected_action": [str(entry.id)]})
+        response = operator.post(
+            "/admin/ledger_app/ledgerentry/", {"action": f"resolve_{resolution}", "_selected_action": [str(entry.id)]}
+        )
     assert response.status_code == 302
     spy.assert_called_once()
     assert spy.call_args.kwargs["actor"] == "admin:opal"
@@ -177,8 +197,7 @@ def test_people_without_staff_status_do_not_reach_the_admin(alice, client):
     assert response.status_code == 302 and "/admin/login/" in response["Location"]
 
 
-def test_kill_asks_for_the_reason_then_goes_through_the_steering_command_and_shows_the_kill_policy(
-        alice, operator):
+def test_kill_asks_for_the_reason_then_goes_through_the_steering_command_and_shows_the_kill_policy(alice, operator):
     task = new_task(alice)
     page = post_action(operator, "kill", task)
     assert page.status_code == 200 and 'name="reason"' in page.content.decode()
@@ -189,5 +208,6 @@ def test_kill_asks_for_the_reason_then_goes_through_the_steering_command_and_sho
     assert task.status == "cancelled" and task.status_message == "killed: runaway agent"
     command = task.steering_commands.get()
     assert (command.type, command.status, command.requested_by) == ("kill", "applied", "admin:opal")
-    assert AuditRecord.objects.filter(task=task, action="steering_accepted", actor="admin:opal",
-                                      reason="runaway agent").exists()
+    assert AuditRecord.objects.filter(
+        task=task, action="steering_accepted", actor="admin:opal", reason="runaway agent"
+    ).exists()

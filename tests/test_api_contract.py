@@ -27,8 +27,15 @@ NO_REST_LIMITS = {"LIMITS_REST_PER_KEY": "0", "LIMITS_REST_PER_TENANT": "0"}
 def test_generating_the_schema_logs_no_error_or_warning(tmp_path: Path):
     # --fail-on-warn: drf-spectacular's warnings and errors fail the command; --validate: the result
     # is checked against the OpenAPI 3 meta-schema.
-    call_command("spectacular", "--validate", "--fail-on-warn", "--format", "openapi-json",
-                 "--file", str(tmp_path / "schema.json"))
+    call_command(
+        "spectacular",
+        "--validate",
+        "--fail-on-warn",
+        "--format",
+        "openapi-json",
+        "--file",
+        str(tmp_path / "schema.json"),
+    )
 
 
 def test_the_served_schema_documents_every_operation(processes: Processes):
@@ -52,42 +59,85 @@ def test_the_served_schema_documents_every_operation(processes: Processes):
             assert response.get("content"), f"{method} {path} {code}: no body documented"
             if not code.startswith("2"):
                 assert response["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/Error"}
-    for path in ("/runtime/tasks/{task_id}/cancel", "/runtime/tasks/{task_id}/steering",
-                 "/runtime/tasks/{task_id}/inputs/{key}", "/runtime/tasks"):
+    for path in (
+        "/runtime/tasks/{task_id}/cancel",
+        "/runtime/tasks/{task_id}/steering",
+        "/runtime/tasks/{task_id}/inputs/{key}",
+        "/runtime/tasks",
+    ):
         assert operations[(path, "post")]["requestBody"]["content"]["application/json"]["schema"], path
     assert {p["name"] for p in operations[("/runtime/tasks", "get")]["parameters"]} == {"status", "limit", "cursor"}
     assert "text/event-stream" in operations[(SSE_PATH, "get")]["responses"]["200"]["content"]
     for path in ("/runtime/keys", "/runtime/keys/{key_id}/rotate"):
-        assert "token" in schema["components"]["schemas"][
-            operations[(path, "post")]["responses"]["201"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
-        ]["required"], path
+        assert (
+            "token"
+            in schema["components"]["schemas"][
+                operations[(path, "post")]["responses"]["201"]["content"]["application/json"]["schema"]["$ref"].rsplit(
+                    "/", 1
+                )[1]
+            ]["required"]
+        ), path
     steering = operations[("/runtime/tasks/{task_id}/steering", "post")]
     command = schema["components"]["schemas"]["SteeringCommandOut"]
     assert "killPolicy" in command["properties"] and "killPolicy" not in command["required"]
     request = steering["requestBody"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
-    assert "kill" in schema["components"]["schemas"][schema["components"]["schemas"][request]["properties"]["type"]["$ref"].rsplit("/", 1)[1]]["enum"]
+    assert (
+        "kill"
+        in schema["components"]["schemas"][
+            schema["components"]["schemas"][request]["properties"]["type"]["$ref"].rsplit("/", 1)[1]
+        ]["enum"]
+    )
 
 
 def test_schemathesis_with_every_check_finds_no_server_error_and_no_schema_violation(
-        processes: Processes, tmp_path: Path):
+    processes: Processes, tmp_path: Path
+):
     ada = make_persona("acme", "ada", "admin")
     port = free_port()
     processes.web(port, **NO_REST_LIMITS)
     report = tmp_path / "report.xml"
     started = time.monotonic()
     run = subprocess.run(
-        [str(Path(sys.executable).with_name("st")), "--config-file", str(ROOT / "tests" / "schemathesis.toml"),
-         "run", f"http://127.0.0.1:{port}/runtime/schema?format=json", "--checks", "all",
-         "--header", f"Authorization: Bearer {ada.token}",
-         # An event stream never ends, so no response is ever complete: documented, not fuzzed.
-         "--exclude-path", SSE_PATH,
-         # Revoking a key is tested in tasks_app/tests/test_api_keys.py: here the stateful phase
-         # would find the fuzzer's own key in GET /runtime/keys and revoke it, and every later
-         # request would be a (correct) 401.
-         "--exclude-operation-id", "revokeKey",
-         "--max-examples", "25", "--seed", "16", "--workers", "2", "--request-timeout", "10",
-         "--generation-database", "none", "--no-color", "--report", "junit", "--report-junit-path", str(report)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)  # its caches stay out of the repository
+        [
+            str(Path(sys.executable).with_name("st")),
+            "--config-file",
+            str(ROOT / "tests" / "schemathesis.toml"),
+            "run",
+            f"http://127.0.0.1:{port}/runtime/schema?format=json",
+            "--checks",
+            "all",
+            "--header",
+            f"Authorization: Bearer {ada.token}",
+            # An event stream never ends, so no response is ever complete: documented, not fuzzed.
+            "--exclude-path",
+            SSE_PATH,
+            # Revoking a key is tested in tasks_app/tests/test_api_keys.py: here the stateful phase
+            # would find the fuzzer's own key in GET /runtime/keys and revoke it, and every later
+            # request would be a (correct) 401.
+            "--exclude-operation-id",
+            "revokeKey",
+            "--max-examples",
+            "25",
+            "--seed",
+            "16",
+            "--workers",
+            "2",
+            "--request-timeout",
+            "10",
+            "--generation-database",
+            "none",
+            "--no-color",
+            "--report",
+            "junit",
+            "--report-junit-path",
+            str(report),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )  # its caches stay out of the repository
     print(run.stdout[-3000:], run.stderr[-2000:], f"schemathesis took {time.monotonic() - started:.1f}s", sep="\n")
     assert run.returncode == 0, run.stdout[-8000:]
     suite = ElementTree.parse(report).getroot()  # noqa: S314 (schemathesis's own report, written just now)
@@ -95,11 +145,14 @@ def test_schemathesis_with_every_check_finds_no_server_error_and_no_schema_viola
     assert (suite.get("tests"), suite.get("failures"), suite.get("errors")) == ("17", "0", "0")
 
 
-@pytest.mark.parametrize(("path", "body", "field"), [
-    ("cancel", {"reason": 0}, "reason"),
-    ("steering", {"commandId": 7, "type": "pause", "expectedVersion": 1}, "commandId"),
-    ("steering", {"commandId": "c1", "type": "pause", "expectedVersion": "1"}, "expectedVersion"),
-])
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("cancel", {"reason": 0}, "reason"),
+        ("steering", {"commandId": 7, "type": "pause", "expectedVersion": 1}, "commandId"),
+        ("steering", {"commandId": "c1", "type": "pause", "expectedVersion": "1"}, "expectedVersion"),
+    ],
+)
 def test_a_field_of_another_json_type_is_refused_not_coerced(alice, path, body, field):
     # DRF would store 0 as "0" and "1" as 1; the schema promises a string and an integer.
     client = alice.client()

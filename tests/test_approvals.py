@@ -27,8 +27,9 @@ def approver(db):
 
 def smtp_sink(processes: Processes, tmp_path) -> tuple[int, object]:
     port, out = free_port(), tmp_path / "mail.jsonl"
-    processes.start("smtp", [sys.executable, str(ROOT / "tests" / "smtp_sink.py"), "--port", str(port),
-                             "--out", str(out)])
+    processes.start(
+        "smtp", [sys.executable, str(ROOT / "tests" / "smtp_sink.py"), "--port", str(port), "--out", str(out)]
+    )
 
     def listening() -> bool:
         with socket.socket() as s:
@@ -43,6 +44,7 @@ def waiting_for(task: Task, key_prefix: str) -> dict:
         snapshot = Task.objects.get(id=task.id)
         request = InputRequest.objects.filter(task=task, status="open", key__startswith=key_prefix).first()
         return snapshot.status == "input_required" and request
+
     request = wait_until(open_request, timeout=60, what=f"an open {key_prefix} request")
     return {"key": request.key, "prompt": request.prompt}
 
@@ -57,9 +59,15 @@ def test_publish_and_mail_wait_for_an_approver_and_happen_once(alice, approver, 
     generate_corpus(store, "corpora/approve", 60, 4, "2026-11-01")
     smtp_port, mail = smtp_sink(processes, tmp_path)
     processes.worker(**FAST, EMAIL_HOST="127.0.0.1", EMAIL_PORT=str(smtp_port))
-    created = alice.client().post("/runtime/tasks", {"agent": "document_review", "goal": "review and publish",
-                                  "input": {"corpus": "corpora/approve", "batchSize": 20, "publish": True,
-                                            "notify": ["legal@example.com"]}}, format="json")
+    created = alice.client().post(
+        "/runtime/tasks",
+        {
+            "agent": "document_review",
+            "goal": "review and publish",
+            "input": {"corpus": "corpora/approve", "batchSize": 20, "publish": True, "notify": ["legal@example.com"]},
+        },
+        format="json",
+    )
     task = Task.objects.get(id=created.json()["taskId"])
 
     publish = waiting_for(task, "approve-")
@@ -88,8 +96,9 @@ def test_a_rejected_publish_takes_the_rejection_path_and_publishes_nothing(alice
     store = blob_store()
     generate_corpus(store, "corpora/reject", 30, 4, "2026-11-01")
     processes.worker(**FAST)
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="document_review",
-                             input={"corpus": "corpora/reject", "publish": True})
+    task, _ = do_create_task(
+        alice.tenant, actor="user:test", agent="document_review", input={"corpus": "corpora/reject", "publish": True}
+    )
     request = waiting_for(task, "approve-")
     assert approve(approver, task, request["key"], "reject").status_code == 202
     wait_until(lambda: Task.objects.get(id=task.id).status == "completed", timeout=60, what="completion")
@@ -104,17 +113,21 @@ def test_a_pause_just_before_a_guarded_call_never_crosses_the_approval_point(ali
     processes.worker(**FAST)
     task = webhook(alice, sink, count=1, sleepMs=1500, options={"approval_policy": {"before": ["http.request"]}})
     wait_until(lambda: Task.objects.get(id=task.id).status == "working", timeout=30, what="the step to start")
-    paused = alice.client().post(f"/runtime/tasks/{task.id}/steering", {
-        "commandId": "pause-1", "type": "pause", "expectedVersion": Task.objects.get(id=task.id).state_version},
-        format="json")
+    paused = alice.client().post(
+        f"/runtime/tasks/{task.id}/steering",
+        {"commandId": "pause-1", "type": "pause", "expectedVersion": Task.objects.get(id=task.id).state_version},
+        format="json",
+    )
     assert paused.status_code == 202
     wait_until(lambda: Task.objects.get(id=task.id).status == "paused", timeout=30, what="the pause")
     [request] = InputRequest.objects.filter(task=task, status="open")
     assert approve(approver, task, request.key).status_code == 202  # approved while paused ...
     assert Task.objects.get(id=task.id).status == "paused" and sink.stats()["posts"] == 0  # ... still no call
-    resumed = alice.client().post(f"/runtime/tasks/{task.id}/steering", {
-        "commandId": "resume-1", "type": "resume", "expectedVersion": Task.objects.get(id=task.id).state_version},
-        format="json")
+    resumed = alice.client().post(
+        f"/runtime/tasks/{task.id}/steering",
+        {"commandId": "resume-1", "type": "resume", "expectedVersion": Task.objects.get(id=task.id).state_version},
+        format="json",
+    )
     assert resumed.status_code == 202
     wait_until(lambda: Task.objects.get(id=task.id).status == "completed", timeout=30, what="completion")
     assert sink.stats()["posts"] == 1
@@ -153,7 +166,10 @@ def test_the_policy_guard_decides_from_its_inputs_alone(tool, approval_policy, b
 
 
 def test_an_allow_list_of_tools_denies_every_other_tool(settings):
-    settings.RUNTIME = {**settings.RUNTIME, "security": {**settings.RUNTIME["security"], "allow_tools": ["http.request"]}}
+    settings.RUNTIME = {
+        **settings.RUNTIME,
+        "security": {**settings.RUNTIME["security"], "allow_tools": ["http.request"]},
+    }
     usage = policy.Usage(0, 0, 0)
     assert policy.decide("http.request", approval_policy={}, budget={}, usage=usage).verdict == policy.ALLOW
     denied = policy.decide("mcp.call", approval_policy={}, budget={}, usage=usage)

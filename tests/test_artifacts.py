@@ -24,8 +24,9 @@ def finished_review(persona) -> Task:
     task = new_task(persona)
     ref = blob_store().put(f"tasks/{task.id}/artifacts/report.md", REPORT.encode(), "text/markdown")
     blob_store().put(f"tasks/{task.id}/artifacts/report.json", b'{"high": 1}', "application/json")
-    Task.objects.filter(id=task.id).update(status="completed", result={
-        "documentsReviewed": 3, "report": {"markdown": ref}})
+    Task.objects.filter(id=task.id).update(
+        status="completed", result={"documentsReviewed": 3, "report": {"markdown": ref}}
+    )
     return Task.objects.get(id=task.id)
 
 
@@ -35,7 +36,8 @@ def test_the_api_lists_and_serves_a_tasks_artifacts_to_its_tenant_only(alice, ma
     listed = api.get(f"/runtime/tasks/{task.id}/artifacts").json()["results"]
     assert [(a["name"], a["url"]) for a in listed] == [
         ("report.json", f"/runtime/tasks/{task.id}/artifacts/report.json"),
-        ("report.md", f"/runtime/tasks/{task.id}/artifacts/report.md")]
+        ("report.md", f"/runtime/tasks/{task.id}/artifacts/report.md"),
+    ]
     served = api.get(f"/runtime/tasks/{task.id}/artifacts/report.md")
     assert served.status_code == 200 and served.content.decode() == REPORT
     assert served["Content-Type"].startswith("text/markdown") and served["X-Content-Type-Options"] == "nosniff"
@@ -83,7 +85,9 @@ def test_rt_lists_and_fetches_an_artifact(alice, mallory, processes, tmp_path):
     rt = Rt(f"http://127.0.0.1:{port}", alice.token)
     listed = rt.run("artifact", str(task.id))
     assert listed.returncode == 0 and listed.stdout.splitlines() == [
-        "report.json\tapplication/json", "report.md\ttext/markdown; charset=utf-8"]
+        "report.json\tapplication/json",
+        "report.md\ttext/markdown; charset=utf-8",
+    ]
     fetched = rt.run("artifact", str(task.id), "report.md")
     assert fetched.returncode == 0 and fetched.stdout == REPORT
     assert rt.run("artifact", str(task.id), "report.md", "-o", str(tmp_path / "r.md")).returncode == 0
@@ -94,10 +98,17 @@ def test_rt_lists_and_fetches_an_artifact(alice, mallory, processes, tmp_path):
 
 def test_the_dashboard_shows_a_planners_answer_plan_and_token_usage(alice, client):
     task = new_task(alice)
-    Task.objects.filter(id=task.id).update(agent="planner", status="completed", result={
-        "answer": "recorded blue", "planVersion": 2, "model": "second",
-        "plan": [{"id": "s1", "title": "record the first thing", "status": "done"}],
-        "usage": {"modelCalls": 5, "inputTokens": 600, "outputTokens": 110, "cost": 0.0, "perStep": []}})
+    Task.objects.filter(id=task.id).update(
+        agent="planner",
+        status="completed",
+        result={
+            "answer": "recorded blue",
+            "planVersion": 2,
+            "model": "second",
+            "plan": [{"id": "s1", "title": "record the first thing", "status": "done"}],
+            "usage": {"modelCalls": 5, "inputTokens": 600, "outputTokens": 110, "cost": 0.0, "perStep": []},
+        },
+    )
     signed_in(client, alice)
     page = client.get(f"/dashboard/tasks/{task.id}/").content.decode()
     assert "recorded blue" in page and "[done] record the first thing" in page

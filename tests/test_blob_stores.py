@@ -16,8 +16,12 @@ from tasks_app.actions import do_create_task
 from tasks_app.agents.document_review.corpus import generate_corpus
 from tasks_app.models import Task
 
-S3_ENV = {"RUNTIME_S3_BUCKET": "runtime-test", "RUNTIME_S3_ACCESS_KEY_ID": "test",
-          "RUNTIME_S3_SECRET_ACCESS_KEY": "test", "RUNTIME_S3_REGION": "us-east-1"}
+S3_ENV = {
+    "RUNTIME_S3_BUCKET": "runtime-test",
+    "RUNTIME_S3_ACCESS_KEY_ID": "test",
+    "RUNTIME_S3_SECRET_ACCESS_KEY": "test",
+    "RUNTIME_S3_REGION": "us-east-1",
+}
 
 
 @pytest.fixture
@@ -27,8 +31,13 @@ def s3(processes: Processes) -> tuple[S3BlobStore, dict[str, str]]:
     endpoint = f"http://127.0.0.1:{port}"
     wait_until(lambda: answers(endpoint), timeout=30, what="the S3 server")
     env = {**S3_ENV, "RUNTIME_S3_ENDPOINT_URL": endpoint}
-    store = S3BlobStore(env["RUNTIME_S3_BUCKET"], endpoint_url=endpoint, region_name="us-east-1",
-                        aws_access_key_id="test", aws_secret_access_key="test")
+    store = S3BlobStore(
+        env["RUNTIME_S3_BUCKET"],
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="test",
+        aws_secret_access_key="test",
+    )
     store.client.create_bucket(Bucket=env["RUNTIME_S3_BUCKET"])
     return store, env
 
@@ -61,8 +70,12 @@ def test_a_worker_on_the_s3_profile_reads_its_corpus_from_and_writes_its_report_
     generate_corpus(store, "corpora/s3", 40, 3, "2026-11-01")
     # Publishing without an approval gate here (approvals have their own tests).
     processes.worker(**env, SECURITY_REQUIRE_APPROVAL="payment.create")
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="document_review",
-                             input={"corpus": "corpora/s3", "batchSize": 10, "publish": True})
+    task, _ = do_create_task(
+        alice.tenant,
+        actor="user:test",
+        agent="document_review",
+        input={"corpus": "corpora/s3", "batchSize": 10, "publish": True},
+    )
     wait_until(lambda: Task.objects.get(id=task.id).is_terminal, timeout=60, what="the review to finish")
     task.refresh_from_db()
     assert task.status == "completed", task.error

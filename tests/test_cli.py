@@ -29,8 +29,9 @@ class Rt:
 
     def start(self, *argv: str) -> tuple[subprocess.Popen[str], list[str]]:
         """Run in the background, collecting its output lines as they come."""
-        proc = subprocess.Popen([*self.args, *argv], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True)
+        proc = subprocess.Popen(
+            [*self.args, *argv], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         lines: list[str] = []
         threading.Thread(target=lambda: [lines.append(line.rstrip("\n")) for line in proc.stdout], daemon=True).start()
         return proc, lines
@@ -50,8 +51,13 @@ def test_watch_shows_progress_live_through_pause_and_approval_and_ends_with_the_
     base = f"http://127.0.0.1:{port}"
     rt, approver = Rt(base, alice.token), Rt(base, approver_key)
 
-    submitted = rt.run("submit", "--input", json.dumps({"corpus": "corpora/cli", "batchSize": 8, "pacingMs": 300,
-                                                       "publish": True}), "--goal", "cli review")
+    submitted = rt.run(
+        "submit",
+        "--input",
+        json.dumps({"corpus": "corpora/cli", "batchSize": 8, "pacingMs": 300, "publish": True}),
+        "--goal",
+        "cli review",
+    )
     assert submitted.returncode == 0, submitted.stderr
     task_id = submitted.stdout.strip()
     assert Task.objects.filter(id=task_id, agent="document_review").exists()
@@ -64,16 +70,22 @@ def test_watch_shows_progress_live_through_pause_and_approval_and_ends_with_the_
 
         paused = rt.run("steer", task_id, "pause", "--reason", "coffee")
         assert paused.returncode == 0 and "pause accepted" in paused.stdout, paused.stderr
-        wait_until(lambda: any("pause applied; task is paused" in line for line in lines), timeout=30,
-                   what="watch to show the pause")
+        wait_until(
+            lambda: any("pause applied; task is paused" in line for line in lines),
+            timeout=30,
+            what="watch to show the pause",
+        )
         # a decision made on an old version is refused, and says what the task is now
         stale = rt.run("steer", task_id, "set_priority", "--priority", "1", "--expected-version", "1")
         assert stale.returncode == 3 and "someone changed this task first" in stale.stderr
         assert "paused" in stale.stderr
         resumed = rt.run("steer", task_id, "resume")
         assert resumed.returncode == 0, resumed.stderr
-        wait_until(lambda: any("waiting for input approve-" in line for line in lines), timeout=90,
-                   what="watch to show the approval request")
+        wait_until(
+            lambda: any("waiting for input approve-" in line for line in lines),
+            timeout=90,
+            what="watch to show the approval request",
+        )
         assert rt.run("approve", task_id).returncode == 2  # an operator may not approve (403)
         approved = approver.run("approve", task_id)
         assert approved.returncode == 0 and "approve sent" in approved.stdout, approved.stderr
@@ -95,8 +107,15 @@ def test_the_cli_refuses_without_a_key_and_reports_http_errors(alice, processes:
     port = free_port()
     processes.web(port)
     rt = Rt(f"http://127.0.0.1:{port}", alice.token)
-    no_key = subprocess.run([sys.executable, "-m", "rtcli", "list"], cwd=ROOT, capture_output=True, text=True,
-                            check=False, env={"PATH": "/usr/bin:/bin"}, timeout=30)
+    no_key = subprocess.run(
+        [sys.executable, "-m", "rtcli", "list"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        env={"PATH": "/usr/bin:/bin"},
+        timeout=30,
+    )
     assert no_key.returncode == 2 and "API key" in no_key.stderr
     missing = rt.run("show", "00000000-0000-0000-0000-000000000000")
     assert missing.returncode == 2 and "404" in missing.stderr

@@ -16,13 +16,26 @@ pytestmark = pytest.mark.e2e  # its own processes: web, two workers and beat
 
 def test_the_demo_runs_the_whole_story_on_the_embedded_default(tmp_path):
     data = tmp_path / "demo"
-    done = subprocess.run([sys.executable, "-m", "rtcli.demo", "--data", str(data), "--count", "200",
-                           "--pacing", "150"], cwd=ROOT, capture_output=True, text=True, check=False, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "rtcli.demo", "--data", str(data), "--count", "200", "--pacing", "150"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
     out = done.stdout
     assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
-    for chapter in ("1. Generate a corpus", "2. Start a document review", "3. Watch it live", "4. Pause it",
-                    "5. Resume it", "6. Kill the worker holding the task", "7. Approve the publish step",
-                    "8. completed"):
+    for chapter in (
+        "1. Generate a corpus",
+        "2. Start a document review",
+        "3. Watch it live",
+        "4. Pause it",
+        "5. Resume it",
+        "6. Kill the worker holding the task",
+        "7. Approve the publish step",
+        "8. completed",
+    ):
         assert f"== {chapter}" in out, chapter
     assert "paused at a safe point" in out and "the lease scanner hands the task on" in out
     assert "back to work on the surviving worker from checkpoint" in out

@@ -10,11 +10,10 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from unittest import mock
 
 import httpx
 import pytest
-from unittest import mock
-
 from django.contrib.sessions.models import Session
 from django.db import connections, transaction
 
@@ -32,8 +31,16 @@ from tasks_app.tests.test_engine import new_task
 pytestmark = pytest.mark.django_db(transaction=True)
 
 CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 FAST = {**FAST_LEASES, "RUNTIME_SLICE_STEPS": "4"}
 SECONDS = 1000  # Playwright timeouts are in milliseconds
 
@@ -89,7 +96,8 @@ def progress(page) -> int:
 def wait_for_progress_above(page, value: int, timeout: float) -> int:
     page.wait_for_function(
         f"() => Number(document.querySelector('[data-testid=progress]').textContent) > {value}",
-        timeout=timeout * SECONDS)
+        timeout=timeout * SECONDS,
+    )
     return progress(page)
 
 
@@ -133,8 +141,9 @@ def test_a_person_runs_a_review_from_start_to_published_report(page, processes: 
     assert later > first and not_reloaded(page)
     expect(page.get_by_test_id("phase")).to_have_text("risk_classification")
     assert page.get_by_test_id("log").locator("li").count() > 0
-    page.screenshot(path=str(Path(os.environ.get("DASHBOARD_SCREENSHOT", tmp_path / "dashboard-task.png"))),
-                    full_page=True)
+    page.screenshot(
+        path=str(Path(os.environ.get("DASHBOARD_SCREENSHOT", tmp_path / "dashboard-task.png"))), full_page=True
+    )
 
     # Pause: accepted at once (pausing), lands at the worker's next safe point (paused).
     page.get_by_test_id("pause").click()
@@ -153,7 +162,8 @@ def test_a_person_runs_a_review_from_start_to_published_report(page, processes: 
     page.wait_for_function(
         f"() => Number(document.querySelector('[data-testid=progress]').textContent) > {paused_at}"
         " || document.querySelector('[data-testid=status]').textContent === 'input_required'",
-        timeout=60 * SECONDS)
+        timeout=60 * SECONDS,
+    )
     assert not_reloaded(page)
 
     # The publish step waits for an approver; the page offers the approval when it opens.
@@ -198,9 +208,17 @@ def test_a_stale_page_gets_a_409_with_the_current_state_and_tenants_stay_apart(p
     page.goto(f"{base}/dashboard/tasks/{task.id}/")
     expect(page.get_by_test_id("version")).to_have_text(str(task.state_version))
     # ... while someone else changes the task through the API.
-    changed = httpx.post(f"{base}/runtime/tasks/{task.id}/steering", headers={"Authorization": f"Bearer {alice.token}"},
-                         json={"commandId": "elsewhere", "type": "set_priority", "payload": {"priority": 2},
-                               "expectedVersion": task.state_version}, timeout=10)
+    changed = httpx.post(
+        f"{base}/runtime/tasks/{task.id}/steering",
+        headers={"Authorization": f"Bearer {alice.token}"},
+        json={
+            "commandId": "elsewhere",
+            "type": "set_priority",
+            "payload": {"priority": 2},
+            "expectedVersion": task.state_version,
+        },
+        timeout=10,
+    )
     assert changed.status_code == 202, changed.text
     page.get_by_test_id("pause").click()
     expect(page.get_by_test_id("conflict")).to_contain_text("Someone changed this task; here is its current state.")
@@ -234,8 +252,13 @@ def test_a_stale_page_gets_a_409_with_the_current_state_and_tenants_stay_apart(p
 
 
 def review(persona, corpus: str, **input):
-    task, _ = do_create_task(persona.tenant, actor=f"user:{persona.user.pk}", agent="document_review",
-                             goal="Find risky contracts", input={"corpus": corpus, **input})
+    task, _ = do_create_task(
+        persona.tenant,
+        actor=f"user:{persona.user.pk}",
+        agent="document_review",
+        goal="Find risky contracts",
+        input={"corpus": corpus, **input},
+    )
     return task
 
 
@@ -304,7 +327,10 @@ def test_an_operator_sets_the_priority_and_re_aims_a_running_review_from_the_pag
     assert not_reloaded(page)
     task.refresh_from_db()
     assert (task.goal, task.constraints.get("excludeExpired"), task.plan_version) == (
-        "Only contracts still in force", True, 2)
+        "Only contracts still in force",
+        True,
+        2,
+    )
 
 
 def test_the_page_re_reads_the_snapshot_when_it_sees_a_gap_in_seq(page, processes: Processes):
@@ -334,8 +360,15 @@ def test_the_page_re_reads_the_snapshot_when_it_sees_a_gap_in_seq(page, processe
     # A change whose events never reach the page (stored, but the publish is lost, as
     # pub/sub may lose it) ...
     with mock.patch("tasks_app.streams.publish.publish"):
-        do_enqueue_command(task.id, tenant=alice.tenant, command_id="unseen", type="set_priority",
-                           payload={"priority": 1}, expected_version=task.state_version, requested_by="user:other")
+        do_enqueue_command(
+            task.id,
+            tenant=alice.tenant,
+            command_id="unseen",
+            type="set_priority",
+            payload={"priority": 1},
+            expected_version=task.state_version,
+            requested_by="user:other",
+        )
         log_line("lost in the gap")
     # ... then one that does: its seq jumps, and the page re-reads the snapshot.
     log_line("after the gap")
@@ -343,7 +376,8 @@ def test_the_page_re_reads_the_snapshot_when_it_sees_a_gap_in_seq(page, processe
     expect(page.get_by_test_id("priority")).to_have_text("1")
     # the log tail comes back whole and in order, the line only the lost events carried included
     expect(page.get_by_test_id("log").locator("li")).to_have_text(
-        [re.compile("before the gap"), re.compile("lost in the gap"), re.compile("after the gap")])
+        [re.compile("before the gap"), re.compile("lost in the gap"), re.compile("after the gap")]
+    )
     truth = task_snapshot(Task.objects.get(id=task.id))
     expect(page.get_by_test_id("version")).to_have_text(str(truth["stateVersion"]))
     expect(page.get_by_test_id("status")).to_have_text(truth["runtimeStatus"])
@@ -371,9 +405,15 @@ def test_a_late_snapshot_answer_never_paints_older_state_over_newer(page, proces
             held["route"] = route
 
     def set_priority(value: int) -> None:
-        do_enqueue_command(task.id, tenant=alice.tenant, command_id=f"prio-{value}", type="set_priority",
-                           payload={"priority": value}, requested_by="user:other",
-                           expected_version=Task.objects.get(id=task.id).state_version)
+        do_enqueue_command(
+            task.id,
+            tenant=alice.tenant,
+            command_id=f"prio-{value}",
+            type="set_priority",
+            payload={"priority": value},
+            requested_by="user:other",
+            expected_version=Task.objects.get(id=task.id).state_version,
+        )
 
     sign_in(page, base, "alice")
     page.goto(f"{base}/dashboard/tasks/{task.id}/")
@@ -416,8 +456,15 @@ def test_panels_re_read_while_someone_types_keep_what_they_typed(page, processes
     expect(page.get_by_test_id("stream")).to_have_text("● live")
     page.route("**/panels", hold_the_first)
     with page.expect_request("**/panels"):  # someone else's change makes the page re-read them
-        do_enqueue_command(task.id, tenant=alice.tenant, command_id="elsewhere", type="set_priority",
-                           payload={"priority": 2}, expected_version=task.state_version, requested_by="user:other")
+        do_enqueue_command(
+            task.id,
+            tenant=alice.tenant,
+            command_id="elsewhere",
+            type="set_priority",
+            payload={"priority": 2},
+            expected_version=task.state_version,
+            requested_by="user:other",
+        )
     page.get_by_test_id("goal").fill("Only contracts still in force")
     page.get_by_label("exclude expired").check()
     page.get_by_test_id("goal-title").click()  # looks away: nobody is typing at this moment
@@ -429,7 +476,11 @@ def test_panels_re_read_while_someone_types_keep_what_they_typed(page, processes
     page.get_by_test_id("adjust-goal").click()
     expect(page.get_by_test_id("flash")).to_contain_text("adjust_goal accepted")
     task.refresh_from_db()
-    assert (task.goal, task.constraints.get("excludeExpired"), task.priority) == ("Only contracts still in force", True, 2)
+    assert (task.goal, task.constraints.get("excludeExpired"), task.priority) == (
+        "Only contracts still in force",
+        True,
+        2,
+    )
 
 
 def test_an_ended_session_sends_the_person_to_sign_in_and_back(page, processes: Processes):

@@ -46,8 +46,14 @@ def test_the_dashboard_and_admin_work_under_the_policy_with_no_violation(page, p
     page.on("console", lambda message: console.append(message.text))
     page.add_init_script(WATCH_VIOLATIONS)
     policies: list[str] = []
-    page.on("response", lambda r: policies.append(r.headers.get("content-security-policy", ""))
-            if r.request.resource_type == "document" else None)
+    page.on(
+        "response",
+        lambda r: (
+            policies.append(r.headers.get("content-security-policy", ""))
+            if r.request.resource_type == "document"
+            else None
+        ),
+    )
 
     sign_in(page, base, "alice")
     # the list: its script starts itself (no inline call), polls, and the filter submits itself
@@ -79,8 +85,14 @@ def test_dashboard_and_admin_pages_carry_the_policy_and_no_inline_script(alice):
     task = new_task(alice)
     client = Client()
     assert client.login(username="alice", password="pw")
-    for path in ("/dashboard/", f"/dashboard/tasks/{task.id}/", "/dashboard/tasks/new", "/admin/",
-                 "/admin/tasks_app/task/", "/dashboard/login/"):
+    for path in (
+        "/dashboard/",
+        f"/dashboard/tasks/{task.id}/",
+        "/dashboard/tasks/new",
+        "/admin/",
+        "/admin/tasks_app/task/",
+        "/dashboard/login/",
+    ):
         response = client.get(path)
         assert response.status_code == 200, path
         policy = response["Content-Security-Policy"]
@@ -102,8 +114,15 @@ def test_behind_tls_cookies_are_secure_and_hsts_is_sent():
     env = {"DJANGO_SETTINGS_MODULE": "runtime_site.settings", "RUNTIME_TLS": "true", "RUNTIME_TLS_PROXY_HEADER": "true"}
     import os
 
-    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env={**os.environ, **env}, capture_output=True, check=False,
-                         text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     assert seen == {"hsts": "max-age=31536000", "csrf_secure": True, "session_secure": True}

@@ -41,8 +41,12 @@ def test_a_person_sees_only_their_tenants_tasks_in_pages_snapshots_and_streams(a
     assert client.get(f"/dashboard/tasks/{ours.id}/").status_code == 200
     assert client.get(f"/dashboard/tasks/{theirs.id}/").status_code == 404
     assert client.get(f"/dashboard/tasks/{theirs.id}/snapshot").status_code == 404
-    assert client.post(f"/dashboard/tasks/{theirs.id}/steer", {
-        "type": "pause", "expected_version": "1", "command_id": "x"}).status_code == 404
+    assert (
+        client.post(
+            f"/dashboard/tasks/{theirs.id}/steer", {"type": "pause", "expected_version": "1", "command_id": "x"}
+        ).status_code
+        == 404
+    )
     # the one SSE endpoint takes the session too, scoped the same way
     assert client.get(f"/runtime/tasks/{theirs.id}/events").status_code == 404
     snapshot = client.get(f"/dashboard/tasks/{ours.id}/snapshot").json()
@@ -89,8 +93,10 @@ def test_steering_from_the_page_goes_through_do_enqueue_command_as_the_person(al
     task = new_task(alice)  # queued, no lease: a pause applies at once
     signed_in(client, alice)
     with mock.patch.object(views, "do_enqueue_command", wraps=views.do_enqueue_command) as spy:
-        response = client.post(f"/dashboard/tasks/{task.id}/steer", {
-            "type": "pause", "expected_version": str(task.state_version), "command_id": "dash-p1"})
+        response = client.post(
+            f"/dashboard/tasks/{task.id}/steer",
+            {"type": "pause", "expected_version": str(task.state_version), "command_id": "dash-p1"},
+        )
     assert response.status_code == 303 and response["Location"] == f"/dashboard/tasks/{task.id}/"
     spy.assert_called_once()
     assert spy.call_args.kwargs["requested_by"] == f"user:{alice.user.pk}"
@@ -103,13 +109,18 @@ def test_steering_from_the_page_goes_through_do_enqueue_command_as_the_person(al
 def test_a_stale_version_is_a_409_that_redirects_to_the_current_state(alice, client):
     task = new_task(alice)
     stale = task.state_version
-    alice.client().post(f"/runtime/tasks/{task.id}/steering", {
-        "commandId": "api-prio", "type": "set_priority", "payload": {"priority": 1}, "expectedVersion": stale},
-        format="json")
+    alice.client().post(
+        f"/runtime/tasks/{task.id}/steering",
+        {"commandId": "api-prio", "type": "set_priority", "payload": {"priority": 1}, "expectedVersion": stale},
+        format="json",
+    )
     signed_in(client, alice)
     with mock.patch.object(views, "do_enqueue_command", wraps=views.do_enqueue_command) as spy:
-        response = client.post(f"/dashboard/tasks/{task.id}/steer", {
-            "type": "pause", "expected_version": str(stale), "command_id": "dash-late"}, follow=True)
+        response = client.post(
+            f"/dashboard/tasks/{task.id}/steer",
+            {"type": "pause", "expected_version": str(stale), "command_id": "dash-late"},
+            follow=True,
+        )
         assert response.redirect_chain == [(f"/dashboard/tasks/{task.id}/", 303)]
         page = response.content.decode()
         current = Task.objects.get(id=task.id)
@@ -126,8 +137,11 @@ def test_a_stale_version_is_a_409_that_redirects_to_the_current_state(alice, cli
 def test_a_refused_command_is_a_flash_on_the_task_page(alice, client):
     task = new_task(alice)
     signed_in(client, alice)
-    response = client.post(f"/dashboard/tasks/{task.id}/steer", {
-        "type": "resume", "expected_version": str(task.state_version), "command_id": "r1"}, follow=True)
+    response = client.post(
+        f"/dashboard/tasks/{task.id}/steer",
+        {"type": "resume", "expected_version": str(task.state_version), "command_id": "r1"},
+        follow=True,
+    )
     assert response.redirect_chain == [(f"/dashboard/tasks/{task.id}/", 303)]
     assert 'data-testid="error"' in response.content.decode() and "resume was not accepted" in response.content.decode()
     garbled = client.post(f"/dashboard/tasks/{task.id}/steer", {"type": "explode"}, follow=True)
@@ -139,8 +153,11 @@ def test_a_viewer_may_look_but_not_steer_or_start(victor, alice, client):
     signed_in(client, victor)
     page = client.get(f"/dashboard/tasks/{task.id}/").content.decode()
     assert "Steering needs the operator role" in page and 'data-testid="pause"' not in page
-    response = client.post(f"/dashboard/tasks/{task.id}/steer", {
-        "type": "pause", "expected_version": str(task.state_version), "command_id": "v1"}, follow=True)
+    response = client.post(
+        f"/dashboard/tasks/{task.id}/steer",
+        {"type": "pause", "expected_version": str(task.state_version), "command_id": "v1"},
+        follow=True,
+    )
     assert response.redirect_chain == [(f"/dashboard/tasks/{task.id}/", 303)]
     assert "Steering needs the operator role or above." in response.content.decode()
     assert Task.objects.get(id=task.id).status == "queued"
@@ -151,9 +168,15 @@ def test_approvals_use_the_same_answer_and_role_check_as_the_api(alice, client):
     april = make_persona("acme", "april", "approver")
     task = new_task(alice)
     Task.objects.filter(id=task.id).update(status="input_required")
-    InputRequest.objects.create(tenant=alice.tenant, task=task, key="approve-publish", kind="approval",
-                                prompt="publish the report?", answer_schema={"enum": ["approve", "reject"]},
-                                step_sequence=1)
+    InputRequest.objects.create(
+        tenant=alice.tenant,
+        task=task,
+        key="approve-publish",
+        kind="approval",
+        prompt="publish the report?",
+        answer_schema={"enum": ["approve", "reject"]},
+        step_sequence=1,
+    )
     signed_in(client, alice)  # an operator: may not approve
     response = client.post(f"/dashboard/tasks/{task.id}/inputs/approve-publish", {"answer": "approve"}, follow=True)
     assert response.redirect_chain == [(f"/dashboard/tasks/{task.id}/", 303)]
@@ -161,8 +184,9 @@ def test_approvals_use_the_same_answer_and_role_check_as_the_api(alice, client):
     client.logout()
     signed_in(client, april)
     with mock.patch.object(views, "answer_input", wraps=views.answer_input) as spy:
-        assert client.post(f"/dashboard/tasks/{task.id}/inputs/approve-publish",
-                           {"answer": "approve"}).status_code == 303
+        assert (
+            client.post(f"/dashboard/tasks/{task.id}/inputs/approve-publish", {"answer": "approve"}).status_code == 303
+        )
     spy.assert_called_once()
     request = InputRequest.objects.get(task=task)
     assert (request.status, request.answer, request.answered_by) == ("answered", "approve", f"user:{april.user.pk}")
@@ -171,8 +195,17 @@ def test_approvals_use_the_same_answer_and_role_check_as_the_api(alice, client):
 
 def test_starting_a_review_goes_through_do_create_task_and_a_double_submit_is_one_task(alice, client):
     signed_in(client, alice)
-    form = {"tenant": "acme", "corpus": "corpora/demo", "goal": "Find risky contracts", "limit": "40",
-            "batch_size": "20", "pacing_ms": "0", "publish": "on", "priority": "5", "idempotency_key": "dash-k1"}
+    form = {
+        "tenant": "acme",
+        "corpus": "corpora/demo",
+        "goal": "Find risky contracts",
+        "limit": "40",
+        "batch_size": "20",
+        "pacing_ms": "0",
+        "publish": "on",
+        "priority": "5",
+        "idempotency_key": "dash-k1",
+    }
     with mock.patch.object(views, "do_create_task", wraps=views.do_create_task) as spy:
         first = client.post("/dashboard/tasks/new", form)
         second = client.post("/dashboard/tasks/new", form)
@@ -182,8 +215,9 @@ def test_starting_a_review_goes_through_do_create_task_and_a_double_submit_is_on
     assert task.input == {"corpus": "corpora/demo", "batchSize": 20, "pacingMs": 0, "publish": True, "limit": 40}
     assert task.created_by == f"user:{alice.user.pk}"
     # Refused: back to the form by a GET (a reload sends nothing), with the values and the reason.
-    bad = client.post("/dashboard/tasks/new", {**form, "corpus": "/absolute", "idempotency_key": "dash-k2"},
-                      follow=True)
+    bad = client.post(
+        "/dashboard/tasks/new", {**form, "corpus": "/absolute", "idempotency_key": "dash-k2"}, follow=True
+    )
     assert bad.redirect_chain == [("/dashboard/tasks/new", 303)]
     page = bad.content.decode()
     assert 'value="/absolute"' in page and 'class="errorlist nonfield"' in page

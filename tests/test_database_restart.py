@@ -30,8 +30,19 @@ from mcp_server.protocol import MODERN, TASKS_EXT
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-UP = {"healthz": 200, "list": 200, "detail": 200, "audit": 200, "create": 201, "steer": 202, "cancel": 202,
-      "events": 200, "mcp 2026-07-28": 200, "mcp 2025-11-25": 200, "dashboard": 200}
+UP = {
+    "healthz": 200,
+    "list": 200,
+    "detail": 200,
+    "audit": 200,
+    "create": 201,
+    "steer": 202,
+    "cancel": 202,
+    "events": 200,
+    "mcp 2026-07-28": 200,
+    "mcp 2025-11-25": 200,
+    "dashboard": 200,
+}
 
 
 def session_for(persona: Persona) -> str:
@@ -60,9 +71,15 @@ def requests(base: str, persona: Persona, task_id: str, session: str) -> dict[st
 
     def steer() -> httpx.Response:
         with api() as client:
-            return client.post(f"/runtime/tasks/{fresh_task(client)}/steering", json={
-                "commandId": f"c-{uuid.uuid4().hex}", "type": "set_priority", "expectedVersion": 1,
-                "payload": {"priority": 3}})
+            return client.post(
+                f"/runtime/tasks/{fresh_task(client)}/steering",
+                json={
+                    "commandId": f"c-{uuid.uuid4().hex}",
+                    "type": "set_priority",
+                    "expectedVersion": 1,
+                    "payload": {"priority": 3},
+                },
+            )
 
     def cancel() -> httpx.Response:
         with api() as client:
@@ -71,19 +88,31 @@ def requests(base: str, persona: Persona, task_id: str, session: str) -> dict[st
     def events() -> httpx.Response:
         with api() as client, client.stream("GET", f"/runtime/tasks/{task_id}/events") as response:
             if response.status_code == 200:  # the first event is the snapshot; then let go
-                assert next(line for line in response.iter_lines() if line.startswith("event:")) \
-                    == "event: task.snapshot"
+                assert (
+                    next(line for line in response.iter_lines() if line.startswith("event:")) == "event: task.snapshot"
+                )
             else:
                 response.read()
             return response
 
     def mcp_modern() -> httpx.Response:
         with api() as client:
-            return client.post("/mcp", headers={"MCP-Protocol-Version": MODERN, "Mcp-Method": "tasks/get",
-                                                "Mcp-Name": task_id}, json={
-                "jsonrpc": "2.0", "id": 11, "method": "tasks/get", "params": {"taskId": task_id, "_meta": {
-                    "io.modelcontextprotocol/protocolVersion": MODERN,
-                    "io.modelcontextprotocol/clientCapabilities": {"extensions": {TASKS_EXT: {}}}}}})
+            return client.post(
+                "/mcp",
+                headers={"MCP-Protocol-Version": MODERN, "Mcp-Method": "tasks/get", "Mcp-Name": task_id},
+                json={
+                    "jsonrpc": "2.0",
+                    "id": 11,
+                    "method": "tasks/get",
+                    "params": {
+                        "taskId": task_id,
+                        "_meta": {
+                            "io.modelcontextprotocol/protocolVersion": MODERN,
+                            "io.modelcontextprotocol/clientCapabilities": {"extensions": {TASKS_EXT: {}}},
+                        },
+                    },
+                },
+            )
 
     def mcp_legacy() -> httpx.Response:
         with api() as client:
@@ -93,6 +122,7 @@ def requests(base: str, persona: Persona, task_id: str, session: str) -> dict[st
         def call() -> httpx.Response:
             with api(**kwargs) as client:
                 return client.get(path)
+
         return call
 
     def create() -> httpx.Response:
@@ -100,9 +130,16 @@ def requests(base: str, persona: Persona, task_id: str, session: str) -> dict[st
             return client.post("/runtime/tasks", json={"agent": "noop", "input": {"steps": 1}})
 
     return {
-        "healthz": get("/healthz"), "list": get("/runtime/tasks"), "detail": get(f"/runtime/tasks/{task_id}"),
-        "audit": get(f"/runtime/tasks/{task_id}/audit"), "create": create, "steer": steer, "cancel": cancel,
-        "events": events, "mcp 2026-07-28": mcp_modern, "mcp 2025-11-25": mcp_legacy,
+        "healthz": get("/healthz"),
+        "list": get("/runtime/tasks"),
+        "detail": get(f"/runtime/tasks/{task_id}"),
+        "audit": get(f"/runtime/tasks/{task_id}/audit"),
+        "create": create,
+        "steer": steer,
+        "cancel": cancel,
+        "events": events,
+        "mcp 2026-07-28": mcp_modern,
+        "mcp 2025-11-25": mcp_legacy,
         "dashboard": get("/dashboard/tasks.json", cookies={"sessionid": session}),
     }
 
@@ -134,8 +171,12 @@ def assert_unavailable(answers: dict[str, httpx.Response]) -> None:
 
 
 def start_task(base: str, persona: Persona) -> str:
-    created = httpx.post(f"{base}/runtime/tasks", json={"agent": "noop", "input": {"steps": 1}},
-                         headers={"Authorization": f"Bearer {persona.token}"}, timeout=30)
+    created = httpx.post(
+        f"{base}/runtime/tasks",
+        json={"agent": "noop", "input": {"steps": 1}},
+        headers={"Authorization": f"Bearer {persona.token}"},
+        timeout=30,
+    )
     assert created.status_code == 201, created.text
     return created.json()["taskId"]
 
@@ -148,8 +189,10 @@ def test_right_after_postgresql_ends_every_connection_each_endpoint_answers_norm
     for _ in range(2):  # in parallel: the pool holds several connections, all about to die
         assert statuses(probe(calls)) == UP
     with connection.cursor() as cursor:  # every backend of the test database but ours: the web process's
-        cursor.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                       "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        cursor.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
         assert cursor.fetchone()[0] >= 2
     assert statuses(probe(calls)) == UP  # not one dead connection handed out
     assert web.poll() is None
@@ -160,18 +203,25 @@ class PrivatePostgres:
     user on a free port), so stopping it disturbs nobody."""
 
     def __init__(self) -> None:
-        self.bin = Path(subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True,
-                                       check=True).stdout.strip())
+        self.bin = Path(
+            subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True, check=True).stdout.strip()
+        )
         self.as_postgres = [] if getpass.getuser() == "postgres" else ["runuser", "-u", "postgres", "--"]
         self.home = Path(tempfile.mkdtemp(prefix="runtime-pg-"))  # not under pytest's tmp: postgres must reach it
         shutil.chown(self.home, "postgres")
         self.data, self.port = self.home / "data", free_port()
-        subprocess.run([*self.as_postgres, self.bin / "initdb", "-D", self.data, "-U", "postgres", "-A", "trust",
-                        "--no-sync"], check=True, capture_output=True)
+        subprocess.run(
+            [*self.as_postgres, self.bin / "initdb", "-D", self.data, "-U", "postgres", "-A", "trust", "--no-sync"],
+            check=True,
+            capture_output=True,
+        )
 
     def _pg_ctl(self, *args: Any) -> None:
-        subprocess.run([*self.as_postgres, self.bin / "pg_ctl", "-D", self.data, "-l", self.home / "log", "-w",
-                        "-t", "60", *args], check=True, capture_output=True)
+        subprocess.run(
+            [*self.as_postgres, self.bin / "pg_ctl", "-D", self.data, "-l", self.home / "log", "-w", "-t", "60", *args],
+            check=True,
+            capture_output=True,
+        )
 
     def start(self) -> None:
         self._pg_ctl("-o", f"-p {self.port} -k {self.home} -c listen_addresses=127.0.0.1 -c fsync=off", "start")
@@ -185,8 +235,12 @@ class PrivatePostgres:
         target = ["-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres"]
         subprocess.run([self.bin / "createdb", *target, name], check=True, capture_output=True)
         dump = subprocess.run([self.bin / "pg_dump", "--no-owner", database_url()], check=True, capture_output=True)
-        subprocess.run([self.bin / "psql", *target, "-q", "-v", "ON_ERROR_STOP=1", "-d", name], input=dump.stdout,
-                       check=True, capture_output=True)
+        subprocess.run(
+            [self.bin / "psql", *target, "-q", "-v", "ON_ERROR_STOP=1", "-d", name],
+            input=dump.stdout,
+            check=True,
+            capture_output=True,
+        )
         return f"postgres://postgres@127.0.0.1:{self.port}/{name}"
 
 
@@ -202,8 +256,9 @@ def private_postgres() -> Iterator[PrivatePostgres]:
         shutil.rmtree(cluster.home, ignore_errors=True)
 
 
-def test_while_the_database_is_down_every_endpoint_is_a_503_and_after_it_normal_again(alice, processes,
-                                                                                      private_postgres):
+def test_while_the_database_is_down_every_endpoint_is_a_503_and_after_it_normal_again(
+    alice, processes, private_postgres
+):
     session = session_for(alice)  # before the copy, which carries alice, her key and her session
     port = free_port()
     web = processes.web(port, DATABASE_URL=private_postgres.copy_of_the_test_database())
@@ -217,7 +272,11 @@ def test_while_the_database_is_down_every_endpoint_is_a_503_and_after_it_normal_
 
     private_postgres.start()
     back = time.monotonic()
-    wait_until(lambda: statuses(probe(calls)) == UP, timeout=30, interval=0.5,
-               what="every endpoint to answer normally once the database is back")
+    wait_until(
+        lambda: statuses(probe(calls)) == UP,
+        timeout=30,
+        interval=0.5,
+        what="every endpoint to answer normally once the database is back",
+    )
     print(f"every endpoint normal {time.monotonic() - back:.1f}s after the database was back")
     assert web.poll() is None

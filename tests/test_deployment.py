@@ -37,7 +37,9 @@ def test_compose_file_follows_the_compose_specification():
 
     schema = json.loads((ROOT / "deploy" / "compose-spec.json").read_text())
     document = yaml.safe_load((ROOT / "compose.yaml").read_text())
-    errors = [f"{'/'.join(map(str, e.path))}: {e.message}" for e in jsonschema.Draft7Validator(schema).iter_errors(document)]
+    errors = [
+        f"{'/'.join(map(str, e.path))}: {e.message}" for e in jsonschema.Draft7Validator(schema).iter_errors(document)
+    ]
     assert errors == []
 
 
@@ -50,8 +52,12 @@ def test_health_checks_use_the_probes_and_each_workers_metrics_port():
     scrape = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())["scrape_configs"]
     jobs = {job["job_name"]: job for job in scrape}
     assert jobs["runtime-web"]["static_configs"][0]["targets"] == ["web:8000"]
-    assert jobs["runtime-worker"]["dns_sd_configs"][0] == {"names": ["worker"], "type": "A", "port": int(port),
-                                                           "refresh_interval": "15s"}
+    assert jobs["runtime-worker"]["dns_sd_configs"][0] == {
+        "names": ["worker"],
+        "type": "A",
+        "port": int(port),
+        "refresh_interval": "15s",
+    }
 
 
 def test_the_observability_profile_mounts_files_that_exist():

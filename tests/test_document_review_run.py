@@ -22,10 +22,16 @@ def test_a_review_of_300_documents_completes_with_the_right_counts_and_a_report(
     truth = json.loads(store.get("corpora/e2e/truth.json"))
     processes.worker(concurrency=2, RUNTIME_SLICE_STEPS="4")  # several slices, several hand-overs
 
-    created = alice.client().post("/runtime/tasks", {
-        "agent": "document_review", "input": {"corpus": "corpora/e2e", "batchSize": 20},
-        "goal": "Find risky contracts", "checkpointPolicy": {"everySteps": 3},
-    }, format="json")
+    created = alice.client().post(
+        "/runtime/tasks",
+        {
+            "agent": "document_review",
+            "input": {"corpus": "corpora/e2e", "batchSize": 20},
+            "goal": "Find risky contracts",
+            "checkpointPolicy": {"everySteps": 3},
+        },
+        format="json",
+    )
     assert created.status_code == 201, created.content
     task_id = created.json()["taskId"]
     wait_until(lambda: Task.objects.get(id=task_id).is_terminal, timeout=120, what="the review to finish")

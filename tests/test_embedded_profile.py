@@ -16,12 +16,26 @@ from conftest import ROOT, Processes, SseClient, free_port, wait_until
 @pytest.fixture
 def embedded(tmp_path: Path, processes: Processes):
     data = tmp_path / "data"
-    env = {"DATABASE_URL": None, "REDIS_URL": None, "RUNTIME_DATA_DIR": str(data), "DJANGO_SECRET_KEY": None,
-           "RUNTIME_LEASE_SECONDS": "4", "RUNTIME_HEARTBEAT_SECONDS": "1", "RUNTIME_SCAN_SECONDS": "1"}
+    env = {
+        "DATABASE_URL": None,
+        "REDIS_URL": None,
+        "RUNTIME_DATA_DIR": str(data),
+        "DJANGO_SECRET_KEY": None,
+        "RUNTIME_LEASE_SECONDS": "4",
+        "RUNTIME_HEARTBEAT_SECONDS": "1",
+        "RUNTIME_SCAN_SECONDS": "1",
+    }
 
     def manage(*args: str) -> str:
-        out = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=processes.env(**env),
-                             capture_output=True, text=True, check=False, timeout=120)
+        out = subprocess.run(
+            [sys.executable, "manage.py", *args],
+            cwd=ROOT,
+            env=processes.env(**env),
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+        )
         assert out.returncode == 0, out.stderr
         return out.stdout.strip()
 
@@ -32,19 +46,24 @@ def embedded(tmp_path: Path, processes: Processes):
     processes.web(port, **env)
     processes.worker(concurrency=2, **env)
     processes.beat(**env)
-    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {key}"},
-                          timeout=10)
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {key}"}, timeout=10)
     return client, manage, data, f"http://127.0.0.1:{port}", key
 
 
 def test_the_embedded_profile_runs_a_task_end_to_end(embedded):
     client, manage, data, _, _ = embedded
-    created = client.post("/runtime/tasks", json={"agent": "noop", "input": {"steps": 30, "sleepMs": 5}},
-                          headers={"Idempotency-Key": "embedded-1"})
+    created = client.post(
+        "/runtime/tasks",
+        json={"agent": "noop", "input": {"steps": 30, "sleepMs": 5}},
+        headers={"Idempotency-Key": "embedded-1"},
+    )
     assert created.status_code == 201, created.text
     task_id = created.json()["taskId"]
-    snapshot = wait_until(lambda: (s := client.get(f"/runtime/tasks/{task_id}").json())["status"] == "completed"
-                          and s, timeout=60, what="the task to complete on the embedded profile")
+    snapshot = wait_until(
+        lambda: (s := client.get(f"/runtime/tasks/{task_id}").json())["status"] == "completed" and s,
+        timeout=60,
+        what="the task to complete on the embedded profile",
+    )
     assert snapshot["stepsDone"] == 30 and snapshot["lastCheckpoint"] == 30
     assert client.get(f"/runtime/tasks/{task_id}/result").json()["result"] == {"steps": 30}
     assert "0 broken" in manage("verify_audit")
@@ -53,7 +72,9 @@ def test_the_embedded_profile_runs_a_task_end_to_end(embedded):
 
 def test_the_embedded_profile_streams_a_workers_events_across_processes(embedded):
     client, _, _, base, key = embedded
-    task_id = client.post("/runtime/tasks", json={"agent": "noop", "input": {"steps": 25, "sleepMs": 40}}).json()["taskId"]
+    task_id = client.post("/runtime/tasks", json={"agent": "noop", "input": {"steps": 25, "sleepMs": 40}}).json()[
+        "taskId"
+    ]
     stream = SseClient(f"{base}/runtime/tasks/{task_id}/events", key)
     wait_until(lambda: stream.of("terminal"), timeout=60, what="the worker's events to reach the web process")
     stream.close()

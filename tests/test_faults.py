@@ -41,8 +41,13 @@ def assert_ran_once_up_to_checkpoints(task: Task, steps: int) -> None:
 def test_a_frozen_worker_resumed_after_a_takeover_commits_nothing(alice, processes: Processes):
     frozen = processes.worker(**FAST)
     processes.beat(**FAST)
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 40, "sleepMs": 100},
-                             checkpoint_policy={"everySteps": 4})
+    task, _ = do_create_task(
+        alice.tenant,
+        actor="user:test",
+        agent="noop",
+        input={"steps": 40, "sleepMs": 100},
+        checkpoint_policy={"everySteps": 4},
+    )
     wait_until(lambda: Task.objects.get(id=task.id).steps_done >= 6, timeout=30, what="6 steps")
     processes.kill(frozen, signal.SIGSTOP)  # mid-step: its lease runs out while it cannot move
     at_freeze = Task.objects.get(id=task.id)
@@ -50,11 +55,17 @@ def test_a_frozen_worker_resumed_after_a_takeover_commits_nothing(alice, process
     assert zombie is not None
 
     processes.worker(**FAST)
-    wait_until(lambda: Step.objects.filter(task=task).exclude(worker=zombie).exists(), timeout=30,
-               what="another worker to take the task over")
+    wait_until(
+        lambda: Step.objects.filter(task=task).exclude(worker=zombie).exists(),
+        timeout=30,
+        what="another worker to take the task over",
+    )
     processes.kill(frozen, signal.SIGCONT)  # the zombie wakes up, finishes its step, tries to commit
-    wait_until(lambda: "lease lost, slice abandoned" in Path(frozen.log_path).read_text(), timeout=30,
-               what="the zombie to hit the fence")
+    wait_until(
+        lambda: "lease lost, slice abandoned" in Path(frozen.log_path).read_text(),
+        timeout=30,
+        what="the zombie to hit the fence",
+    )
     wait_until(lambda: Task.objects.get(id=task.id).status == "completed", timeout=60, what="completion")
 
     task.refresh_from_db()
@@ -76,8 +87,9 @@ def test_a_redis_restart_mid_run_loses_no_task(alice, processes: Processes, priv
     processes.web(web_port, **env)
     processes.worker(concurrency=2, **env)
     processes.beat(**env)
-    api = httpx.Client(base_url=f"http://127.0.0.1:{web_port}", headers={"Authorization": f"Bearer {alice.token}"},
-                       timeout=10)
+    api = httpx.Client(
+        base_url=f"http://127.0.0.1:{web_port}", headers={"Authorization": f"Bearer {alice.token}"}, timeout=10
+    )
 
     def submit() -> str:
         response = api.post("/runtime/tasks", json={"agent": "noop", "input": {"steps": 30, "sleepMs": 60}})
@@ -85,15 +97,19 @@ def test_a_redis_restart_mid_run_loses_no_task(alice, processes: Processes, priv
         return response.json()["taskId"]
 
     ids = [submit() for _ in range(4)]
-    wait_until(lambda: Task.objects.filter(id__in=ids, steps_done__gt=0).count() >= 2, timeout=30,
-               what="work to be under way")
+    wait_until(
+        lambda: Task.objects.filter(id__in=ids, steps_done__gt=0).count() >= 2, timeout=30, what="work to be under way"
+    )
     processes.kill(redis_proc)  # every queued and in-flight message is gone with it
     ids.append(submit())  # the API keeps accepting work while the broker is down
     time.sleep(2)  # an outage, not a blip: its length is the fault being injected, not a wait
     start_redis()  # empty: nothing in it survived
 
-    wait_until(lambda: Task.objects.filter(id__in=ids, status="completed").count() == len(ids), timeout=120,
-               what="every task to complete after the Redis restart")
+    wait_until(
+        lambda: Task.objects.filter(id__in=ids, status="completed").count() == len(ids),
+        timeout=120,
+        what="every task to complete after the Redis restart",
+    )
     for task in Task.objects.filter(id__in=ids):
         assert task.result == {"steps": 30}
         counts = steps_by_sequence(task)
@@ -103,15 +119,25 @@ def test_a_redis_restart_mid_run_loses_no_task(alice, processes: Processes, priv
 def test_terminated_database_connections_mid_slice_are_survived(alice, processes: Processes):
     processes.worker(**FAST)
     processes.beat(**FAST)
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 40, "sleepMs": 80},
-                             checkpoint_policy={"everySteps": 4})
+    task, _ = do_create_task(
+        alice.tenant,
+        actor="user:test",
+        agent="noop",
+        input={"steps": 40, "sleepMs": 80},
+        checkpoint_policy={"everySteps": 4},
+    )
     wait_until(lambda: Task.objects.get(id=task.id).steps_done >= 5, timeout=30, what="5 steps")
     with connection.cursor() as cursor:  # every backend of the test database but ours: the worker's
-        cursor.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                       "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        cursor.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
         assert cursor.fetchone()[0] >= 1
-    wait_until(lambda: Task.objects.get(id=task.id).status == "completed", timeout=90,
-               what="completion after the connections were cut")
+    wait_until(
+        lambda: Task.objects.get(id=task.id).status == "completed",
+        timeout=90,
+        what="completion after the connections were cut",
+    )
     task.refresh_from_db()
     assert task.result == {"steps": 40}
     assert_ran_once_up_to_checkpoints(task, 40)

@@ -22,14 +22,17 @@ def test_ready_with_database_broker_and_migrations(processes: Processes):
     port = free_port()
     processes.web(port)
     assert probe(port, "/healthz") == (200, {"ok": True})
-    assert probe(port, "/readyz") == (200, {"ok": True, "checks": {
-        "database": "ok", "migrations": "ok", "broker": "ok"}})
+    assert probe(port, "/readyz") == (
+        200,
+        {"ok": True, "checks": {"database": "ok", "migrations": "ok", "broker": "ok"}},
+    )
 
 
 def test_up_but_not_ready_without_database_and_broker(processes: Processes):
     port, nobody = free_port(), free_port()
-    processes.web(port, DATABASE_URL=f"postgres://postgres@127.0.0.1:{nobody}/runtime",
-                  REDIS_URL=f"redis://127.0.0.1:{nobody}/0")
+    processes.web(
+        port, DATABASE_URL=f"postgres://postgres@127.0.0.1:{nobody}/runtime", REDIS_URL=f"redis://127.0.0.1:{nobody}/0"
+    )
     assert probe(port, "/healthz") == (200, {"ok": True})  # the process itself is fine: don't restart it
     status, body = probe(port, "/readyz")
     assert status == 503 and body["ok"] is False

@@ -42,8 +42,13 @@ UNPARSEABLE = {"arrays nested 10,000 deep", "objects nested 2,000 deep"}
 
 def written() -> tuple[int, ...]:
     """Every row a refused request could have half-created."""
-    return (Task.objects.count(), SteeringCommand.objects.count(), AuditRecord.objects.count(),
-            TaskEvent.objects.count(), InputRequest.objects.filter(status="answered").count())
+    return (
+        Task.objects.count(),
+        SteeringCommand.objects.count(),
+        AuditRecord.objects.count(),
+        TaskEvent.objects.count(),
+        InputRequest.objects.filter(status="answered").count(),
+    )
 
 
 def client() -> Client:
@@ -62,8 +67,9 @@ def refusal(response: Any, status: int = 400) -> dict[str, Any]:
 def task(alice) -> Task:
     """A task with an open question whose answer schema takes anything, so an answer reaches the database."""
     task, _ = do_create_task(alice.tenant, actor=f"user:{alice.user.pk}", agent="noop", input={"steps": 3})
-    InputRequest.objects.create(tenant=alice.tenant, task=task, key="q", prompt="anything?", answer_schema={},
-                                step_sequence=1)
+    InputRequest.objects.create(
+        tenant=alice.tenant, task=task, key="q", prompt="anything?", answer_schema={}, step_sequence=1
+    )
     return task
 
 
@@ -71,18 +77,25 @@ def rest_edges(task: Task) -> dict[str, tuple[str, str, str]]:
     """edge → (path, body with @ where the hostile value goes, the field path of @)."""
     base = f"/runtime/tasks/{task.id}"
     return {
-        "create": ("/runtime/tasks", '{"agent": "tool_calls", "input": {"calls": [{"tool": "http.request", '
-                                     '"args": {"v": @}}]}}', "input.calls[0].args.v"),
-        "steering": (f"{base}/steering", '{"commandId": "c-1", "type": "adjust_goal", "expectedVersion": 1, '
-                                         '"payload": {"goal": @}}', "payload.goal"),
+        "create": (
+            "/runtime/tasks",
+            '{"agent": "tool_calls", "input": {"calls": [{"tool": "http.request", "args": {"v": @}}]}}',
+            "input.calls[0].args.v",
+        ),
+        "steering": (
+            f"{base}/steering",
+            '{"commandId": "c-1", "type": "adjust_goal", "expectedVersion": 1, "payload": {"goal": @}}',
+            "payload.goal",
+        ),
         "inputs": (f"{base}/inputs/q", '{"answer": @}', "answer"),
         "cancel": (f"{base}/cancel", '{"reason": @}', "reason"),
     }
 
 
 def post_json(path: str, body: bytes | str, token: str, **headers: str) -> Any:
-    return client().post(path, data=body, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}",
-                         **headers)
+    return client().post(
+        path, data=body, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}", **headers
+    )
 
 
 @pytest.mark.parametrize("edge", ["create", "steering", "inputs", "cancel"])
@@ -93,8 +106,10 @@ def test_every_rest_body_edge_refuses_each_hostile_value_naming_the_field(alice,
         error = refusal(post_json(path, template.replace("@", value), alice.token))
         named = "body" if name in UNPARSEABLE else field
         assert any(key.startswith(named) for key in error.get("fields", {})), (name, error)
-    for name, body in {"non-UTF-8": template.replace("@", '"\xff\xfe"').encode("latin-1"),
-                       "not JSON": template.replace("@", "'single quotes'")}.items():
+    for name, body in {
+        "non-UTF-8": template.replace("@", '"\xff\xfe"').encode("latin-1"),
+        "not JSON": template.replace("@", "'single quotes'"),
+    }.items():
         assert refusal(post_json(path, body, alice.token))["code"] == "invalid_json", name
     assert written() == before
     # the process stays healthy: the same edge takes a good body
@@ -104,6 +119,7 @@ def test_every_rest_body_edge_refuses_each_hostile_value_naming_the_field(alice,
 
 def test_rest_query_strings_are_checked(alice, task):
     api = alice.client()
+
     def cursor(raw: str) -> str:
         return base64.b64encode(raw.encode()).decode()
 
@@ -162,20 +178,32 @@ def test_a_dashboard_form_with_a_number_beyond_bigint_starts_and_steers_nothing(
     browser = client()
     browser.force_login(alice.user)
     before = written()
-    started = browser.post("/dashboard/tasks/new", {
-        "tenant": alice.tenant.slug, "corpus": "corpora/demo", "goal": "g", "limit": str(2**64), "batch_size": "20",
-        "pacing_ms": "0", "priority": "5", "idempotency_key": "dash-k"})
+    started = browser.post(
+        "/dashboard/tasks/new",
+        {
+            "tenant": alice.tenant.slug,
+            "corpus": "corpora/demo",
+            "goal": "g",
+            "limit": str(2**64),
+            "batch_size": "20",
+            "pacing_ms": "0",
+            "priority": "5",
+            "idempotency_key": "dash-k",
+        },
+    )
     assert started.status_code == 303 and started["Location"] == "/dashboard/tasks/new", started
-    steered = browser.post(f"/dashboard/tasks/{task.id}/steer", {
-        "type": "pause", "expected_version": str(2**64), "command_id": "dash-c"})
+    steered = browser.post(
+        f"/dashboard/tasks/{task.id}/steer", {"type": "pause", "expected_version": str(2**64), "command_id": "dash-c"}
+    )
     assert steered.status_code == 303, steered
     assert written() == before
 
 
 def test_the_event_stream_refuses_malformed_last_event_ids(alice, task):
     def stream(query: str = "", **headers: str) -> Any:
-        return client().get(f"/runtime/tasks/{task.id}/events{query}", HTTP_AUTHORIZATION=f"Bearer {alice.token}",
-                            **headers)
+        return client().get(
+            f"/runtime/tasks/{task.id}/events{query}", HTTP_AUTHORIZATION=f"Bearer {alice.token}", **headers
+        )
 
     for bad in ("garbage", "a:b:c", "chan:-1", "chan:" + "9" * 30, "chan:1,", ":1", "chan:1" + chr(0)):
         error = refusal(stream(HTTP_LAST_EVENT_ID=bad))
@@ -189,8 +217,10 @@ def test_the_event_stream_refuses_malformed_last_event_ids(alice, task):
 
 # --- /mcp, both wires ----------------------------------------------------------------------
 
-META = {"io.modelcontextprotocol/protocolVersion": MODERN,
-        "io.modelcontextprotocol/clientCapabilities": {"extensions": {TASKS_EXT: {}}}}
+META = {
+    "io.modelcontextprotocol/protocolVersion": MODERN,
+    "io.modelcontextprotocol/clientCapabilities": {"extensions": {TASKS_EXT: {}}},
+}
 
 
 def mcp(token: str, body: bytes | str, *, modern: str | None = None, **headers: str) -> Any:
@@ -211,9 +241,15 @@ def rpc_error(response: Any, code: int, request_id: Any) -> str:
 def tools_call(arguments: str, *, modern: bool) -> str:
     meta = json.dumps(META) if modern else "{}"
     task = "" if modern else ', "task": {}'
-    return ('{"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"_meta": ' + meta
-            + ', "name": "tool_calls"' + task + ', "arguments": {"calls": [{"tool": "t", "args": {"v": '
-            + arguments + "}}]}}}")
+    return (
+        '{"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"_meta": '
+        + meta
+        + ', "name": "tool_calls"'
+        + task
+        + ', "arguments": {"calls": [{"tool": "t", "args": {"v": '
+        + arguments
+        + "}}]}}}"
+    )
 
 
 @pytest.mark.parametrize("modern", [True, False], ids=["2026-07-28", "2025-11-25"])
@@ -231,10 +267,10 @@ def test_mcp_refuses_each_hostile_value_echoing_the_request_id(alice, task, mode
     rpc_error(mcp(alice.token, deep, **wire), -32600, "r-9")
     rpc_error(mcp(alice.token, tools_call('"\xff"', modern=modern).encode("latin-1"), **wire), -32700, None)
     rpc_error(mcp(alice.token, '{"jsonrpc": "2.0", "id": NaN, "method": "tools/list"}', **wire), -32600, None)
-    rpc_error(mcp(alice.token, '{"jsonrpc": "2.0", "id": 8, "method": "tools/call\\u0000", "params": {}}',
-                  **wire), -32600, 8)
-    rpc_error(mcp(alice.token, '{"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": [1]}', **wire),
-              -32602, 9)
+    rpc_error(
+        mcp(alice.token, '{"jsonrpc": "2.0", "id": 8, "method": "tools/call\\u0000", "params": {}}', **wire), -32600, 8
+    )
+    rpc_error(mcp(alice.token, '{"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": [1]}', **wire), -32602, 9)
     # a hostile header is refused like the body's content, with the id
     rpc_error(mcp(alice.token, tools_call("1", modern=modern), HTTP_X_NOTE="a" + chr(0), **wire), -32600, 7)
     # an API key that could not be ours is a 401 before any lookup (a NUL in it was a 500)
@@ -257,29 +293,40 @@ def test_a_legacy_tasks_list_cursor_beyond_bigint_is_invalid_params(alice, task)
 
 # --- the last line: the actions themselves -------------------------------------------------
 
+
 def test_the_actions_refuse_what_no_edge_may_store(alice, task):
     """Whatever the caller (an edge, the admin, a script), nothing unstorable reaches a write."""
     from common.json_safety import UnsafeInput
-    from steering_app.actions import do_answer_input, do_enqueue_command
-    from steering_app.actions import do_cancel_task
+    from steering_app.actions import do_answer_input, do_cancel_task, do_enqueue_command
 
     who = {"tenant": alice.tenant}
     before = written()
     calls = {
-        "input with a NUL": lambda: do_create_task(alice.tenant, actor="user:x", agent="tool_calls",
-                                                   input={"calls": [{"tool": "t", "args": {"v": "\x00"}}]}),
-        "a budget beyond bigint": lambda: do_create_task(alice.tenant, actor="user:x", agent="noop",
-                                                         input={"steps": 3}, budget={"maxSteps": 2**70}),
-        "a goal with a surrogate": lambda: do_create_task(alice.tenant, actor="user:x", agent="noop",
-                                                          input={"steps": 3}, goal="\udc00"),
-        "a payload with a NUL": lambda: do_enqueue_command(task.id, **who, command_id="c", type="adjust_goal",
-                                                           payload={"goal": "\x00"}, expected_version=1,
-                                                           requested_by="user:x"),
+        "input with a NUL": lambda: do_create_task(
+            alice.tenant, actor="user:x", agent="tool_calls", input={"calls": [{"tool": "t", "args": {"v": "\x00"}}]}
+        ),
+        "a budget beyond bigint": lambda: do_create_task(
+            alice.tenant, actor="user:x", agent="noop", input={"steps": 3}, budget={"maxSteps": 2**70}
+        ),
+        "a goal with a surrogate": lambda: do_create_task(
+            alice.tenant, actor="user:x", agent="noop", input={"steps": 3}, goal="\udc00"
+        ),
+        "a payload with a NUL": lambda: do_enqueue_command(
+            task.id,
+            **who,
+            command_id="c",
+            type="adjust_goal",
+            payload={"goal": "\x00"},
+            expected_version=1,
+            requested_by="user:x",
+        ),
         "a reason with a NUL": lambda: do_cancel_task(task.id, **who, actor="user:x", reason="\x00"),
-        "an answer of NaN": lambda: do_answer_input(task.id, **who, key="q", answer=float("nan"),
-                                                    requested_by="user:x"),
-        "a key with a surrogate": lambda: do_answer_input(task.id, **who, key="\ud800", answer=1,
-                                                          requested_by="user:x"),
+        "an answer of NaN": lambda: do_answer_input(
+            task.id, **who, key="q", answer=float("nan"), requested_by="user:x"
+        ),
+        "a key with a surrogate": lambda: do_answer_input(
+            task.id, **who, key="\ud800", answer=1, requested_by="user:x"
+        ),
     }
     for name, call in calls.items():
         with pytest.raises(UnsafeInput):
@@ -288,6 +335,7 @@ def test_the_actions_refuse_what_no_edge_may_store(alice, task):
 
 
 # --- the admin -----------------------------------------------------------------------------
+
 
 @pytest.fixture
 def staff(alice) -> Client:
@@ -298,11 +346,17 @@ def staff(alice) -> Client:
     return signed_in
 
 
-@pytest.mark.parametrize("query", [
-    "created_at__year=99999999999", "created_at__year=9999", "created_at__year=0",
-    "created_at__year=9999&created_at__month=12", "created_at__year=2020&created_at__month=99999999999999999999",
-    "created_at__year=2020&created_at__month=2&created_at__day=99999999999999999999",
-])
+@pytest.mark.parametrize(
+    "query",
+    [
+        "created_at__year=99999999999",
+        "created_at__year=9999",
+        "created_at__year=0",
+        "created_at__year=9999&created_at__month=12",
+        "created_at__year=2020&created_at__month=99999999999999999999",
+        "created_at__year=2020&created_at__month=2&created_at__day=99999999999999999999",
+    ],
+)
 def test_admin_changelist_dates_beyond_the_calendar_are_refused(staff, task, query):
     """The task list's date drill-down (date_hierarchy) with a year, month or day no date
     has: the admin's own answer to a bad filter (back to the list, ?e=1), not a 500."""
@@ -314,7 +368,8 @@ def test_admin_changelist_dates_beyond_the_calendar_are_refused(staff, task, que
 @pytest.mark.parametrize("selected", ["not-a-uuid", "9" * 30])
 def test_admin_actions_on_ids_that_are_not_tasks_change_nothing(staff, task, selected):
     before = written()
-    response = staff.post("/admin/tasks_app/task/", {"action": "cancel", "_selected_action": [selected],
-                                                     "apply": "1", "reason": "r"})
+    response = staff.post(
+        "/admin/tasks_app/task/", {"action": "cancel", "_selected_action": [selected], "apply": "1", "reason": "r"}
+    )
     assert response.status_code < 500, response.status_code
     assert written() == before

@@ -20,7 +20,10 @@ from tests.test_hostile_input import META, client, task, written  # noqa: F401 (
 pytestmark = pytest.mark.django_db(transaction=True)
 
 PROPERTIES = settings(
-    max_examples=150, deadline=None, derandomize=True, database=None,
+    max_examples=150,
+    deadline=None,
+    derandomize=True,
+    database=None,
     # one persona and task serve every example: a refused request changes nothing, which is the point
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -38,7 +41,10 @@ def deep(n: int, kind: str) -> str:
 Doc = tuple[str, bool]  # (JSON text, holds something hostile)
 
 ORDINARY: st.SearchStrategy[Doc] = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1), st.floats(allow_nan=False, allow_infinity=False),
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**63 - 1),
+    st.floats(allow_nan=False, allow_infinity=False),
     st.text(max_size=12),
 ).map(lambda value: (json.dumps(value), False))
 HOSTILE: st.SearchStrategy[Doc] = st.one_of(
@@ -48,8 +54,9 @@ HOSTILE: st.SearchStrategy[Doc] = st.one_of(
     # past our limit (100), and past what the parser itself can take (about 1,500)
     st.builds(deep, st.sampled_from([101, 999, 2_000, 10_000]), st.sampled_from(["array", "object"])),
 ).map(lambda text: (text, True))
-KEYS: st.SearchStrategy[Doc] = st.one_of(st.text(max_size=8).map(lambda k: (json.dumps(k), False)),
-                                        HOSTILE_TEXT.map(lambda k: (json.dumps(k), True)))
+KEYS: st.SearchStrategy[Doc] = st.one_of(
+    st.text(max_size=8).map(lambda k: (json.dumps(k), False)), HOSTILE_TEXT.map(lambda k: (json.dumps(k), True))
+)
 
 
 def _array(items: list[Doc]) -> Doc:
@@ -61,9 +68,13 @@ def _object(members: list[tuple[Doc, Doc]]) -> Doc:
     return text, any(k_bad or v_bad for (_, k_bad), (_, v_bad) in members)
 
 
-TREES = st.recursive(st.one_of(ORDINARY, HOSTILE), lambda children: st.one_of(
-    st.lists(children, max_size=4).map(_array),
-    st.lists(st.tuples(KEYS, children), max_size=4).map(_object)), max_leaves=8)
+TREES = st.recursive(
+    st.one_of(ORDINARY, HOSTILE),
+    lambda children: st.one_of(
+        st.lists(children, max_size=4).map(_array), st.lists(st.tuples(KEYS, children), max_size=4).map(_object)
+    ),
+    max_leaves=8,
+)
 HOSTILE_JSON = TREES.filter(lambda doc: doc[1]).map(lambda doc: doc[0])
 # What a body may be: hostile JSON in the hole of the edge's template, or any bytes at all.
 BODIES = st.one_of(HOSTILE_JSON.map(lambda doc: ("hole", doc)), st.binary(max_size=64).map(lambda b: ("raw", b)))
@@ -74,31 +85,52 @@ STRINGS = st.text(st.one_of(st.characters(exclude_categories=()), st.sampled_fro
 
 # --- the edges ------------------------------------------------------------------------------
 
+
 def rest_templates(task_id: str) -> dict[str, list[tuple[str, str]]]:
     base = f"/runtime/tasks/{task_id}"
     return {
-        "create": [("/runtime/tasks", t) for t in (
-            '{"agent": "tool_calls", "input": {"calls": [{"tool": "t", "args": {"v": @}}]}}',
-            '{"agent": "noop", "input": {"steps": 3}, "budget": @}', '{"agent": "noop", "input": @}',
-            '{"agent": "noop", "input": {"steps": 3}, "priority": @, "goal": @}', "@")],
-        "steering": [(f"{base}/steering", t) for t in (
-            '{"commandId": "c-1", "type": "adjust_goal", "expectedVersion": 1, "payload": @}',
-            '{"commandId": "c-3", "type": "adjust_goal", "expectedVersion": 1, "payload": {"goal": @}}',
-            '{"commandId": @, "type": "set_priority", "expectedVersion": @, "payload": {"priority": @}}',
-            '{"commandId": "c-2", "type": "pause", "expectedVersion": 1, "reason": @}', "@")],
+        "create": [
+            ("/runtime/tasks", t)
+            for t in (
+                '{"agent": "tool_calls", "input": {"calls": [{"tool": "t", "args": {"v": @}}]}}',
+                '{"agent": "noop", "input": {"steps": 3}, "budget": @}',
+                '{"agent": "noop", "input": @}',
+                '{"agent": "noop", "input": {"steps": 3}, "priority": @, "goal": @}',
+                "@",
+            )
+        ],
+        "steering": [
+            (f"{base}/steering", t)
+            for t in (
+                '{"commandId": "c-1", "type": "adjust_goal", "expectedVersion": 1, "payload": @}',
+                '{"commandId": "c-3", "type": "adjust_goal", "expectedVersion": 1, "payload": {"goal": @}}',
+                '{"commandId": @, "type": "set_priority", "expectedVersion": @, "payload": {"priority": @}}',
+                '{"commandId": "c-2", "type": "pause", "expectedVersion": 1, "reason": @}',
+                "@",
+            )
+        ],
         "inputs": [(f"{base}/inputs/q", t) for t in ('{"answer": @}', '{"answer": 1, "reason": @}', "@")],
         "cancel": [(f"{base}/cancel", t) for t in ('{"reason": @}', "@")],
     }
 
 
 MCP_TEMPLATES = [
-    ("tools/call", '{"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"_meta": META, '
-                   '"name": "tool_calls", "arguments": @}}'),
-    ("tasks/update", '{"jsonrpc": "2.0", "id": 7, "method": "tasks/update", "params": {"_meta": META, '
-                     '"taskId": "TASK", "inputResponses": @}}'),
+    (
+        "tools/call",
+        '{"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"_meta": META, '
+        '"name": "tool_calls", "arguments": @}}',
+    ),
+    (
+        "tasks/update",
+        '{"jsonrpc": "2.0", "id": 7, "method": "tasks/update", "params": {"_meta": META, '
+        '"taskId": "TASK", "inputResponses": @}}',
+    ),
     ("tasks/get", '{"jsonrpc": "2.0", "id": 7, "method": "tasks/get", "params": {"_meta": @, "taskId": "TASK"}}'),
-    (None, '{"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "tool_calls", "task": @, '
-           '"arguments": @}}'),
+    (
+        None,
+        '{"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "tool_calls", "task": @, '
+        '"arguments": @}}',
+    ),
     (None, '{"jsonrpc": "2.0", "id": 7, "method": "tasks/list", "params": {"cursor": @}}'),
     (None, '{"jsonrpc": "2.0", "id": 7, "method": "tasks/cancel", "params": @}'),
     (None, '{"jsonrpc": "2.0", "id": @, "method": "tasks/get", "params": {"taskId": "TASK"}}'),
@@ -132,8 +164,9 @@ def test_rest_bodies(alice, task, edge, body, which):  # noqa: F811 (task: the f
     templates = rest_templates(str(task.id))[edge]
     path, template = templates[which % len(templates)]
     before = written()
-    response = client().post(path, data=fill(template, body), content_type="application/json",
-                             HTTP_AUTHORIZATION=f"Bearer {alice.token}")
+    response = client().post(
+        path, data=fill(template, body), content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {alice.token}"
+    )
     assert_answered(response, before)
 
 
@@ -144,8 +177,11 @@ def test_mcp_bodies(alice, task, wire, body, which):  # noqa: F811 (task: the fi
     template = template.replace("META", json.dumps(META)).replace("TASK", str(task.id))
     headers = {"HTTP_ACCEPT": "application/json, text/event-stream", "HTTP_AUTHORIZATION": f"Bearer {alice.token}"}
     if wire == "2026-07-28":
-        headers.update(HTTP_MCP_PROTOCOL_VERSION="2026-07-28", HTTP_MCP_METHOD=method or "tasks/get",
-                       HTTP_MCP_NAME="tool_calls" if method == "tools/call" else str(task.id))
+        headers.update(
+            HTTP_MCP_PROTOCOL_VERSION="2026-07-28",
+            HTTP_MCP_METHOD=method or "tasks/get",
+            HTTP_MCP_NAME="tool_calls" if method == "tools/call" else str(task.id),
+        )
     before = written()
     response = client().post("/mcp", data=fill(template, body), content_type="application/json", **headers)
     assert_answered(response, before, rpc=True)
@@ -176,21 +212,46 @@ def query_and_header_requests(alice: Any, task: Any) -> dict[str, Callable[[str]
         "dashboard ?status=": lambda s: dashboard(f"/dashboard/tasks.json?status={q(s)}"),
         "Last-Event-ID": lambda s: client().get(events, HTTP_LAST_EVENT_ID=s, **token),
         "?lastEventId=": lambda s: client().get(f"{events}?lastEventId={q(s)}", **token),
-        "Idempotency-Key": lambda s: client().post("/runtime/tasks", data=create, content_type="application/json",
-                                                   HTTP_IDEMPOTENCY_KEY=s, **token),
+        "Idempotency-Key": lambda s: client().post(
+            "/runtime/tasks", data=create, content_type="application/json", HTTP_IDEMPOTENCY_KEY=s, **token
+        ),
         "Authorization": lambda s: client().get("/runtime/tasks", HTTP_AUTHORIZATION=f"Bearer rt_{s}_secret"),
         "input key in the path": lambda s: client().post(
-            f"/runtime/tasks/{task.id}/inputs/{q(s) or 'k'}", data='{"answer": 1}', content_type="application/json",
-            **token),
-        "legacy tasks/list cursor": lambda s: client().post("/mcp", data=json.dumps(
-            {"jsonrpc": "2.0", "id": 7, "method": "tasks/list", "params": {"cursor": base64.urlsafe_b64encode(
-                s.encode("utf-8", "surrogatepass")).decode()}}), content_type="application/json", **token),
+            f"/runtime/tasks/{task.id}/inputs/{q(s) or 'k'}",
+            data='{"answer": 1}',
+            content_type="application/json",
+            **token,
+        ),
+        "legacy tasks/list cursor": lambda s: client().post(
+            "/mcp",
+            data=json.dumps(
+                {
+                    "jsonrpc": "2.0",
+                    "id": 7,
+                    "method": "tasks/list",
+                    "params": {"cursor": base64.urlsafe_b64encode(s.encode("utf-8", "surrogatepass")).decode()},
+                }
+            ),
+            content_type="application/json",
+            **token,
+        ),
     }
 
 
-STRING_EDGES = ["?status=", "?limit=", "?cursor=", "?cursor= (base64)", "any query parameter", "dashboard ?status=",
-                "Last-Event-ID", "?lastEventId=", "Idempotency-Key", "Authorization", "input key in the path",
-                "legacy tasks/list cursor"]
+STRING_EDGES = [
+    "?status=",
+    "?limit=",
+    "?cursor=",
+    "?cursor= (base64)",
+    "any query parameter",
+    "dashboard ?status=",
+    "Last-Event-ID",
+    "?lastEventId=",
+    "Idempotency-Key",
+    "Authorization",
+    "input key in the path",
+    "legacy tasks/list cursor",
+]
 
 
 @PROPERTIES

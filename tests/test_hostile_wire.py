@@ -21,13 +21,15 @@ def chunked(port: int, path: str, body: bytes, token: str, chunk: int = 65536) -
     """POST `body` with Transfer-Encoding: chunked; (status, response body). The server may
     answer and close before it has read everything: that is the answer."""
     with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
-        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
-                     f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
-                     "Accept: application/json, text/event-stream\r\n"
-                     "Transfer-Encoding: chunked\r\n\r\n".encode())
+        sock.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+            f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
+            "Accept: application/json, text/event-stream\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n".encode()
+        )
         try:
             for start in range(0, len(body), chunk):
-                part = body[start:start + chunk]
+                part = body[start : start + chunk]
                 sock.sendall(b"%x\r\n%s\r\n" % (len(part), part))
             sock.sendall(b"0\r\n\r\n")
         except (BrokenPipeError, ConnectionResetError):
@@ -52,8 +54,9 @@ def test_a_chunked_body_is_read_and_bounded_on_every_edge(processes: Processes, 
     processes.web(port)
     # Read: a chunked create is the same create (it used to be read as an empty body: a 400
     # saying `agent` is missing, for a body that has it).
-    status, body = chunked(port, "/runtime/tasks", json.dumps({"agent": "noop", "input": {"steps": 1}}).encode(),
-                           alice.token, chunk=7)
+    status, body = chunked(
+        port, "/runtime/tasks", json.dumps({"agent": "noop", "input": {"steps": 1}}).encode(), alice.token, chunk=7
+    )
     assert status == 201, body
     assert Task.objects.count() == 1
     status, body = chunked(port, "/mcp", b'{"jsonrpc": "2.0", "id": 3, "method": "tools/list"}', alice.token)

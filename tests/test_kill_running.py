@@ -27,20 +27,34 @@ FAST = {**FAST_LEASES, "SECURITY_HTTP_ALLOWLIST": "127.0.0.1"}
 
 def calls(alice, *urls: str) -> Task:
     """A task that POSTs to each url in turn, one step each, through the ledger."""
-    return do_create_task(alice.tenant, actor="user:test", agent="tool_calls", input={"calls": [
-        {"tool": "http.request", "args": {"url": url, "json": {"n": n}, "timeoutSeconds": 600}}
-        for n, url in enumerate(urls)]})[0]
+    return do_create_task(
+        alice.tenant,
+        actor="user:test",
+        agent="tool_calls",
+        input={
+            "calls": [
+                {"tool": "http.request", "args": {"url": url, "json": {"n": n}, "timeoutSeconds": 600}}
+                for n, url in enumerate(urls)
+            ]
+        },
+    )[0]
 
 
 def holder_pid(task: Task) -> int:
-    owner = wait_until(lambda: Task.objects.values_list("lease_owner", flat=True).get(id=task.id), timeout=30,
-                       what="a worker to hold the task")
+    owner = wait_until(
+        lambda: Task.objects.values_list("lease_owner", flat=True).get(id=task.id),
+        timeout=30,
+        what="a worker to hold the task",
+    )
     return int(owner.rsplit(":", 1)[1])
 
 
 def threads(pid: int) -> int:
-    return int(next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-                    if line.startswith("Threads:")).split()[1])
+    return int(
+        next(
+            line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("Threads:")
+        ).split()[1]
+    )
 
 
 def sockets(pid: int) -> int:
@@ -61,8 +75,9 @@ def test_a_step_stuck_in_a_ten_minute_call_is_killed_and_its_worker_runs_the_nex
     assert_killed(task.id, "runaway agent")  # at once: the command's own transaction ended it
     # The worker cut the call: the remote sees its caller hang up (not 10 minutes later).
     wait_until(lambda: sink.stats()["dropped"] == 1, timeout=30, what="the worker to drop the connection")
-    wait_until(lambda: "its step was cut and nothing of it committed" in processes.logs(), timeout=30,
-               what="the slice to end")
+    wait_until(
+        lambda: "its step was cut and nothing of it committed" in processes.logs(), timeout=30, what="the slice to end"
+    )
     entry = LedgerEntry.objects.get(task=task)
     assert entry.status == "unknown"  # it may have taken effect: reconciled before anything re-sends it
     assert not Task.objects.get(id=task.id).steps.exists()  # nothing of the step committed
@@ -75,8 +90,9 @@ def test_a_step_stuck_in_a_ten_minute_call_is_killed_and_its_worker_runs_the_nex
     assert sink.stats()["posts"] == 2 and Task.objects.get(id=task.id).status == "cancelled"
 
 
-def test_a_call_that_must_finish_completes_and_the_task_stops_right_after_it_once(alice, processes, settings,
-                                                                                  monkeypatch):
+def test_a_call_that_must_finish_completes_and_the_task_stops_right_after_it_once(
+    alice, processes, settings, monkeypatch
+):
     sink = Sink(processes)
     # http.request stands in for payment.create; every process reads the one Kill Policy.
     monkeypatch.setitem(settings.RUNTIME["kill"], "finish_first", ["http.request"])
@@ -110,13 +126,15 @@ def test_a_call_cut_by_a_kill_is_confirmed_by_a_person_before_a_redrive_can_send
     assert entry.status == "unknown"
 
     do_redrive_task(task.id, actor="admin:root", reason="the kill was a mistake")
-    question = wait_until(lambda: InputRequest.objects.filter(task=task, key=f"confirm-{entry.key}").first(),
-                          timeout=60, what="the redriven step to ask a person about the cut call")
+    question = wait_until(
+        lambda: InputRequest.objects.filter(task=task, key=f"confirm-{entry.key}").first(),
+        timeout=60,
+        what="the redriven step to ask a person about the cut call",
+    )
     assert Task.objects.get(id=task.id).status == "input_required"
     assert sink.stats()["posts"] == 1  # not re-sent blindly
 
-    answer = alice.client().post(f"/runtime/tasks/{task.id}/inputs/{question.key}", {"answer": "done"},
-                                 format="json")
+    answer = alice.client().post(f"/runtime/tasks/{task.id}/inputs/{question.key}", {"answer": "done"}, format="json")
     assert answer.status_code == 202, answer.content
     task = settled(task)
     assert task.status == "completed", task.error
@@ -140,15 +158,34 @@ def test_without_the_doorbell_the_lease_tells_the_worker_at_its_next_beat(alice,
 def test_a_kill_cuts_a_call_to_a_tool_on_a_remote_mcp_server_and_the_worker_goes_on(alice, processes):
     remote = Remote(processes)
     processes.worker(**FAST)
-    task = do_create_task(alice.tenant, actor="user:test", agent="tool_calls", input={"calls": [
-        {"tool": "mcp.call", "args": {"server": remote.mcp, "tool": "slow", "arguments": {"seconds": 600},
-                                      "timeoutSeconds": 600}}]})[0]
-    wait_until(lambda: remote.stats()["effects"].get("slow_started") == 1, timeout=60,
-               what="the remote tool to be running")
+    task = do_create_task(
+        alice.tenant,
+        actor="user:test",
+        agent="tool_calls",
+        input={
+            "calls": [
+                {
+                    "tool": "mcp.call",
+                    "args": {
+                        "server": remote.mcp,
+                        "tool": "slow",
+                        "arguments": {"seconds": 600},
+                        "timeoutSeconds": 600,
+                    },
+                }
+            ]
+        },
+    )[0]
+    wait_until(
+        lambda: remote.stats()["effects"].get("slow_started") == 1, timeout=60, what="the remote tool to be running"
+    )
     pid = holder_pid(task)
     assert kill(alice, task, reason="remote hung").status_code == 202
-    wait_until(lambda: "its step was cut and nothing of it committed" in processes.logs(), timeout=30,
-               what="the worker to cut the call (the SDK's event loop, in the slice's thread)")
+    wait_until(
+        lambda: "its step was cut and nothing of it committed" in processes.logs(),
+        timeout=30,
+        what="the worker to cut the call (the SDK's event loop, in the slice's thread)",
+    )
     assert LedgerEntry.objects.get(task=task).status == "unknown"  # mcp.call cannot be asked: a person confirms
 
     after = settled(do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 2})[0])
@@ -156,8 +193,9 @@ def test_a_kill_cuts_a_call_to_a_tool_on_a_remote_mcp_server_and_the_worker_goes
     assert remote.stats()["effects"].get("slow", 0) == 0
 
 
-def test_a_call_that_must_finish_and_fails_still_ends_the_task_killed_not_failed(alice, processes, settings,
-                                                                                 monkeypatch):
+def test_a_call_that_must_finish_and_fails_still_ends_the_task_killed_not_failed(
+    alice, processes, settings, monkeypatch
+):
     sink = Sink(processes)
     monkeypatch.setitem(settings.RUNTIME["kill"], "finish_first", ["http.request"])
     processes.worker(**FAST, KILL_FINISH_FIRST="http.request")
@@ -169,16 +207,18 @@ def test_a_call_that_must_finish_and_fails_still_ends_the_task_killed_not_failed
     assert answer.status_code == 202, answer.content
     assert answer.json()["status"] == "pending"  # waiting for the call to return, then stopping
 
-    wait_until(lambda: Task.objects.get(id=task.id).status in ("cancelled", "failed"), timeout=60,
-               what="the task to stop")
+    wait_until(
+        lambda: Task.objects.get(id=task.id).status in ("cancelled", "failed"), timeout=60, what="the task to stop"
+    )
     assert_killed(task.id, "wrong account")  # the accepted kill is what ended it, not the step's failure
     assert SteeringCommand.objects.get(task=task, type="kill").status == "applied"
     assert LedgerEntry.objects.get(task=task).status == "failed"  # the remote's refusal is recorded
     assert sink.stats()["posts"] == 1
 
 
-def test_a_must_finish_call_sent_again_after_reconciliation_is_waited_for_too(alice, processes, settings,
-                                                                              monkeypatch, tmp_path):
+def test_a_must_finish_call_sent_again_after_reconciliation_is_waited_for_too(
+    alice, processes, settings, monkeypatch, tmp_path
+):
     sink = Sink(processes)
     monkeypatch.setitem(settings.RUNTIME["kill"], "finish_first", ["http.request"])
     marker = tmp_path / "crashed"
@@ -186,9 +226,23 @@ def test_a_must_finish_call_sent_again_after_reconciliation_is_waited_for_too(al
     # asks the remote by key, hears "never happened", and sends the call (under the same key).
     processes.worker(**FAST, KILL_FINISH_FIRST="http.request", RUNTIME_FAULT_INJECTION=f"ledger:before_call:{marker}")
     processes.beat(**FAST)
-    task = do_create_task(alice.tenant, actor="user:test", agent="tool_calls", input={"calls": [
-        {"tool": "http.request", "args": {"url": f"{sink.url}/effects?hang=8", "json": {"n": 0},
-                                          "reconcileUrl": f"{sink.url}/effects/{{key}}"}}]})[0]
+    task = do_create_task(
+        alice.tenant,
+        actor="user:test",
+        agent="tool_calls",
+        input={
+            "calls": [
+                {
+                    "tool": "http.request",
+                    "args": {
+                        "url": f"{sink.url}/effects?hang=8",
+                        "json": {"n": 0},
+                        "reconcileUrl": f"{sink.url}/effects/{{key}}",
+                    },
+                }
+            ]
+        },
+    )[0]
     wait_until(lambda: sink.stats()["hanging"] == 1, timeout=90, what="the call to be in flight again")
     assert marker.exists()
 
@@ -203,7 +257,8 @@ def test_a_must_finish_call_sent_again_after_reconciliation_is_waited_for_too(al
 
 
 def test_a_kill_waiting_on_a_must_finish_call_of_a_frozen_worker_ends_the_task_when_its_lease_runs_out(
-        alice, processes, settings, monkeypatch):
+    alice, processes, settings, monkeypatch
+):
     import signal
 
     sink = Sink(processes)
@@ -215,13 +270,15 @@ def test_a_kill_waiting_on_a_must_finish_call_of_a_frozen_worker_ends_the_task_w
     assert kill(alice, task, reason="wrong account").json()["status"] == "pending"
     processes.kill(worker, signal.SIGSTOP)  # the only steps worker freezes: the call never returns to it
     # The reaper's own worker (maintenance queue only) is alive.
-    processes.start("maintenance", [sys.executable, "-m", *WORKER[:4], "-Q", "maintenance", *WORKER[6:], "1"],
-                    **FAST)
+    processes.start("maintenance", [sys.executable, "-m", *WORKER[:4], "-Q", "maintenance", *WORKER[6:], "1"], **FAST)
 
     # The kill waited for that worker; lost, it cannot stop the task: the reaper does, at once,
     # instead of handing a killed task to a next worker (there may be none) just to end it.
-    wait_until(lambda: Task.objects.get(id=task.id).status == "cancelled", timeout=30,
-               what="the killed task to end once its worker's lease ran out")
+    wait_until(
+        lambda: Task.objects.get(id=task.id).status == "cancelled",
+        timeout=30,
+        what="the killed task to end once its worker's lease ran out",
+    )
     assert_killed(task.id, "wrong account")
     assert LedgerEntry.objects.get(task=task).status == "unknown"  # in flight when lost: reconciled, never re-sent
     assert SteeringCommand.objects.get(task=task, type="kill").status == "applied"

@@ -22,8 +22,19 @@ FAST = {**FAST_LEASES, "RUNTIME_SLICE_STEPS": "8", "SECURITY_HTTP_ALLOWLIST": "1
 class Sink:
     def __init__(self, processes: Processes, fail_first: int = 0, delay_ms: int = 0) -> None:
         self.port = free_port()
-        processes.start("sink", [sys.executable, str(ROOT / "tests" / "sink.py"), "--port", str(self.port),
-                                 "--fail-first", str(fail_first), "--delay-ms", str(delay_ms)])
+        processes.start(
+            "sink",
+            [
+                sys.executable,
+                str(ROOT / "tests" / "sink.py"),
+                "--port",
+                str(self.port),
+                "--fail-first",
+                str(fail_first),
+                "--delay-ms",
+                str(delay_ms),
+            ],
+        )
         self.url = f"http://127.0.0.1:{self.port}"
         wait_until(lambda: answers(f"{self.url}/stats"), timeout=10, what="the sink")
 
@@ -31,8 +42,7 @@ class Sink:
         return httpx.get(f"{self.url}/stats", timeout=5).json()
 
 
-def webhook(alice, sink: Sink, *, count: int = 3, reconcile: bool = True, options: dict | None = None,
-            **extra) -> Task:
+def webhook(alice, sink: Sink, *, count: int = 3, reconcile: bool = True, options: dict | None = None, **extra) -> Task:
     """A webhook task; `options` go to do_create_task (policies, budget) so they hold from its first step."""
     payload = {"url": f"{sink.url}/effects", "payload": {"hello": "world"}, "count": count, **extra}
     if reconcile:
@@ -68,9 +78,16 @@ def test_a_remote_that_cannot_be_asked_gets_a_person_not_a_second_call(alice, pr
     snapshot = alice.client().get(f"/runtime/tasks/{task.id}").json()
     [request] = snapshot["inputRequests"]
     assert request["key"] == f"confirm-{entry.key}" and request["schema"] == {"enum": ["done", "not_done"]}
-    answer = alice.client().post(f"/runtime/tasks/{task.id}/steering", {
-        "commandId": "confirm-1", "type": "provide_input", "payload": {"key": request["key"], "answer": "done"},
-        "expectedVersion": snapshot["stateVersion"]}, format="json")
+    answer = alice.client().post(
+        f"/runtime/tasks/{task.id}/steering",
+        {
+            "commandId": "confirm-1",
+            "type": "provide_input",
+            "payload": {"key": request["key"], "answer": "done"},
+            "expectedVersion": snapshot["stateVersion"],
+        },
+        format="json",
+    )
     assert answer.status_code == 202, answer.content
     task = settled(task)
     assert task.status == "completed"
@@ -116,7 +133,8 @@ def test_denied_tools_and_hosts_off_the_allowlist_fail_clearly(alice, processes)
     processes.worker(**FAST)
     denied = settled(webhook(alice, sink, tool="shell.root"))
     assert denied.status == "failed" and "denied by policy" in denied.error["message"]
-    elsewhere = settled(do_create_task(alice.tenant, actor="user:test", agent="webhook",
-                                        input={"url": "http://localhost:9/effects"})[0])
+    elsewhere = settled(
+        do_create_task(alice.tenant, actor="user:test", agent="webhook", input={"url": "http://localhost:9/effects"})[0]
+    )
     assert elsewhere.status == "failed" and "not in security.http_allowlist" in elsewhere.error["message"]
     assert sink.stats()["posts"] == 0

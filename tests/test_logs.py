@@ -29,15 +29,27 @@ def test_a_workers_lines_carry_task_tenant_trace_and_worker_redacted(alice, proc
     receiver = OtlpReceiver()
     try:
         sink = Sink(processes, fail_first=1)  # the first call gets a 503: the ledger logs its retry
-        worker = processes.worker(**{**FAST, "RUNTIME_LOG_FORMAT": "json", "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
-                                     "OTEL_BSP_SCHEDULE_DELAY": "100"})
+        worker = processes.worker(
+            **{
+                **FAST,
+                "RUNTIME_LOG_FORMAT": "json",
+                "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
+                "OTEL_BSP_SCHEDULE_DELAY": "100",
+            }
+        )
         # The sink takes any path; the URL ends up in the retry's message.
         task = webhook(alice, sink, count=1, reconcile=False, url=f"{sink.url}/effects/{TOKEN}")
         assert settled(task).status == "completed"
-        retry = wait_until(lambda: next((line for line in lines(worker) if "retrying" in line["message"]), None),
-                           timeout=15, what="the retry's log line")
-        step = wait_until(lambda: next((s for s in receiver.spans if s["name"] == "step notify-1"), None),
-                          timeout=30, what="the step's span")
+        retry = wait_until(
+            lambda: next((line for line in lines(worker) if "retrying" in line["message"]), None),
+            timeout=15,
+            what="the retry's log line",
+        )
+        step = wait_until(
+            lambda: next((s for s in receiver.spans if s["name"] == "step notify-1"), None),
+            timeout=30,
+            what="the step's span",
+        )
     finally:
         receiver.close()
     assert TOKEN not in Path(worker.log_path).read_text()
@@ -53,8 +65,11 @@ def test_the_web_process_writes_json_lines_too(processes: Processes):
     port = free_port()
     web = processes.web(port, RUNTIME_LOG_FORMAT="json")
     assert httpx.get(f"http://127.0.0.1:{port}/runtime/tasks/nope", timeout=10).status_code in (401, 404)
-    access = wait_until(lambda: [line for line in lines(web) if line["logger"] == "uvicorn.access"],
-                        timeout=15, what="uvicorn's access lines")
+    access = wait_until(
+        lambda: [line for line in lines(web) if line["logger"] == "uvicorn.access"],
+        timeout=15,
+        what="uvicorn's access lines",
+    )
     assert any("/healthz" in line["message"] for line in access)
 
 
@@ -67,7 +82,10 @@ def test_a_secret_in_a_urls_query_or_credentials_never_reaches_a_log(alice, proc
     url = sink.url.replace("http://", f"http://ops:{secret}@") + f"/effects?api_key={secret}&page=2"
     task = webhook(alice, sink, count=1, reconcile=False, url=url)
     assert settled(task).status == "completed"
-    retry = wait_until(lambda: next((line for line in lines(worker) if "retrying" in line["message"]), None),
-                       timeout=15, what="the retry's log line")
+    retry = wait_until(
+        lambda: next((line for line in lines(worker) if "retrying" in line["message"]), None),
+        timeout=15,
+        what="the retry's log line",
+    )
     assert secret not in Path(worker.log_path).read_text()
     assert "api_key=***" in retry["message"] and "page=2" in retry["message"], retry["message"]

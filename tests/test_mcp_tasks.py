@@ -9,9 +9,9 @@ from itertools import pairwise
 
 import httpx
 import jsonschema
+import pytest
 from asgiref.sync import sync_to_async
 from django.db import connection
-import pytest
 from mcp.shared.exceptions import MCPError
 
 from conftest import Processes, free_port, wait_until
@@ -77,8 +77,14 @@ def test_sdk_multi_input_partial_update_keeps_the_task_waiting(live, alice):
             tid = created.task_id
             task = await wait_status(c.session, tid, "input_required")
             assert set(task["inputRequests"]) == {"first", "second"}
-            await mc.update_task(c.session, tid, {"first": {"action": "accept", "content": {"confirm": True}},
-                                                 "nope": {"action": "accept", "content": {}}})
+            await mc.update_task(
+                c.session,
+                tid,
+                {
+                    "first": {"action": "accept", "content": {"confirm": True}},
+                    "nope": {"action": "accept", "content": {}},
+                },
+            )
             task = await wait_for(c.session, tid, lambda t: set(t.get("inputRequests", {})) == {"second"})
             assert task["status"] == "input_required"
             await mc.update_task(c.session, tid, {"second": {"action": "accept", "content": {"confirm": False}}})
@@ -168,8 +174,9 @@ def test_steering_tools_go_through_do_enqueue_command(live, alice):
             assert stale.is_error and "version conflict" in stale.content[0].text
             await wait_for(c.session, tid, lambda t: "paused" in t.get("statusMessage", ""), timeout=15)
             version = await state_version(tid)
-            cancelled = await c.call_tool("cancel_task", {"taskId": tid, "expectedVersion": version,
-                                                          "reason": "not needed"})
+            cancelled = await c.call_tool(
+                "cancel_task", {"taskId": tid, "expectedVersion": version, "reason": "not needed"}
+            )
             assert not cancelled.is_error, cancelled
             final = await mc.poll(c.session, tid, timeout=15)
             assert final["status"] == "cancelled"
@@ -179,7 +186,9 @@ def test_steering_tools_go_through_do_enqueue_command(live, alice):
     task = Task.objects.get(id=tid)
     assert task.cancel_reason == "not needed"
     assert list(task.steering_commands.order_by("version").values_list("type", "status")) == [
-        ("pause", "applied"), ("cancel", "applied")]
+        ("pause", "applied"),
+        ("cancel", "applied"),
+    ]
 
 
 def test_the_kill_tool_stops_a_running_task_at_once_and_answers_with_the_kill_policy(live, alice):
@@ -191,8 +200,7 @@ def test_the_kill_tool_stops_a_running_task_at_once_and_answers_with_the_kill_po
             version = await state_version(tid)
             no_reason = await c.call_tool("kill_task", {"taskId": tid, "expectedVersion": version})
             assert no_reason.is_error and "reason" in no_reason.content[0].text
-            killed = await c.call_tool("kill_task", {"taskId": tid, "expectedVersion": version,
-                                                     "reason": "runaway"})
+            killed = await c.call_tool("kill_task", {"taskId": tid, "expectedVersion": version, "reason": "runaway"})
             assert not killed.is_error, killed
             assert killed.structured_content["runtimeStatus"] == "cancelled"  # not at the next safe point
             assert "payment.create" in killed.structured_content["killPolicy"]["finishFirst"]
@@ -229,16 +237,30 @@ async def wait_status(session, task_id: str, status: str) -> dict:
 
 
 def test_fixture_agents_are_registered_with_valid_schemas():
-    for name in ("greet", "slow_compute", "failing_job", "protocol_error_job", "confirm_delete", "multi_input",
-                 "test_tool_with_task", "test_missing_capability", "test_streaming_elicitation",
-                 "test_logging_tool"):
+    for name in (
+        "greet",
+        "slow_compute",
+        "failing_job",
+        "protocol_error_job",
+        "confirm_delete",
+        "multi_input",
+        "test_tool_with_task",
+        "test_missing_capability",
+        "test_streaming_elicitation",
+        "test_logging_tool",
+    ):
         agent = get_agent(name)
         jsonschema.Draft202012Validator.check_schema(agent.output_schema)
 
 
 def modern_headers(token: str, method: str, name: str | None = None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream",
-            "MCP-Protocol-Version": "2026-07-28", "Mcp-Method": method, **({"Mcp-Name": name} if name else {})}
+    return {
+        "Authorization": f"Bearer {token}",
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": "2026-07-28",
+        "Mcp-Method": method,
+        **({"Mcp-Name": name} if name else {}),
+    }
 
 
 def modern_body(request_id: int, method: str, params: dict, *, tasks: bool = True) -> dict:
@@ -251,33 +273,51 @@ def test_listen_pushes_each_status_change_of_the_callers_tasks(live, alice, mall
     """subscriptions/listen with notifications.taskIds (raw httpx: the SDK's listen() has no
     taskIds): the ack names the accepted tasks, then notifications/tasks carries the full
     DetailedTask on each change, until every subscribed task is terminal."""
+
     def call(method: str, params: dict, name: str | None = None) -> dict:
-        answer = httpx.post(live, json=modern_body(1, method, params), headers=modern_headers(alice.token, method, name),
-                            timeout=30)
+        answer = httpx.post(
+            live, json=modern_body(1, method, params), headers=modern_headers(alice.token, method, name), timeout=30
+        )
         assert answer.status_code == 200, answer.content
         return answer.json()["result"]
 
-    task_id = call("tools/call", {"name": "confirm_delete", "arguments": {"filename": "l.txt"}}, "confirm_delete")["taskId"]
+    task_id = call("tools/call", {"name": "confirm_delete", "arguments": {"filename": "l.txt"}}, "confirm_delete")[
+        "taskId"
+    ]
     theirs = Task.objects.create(tenant=mallory.tenant, created_by="user:0", agent="noop", input={"steps": 1})
-    stream = PostStream(live, modern_body(41, "subscriptions/listen", {"notifications": {
-        "taskIds": [task_id, str(theirs.id), "not-a-task"], "toolsListChanged": True}}),
-        modern_headers(alice.token, "subscriptions/listen"))
+    stream = PostStream(
+        live,
+        modern_body(
+            41,
+            "subscriptions/listen",
+            {"notifications": {"taskIds": [task_id, str(theirs.id), "not-a-task"], "toolsListChanged": True}},
+        ),
+        modern_headers(alice.token, "subscriptions/listen"),
+    )
     wait_until(lambda: stream.messages, timeout=20, what="the listen acknowledgement")
     ack = stream.messages[0]
     assert ack["method"] == "notifications/subscriptions/acknowledged"
-    assert ack["params"] == {"notifications": {"taskIds": [task_id]},  # never another tenant's task
-                             "_meta": {"io.modelcontextprotocol/subscriptionId": 41}}
+    assert ack["params"] == {
+        "notifications": {"taskIds": [task_id]},  # never another tenant's task
+        "_meta": {"io.modelcontextprotocol/subscriptionId": 41},
+    }
 
     def pushed() -> list[dict]:
         return [m["params"] for m in stream.messages if m.get("method") == "notifications/tasks"]
 
-    asking = wait_until(lambda: next((t for t in pushed() if t["status"] == "input_required"), None), timeout=30,
-                        what="a notifications/tasks with input_required")
+    asking = wait_until(
+        lambda: next((t for t in pushed() if t["status"] == "input_required"), None),
+        timeout=30,
+        what="a notifications/tasks with input_required",
+    )
     key = next(iter(asking["inputRequests"]))
     assert asking["inputRequests"][key]["method"] == "elicitation/create"
     assert asking["_meta"] == {"io.modelcontextprotocol/subscriptionId": 41}
-    call("tasks/update", {"taskId": task_id, "inputResponses": {key: {"action": "accept", "content": {"confirm": True}}}},
-         task_id)
+    call(
+        "tasks/update",
+        {"taskId": task_id, "inputResponses": {key: {"action": "accept", "content": {"confirm": True}}}},
+        task_id,
+    )
     wait_until(lambda: stream.closed, timeout=30, what="the listen stream to end once the task is terminal")
     statuses = [t["status"] for t in pushed()]
     assert statuses[-1] == "completed" and "input_required" in statuses
@@ -292,8 +332,12 @@ def test_listen_pushes_each_status_change_of_the_callers_tasks(live, alice, mall
 
 
 def test_listen_for_tasks_needs_the_extension(live, alice):
-    answer = httpx.post(live, json=modern_body(5, "subscriptions/listen", {"notifications": {"taskIds": []}}, tasks=False),
-                        headers=modern_headers(alice.token, "subscriptions/listen"), timeout=30)
+    answer = httpx.post(
+        live,
+        json=modern_body(5, "subscriptions/listen", {"notifications": {"taskIds": []}}, tasks=False),
+        headers=modern_headers(alice.token, "subscriptions/listen"),
+        timeout=30,
+    )
     assert answer.status_code == 400
     assert answer.json()["error"]["code"] == -32021
     assert answer.json()["error"]["data"] == {"requiredCapabilities": {"extensions": {mc.TASKS: {}}}}

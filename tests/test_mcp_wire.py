@@ -14,8 +14,10 @@ from mcp_server.protocol import MODERN, TASKS_EXT
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-META = {"io.modelcontextprotocol/protocolVersion": MODERN,
-        "io.modelcontextprotocol/clientCapabilities": {"extensions": {TASKS_EXT: {}}}}
+META = {
+    "io.modelcontextprotocol/protocolVersion": MODERN,
+    "io.modelcontextprotocol/clientCapabilities": {"extensions": {TASKS_EXT: {}}},
+}
 
 
 def post(token: str | None, body: Any, *, raw: bytes | None = None, **headers: str):
@@ -31,8 +33,9 @@ def modern(token: str | None, method: str, params: dict | None = None, *, name: 
     hdrs = {"MCP-Protocol-Version": MODERN, "Mcp-Method": method, **headers}
     if name is not None:
         hdrs["Mcp-Name"] = name
-    return post(token, {"jsonrpc": "2.0", "id": 7, "method": method, "params": {"_meta": META, **(params or {})}},
-                **hdrs)
+    return post(
+        token, {"jsonrpc": "2.0", "id": 7, "method": method, "params": {"_meta": META, **(params or {})}}, **hdrs
+    )
 
 
 def error_of(response) -> int:
@@ -67,20 +70,34 @@ def test_modern_wire_validation(alice):
         response = modern(alice.token, removed)
         assert (response.status_code, error_of(response)) == (404, -32601), removed
     # missing _meta, or a required key of it
-    response = post(alice.token, {"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
-                    **{"MCP-Protocol-Version": MODERN, "Mcp-Method": "tools/list"})
+    response = post(
+        alice.token,
+        {"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+        **{"MCP-Protocol-Version": MODERN, "Mcp-Method": "tools/list"},
+    )
     assert (response.status_code, error_of(response)) == (400, -32602)
-    response = post(alice.token, {"jsonrpc": "2.0", "id": 1, "method": "tools/list",
-                                  "params": {"_meta": {"io.modelcontextprotocol/protocolVersion": MODERN}}},
-                    **{"MCP-Protocol-Version": MODERN, "Mcp-Method": "tools/list"})
+    response = post(
+        alice.token,
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "tools/list",
+            "params": {"_meta": {"io.modelcontextprotocol/protocolVersion": MODERN}},
+        },
+        **{"MCP-Protocol-Version": MODERN, "Mcp-Method": "tools/list"},
+    )
     assert (response.status_code, error_of(response)) == (400, -32602)
     # headers that disagree with the body
     assert error_of(modern(alice.token, "tools/list", **{"Mcp-Method": "tools/call"})) == -32020
     assert error_of(modern(alice.token, "tasks/get", {"taskId": "a"}, name="b")) == -32020
     assert error_of(modern(alice.token, "tasks/get", {"taskId": "a"})) == -32020
     # an unsupported version in header and body
-    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": {
-        **META, "io.modelcontextprotocol/protocolVersion": "2099-01-01"}}}
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/list",
+        "params": {"_meta": {**META, "io.modelcontextprotocol/protocolVersion": "2099-01-01"}},
+    }
     response = post(alice.token, body, **{"MCP-Protocol-Version": "2099-01-01", "Mcp-Method": "tools/list"})
     assert (response.status_code, error_of(response)) == (400, -32022)
     assert response.json()["error"]["data"] == {"supported": [MODERN], "requested": "2099-01-01"}
@@ -103,8 +120,11 @@ def test_discover_and_lists_are_cacheable_with_result_type(alice):
 
 
 def test_notifications_are_accepted_with_202(alice):
-    response = post(alice.token, {"jsonrpc": "2.0", "method": "notifications/initialized", "params": {"_meta": META}},
-                    **{"MCP-Protocol-Version": MODERN, "Mcp-Method": "notifications/initialized"})
+    response = post(
+        alice.token,
+        {"jsonrpc": "2.0", "method": "notifications/initialized", "params": {"_meta": META}},
+        **{"MCP-Protocol-Version": MODERN, "Mcp-Method": "notifications/initialized"},
+    )
     assert response.status_code == 202 and response.content == b""
 
 
@@ -119,8 +139,9 @@ def test_authentication_is_required_on_every_method(alice):
 def test_a_viewer_may_read_but_not_start_or_cancel(victor):
     listed = modern(victor.token, "tools/list")
     assert listed.status_code == 200
-    started = modern(victor.token, "tools/call", {"name": "slow_compute", "arguments": {"seconds": 1}},
-                     name="slow_compute").json()["result"]
+    started = modern(
+        victor.token, "tools/call", {"name": "slow_compute", "arguments": {"seconds": 1}}, name="slow_compute"
+    ).json()["result"]
     assert started["isError"] is True and "operator" in started["content"][0]["text"]
 
 
@@ -129,8 +150,13 @@ def test_origin_and_host_guard_against_dns_rebinding(alice):
     assert modern(alice.token, "server/discover", Origin="http://localhost:5173").status_code == 200
     assert modern(alice.token, "server/discover", Origin="http://127.0.0.1").status_code == 200
     # authenticated, so only the Host can be what refuses it
-    response = Client().post("/mcp", data="{}", content_type="application/json", HTTP_HOST="evil.example.com",
-                             headers={"Authorization": f"Bearer {alice.token}"})
+    response = Client().post(
+        "/mcp",
+        data="{}",
+        content_type="application/json",
+        HTTP_HOST="evil.example.com",
+        headers={"Authorization": f"Bearer {alice.token}"},
+    )
     assert response.status_code == 400
 
 
@@ -145,6 +171,7 @@ def test_unknown_tool_and_bad_arguments(alice):
     assert (response.status_code, error_of(response)) == (400, -32602)
     response = modern(alice.token, "tools/call", {"name": "greet", "arguments": 3}, name="greet")
     assert (response.status_code, error_of(response)) == (400, -32602)
-    bad = modern(alice.token, "tools/call", {"name": "slow_compute", "arguments": {"seconds": -1}},
-                 name="slow_compute").json()["result"]
+    bad = modern(
+        alice.token, "tools/call", {"name": "slow_compute", "arguments": {"seconds": -1}}, name="slow_compute"
+    ).json()["result"]
     assert bad["isError"] is True and bad["resultType"] == "complete"

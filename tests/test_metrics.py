@@ -22,8 +22,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def noop(persona, *, steps: int, priority: int = 5, **extra) -> Task:
-    return do_create_task(persona.tenant, actor="user:test", agent="noop", input={"steps": steps, **extra},
-                          priority=priority)[0]
+    return do_create_task(
+        persona.tenant, actor="user:test", agent="noop", input={"steps": steps, **extra}, priority=priority
+    )[0]
 
 
 def scrape(url: str) -> dict[tuple[str, frozenset], float]:
@@ -31,8 +32,11 @@ def scrape(url: str) -> dict[tuple[str, frozenset], float]:
     response = httpx.get(url, timeout=15)
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain; version=")
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(response.text) for s in family.samples}
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(response.text)
+        for s in family.samples
+    }
 
 
 def value(samples: dict, name: str, **labels: str) -> float | None:
@@ -53,9 +57,17 @@ def test_the_web_process_reports_tasks_inputs_effects_queues_streams_and_its_poo
     Task.objects.filter(id=lost.id).update(updated_at=timezone.now() - timedelta(minutes=5))
     for status, n in (("unknown", 1), ("pending", 2)):
         for i in range(n):
-            LedgerEntry.objects.create(tenant=alice.tenant, task=held, step_sequence=1, call_index=i, tool="x",
-                                       key=f"{held.id}:{status}:{i}", fingerprint="f", status=status,
-                                       lease_epoch=1)
+            LedgerEntry.objects.create(
+                tenant=alice.tenant,
+                task=held,
+                step_sequence=1,
+                call_index=i,
+                tool="x",
+                key=f"{held.id}:{status}:{i}",
+                fingerprint="f",
+                status=status,
+                lease_epoch=1,
+            )
     stream = SseClient(f"http://127.0.0.1:{port}/runtime/tasks/{queued.id}/events", alice.token)
     wait_until(lambda: stream.of("task.snapshot"), timeout=15, what="the stream to open")
 
@@ -94,8 +106,9 @@ def test_a_worker_serves_what_its_pool_processes_counted(alice, processes: Proce
     # A worker vanished mid-slice: the lease expired, and only the reaper may hand the task on
     # (its creation message is gone, so no worker claims it first).
     orphan = noop(alice, steps=1)
-    Task.objects.filter(id=orphan.id).update(status="working", lease_owner="gone:1", lease_epoch=1,
-                                             lease_expires_at=timezone.now() - timedelta(seconds=5))
+    Task.objects.filter(id=orphan.id).update(
+        status="working", lease_owner="gone:1", lease_epoch=1, lease_expires_at=timezone.now() - timedelta(seconds=5)
+    )
     purge_queues()
     sink = Sink(processes)
     port = free_port()
@@ -131,11 +144,17 @@ def test_alerts_and_the_dashboard_use_only_metrics_we_export():
     rules = yaml.safe_load((ROOT / "deploy" / "prometheus" / "alerts.yml").read_text())["groups"][0]["rules"]
     panels = json.loads((ROOT / "deploy" / "grafana" / "dashboards" / "runtime.json").read_text())["panels"]
     expressions = [r["expr"] for r in rules] + [t["expr"] for p in panels for t in p["targets"]]
-    used = {re.sub(r"_(bucket|count|sum)$", "", name) for e in expressions for name in re.findall(r"runtime_[a-z_]+", e)}
+    used = {
+        re.sub(r"_(bucket|count|sum)$", "", name) for e in expressions for name in re.findall(r"runtime_[a-z_]+", e)
+    }
     assert used and used <= exported, used - exported
-    assert {"runtime_dead_letters", "runtime_tasks_recovering_oldest_age_seconds", "runtime_ledger_entries",
-            "runtime_queue_oldest_message_age_seconds", "runtime_recoveries_total"} <= {
-        name for r in rules for name in re.findall(r"runtime_[a-z_]+", r["expr"])}
+    assert {
+        "runtime_dead_letters",
+        "runtime_tasks_recovering_oldest_age_seconds",
+        "runtime_ledger_entries",
+        "runtime_queue_oldest_message_age_seconds",
+        "runtime_recoveries_total",
+    } <= {name for r in rules for name in re.findall(r"runtime_[a-z_]+", r["expr"])}
     for rule in rules:
         assert rule["labels"]["severity"] in ("warning", "critical") and rule["annotations"]["description"]
 
@@ -147,8 +166,9 @@ def test_a_task_recovering_for_long_shows_its_age_although_the_scanner_re_rings_
     from tasks_app.models import AuditRecord
 
     lost = noop(alice, steps=1)
-    Task.objects.filter(id=lost.id).update(status="working", lease_owner="gone:1", lease_epoch=1,
-                                           lease_expires_at=timezone.now() - timedelta(seconds=5))
+    Task.objects.filter(id=lost.id).update(
+        status="working", lease_owner="gone:1", lease_epoch=1, lease_expires_at=timezone.now() - timedelta(seconds=5)
+    )
     assert operators.do_mark_recovering(lost.id, actor="system:reaper").status == "recovering"
     purge_queues()  # no worker consumes the steps queue
     long_ago = timezone.now() - timedelta(minutes=20)

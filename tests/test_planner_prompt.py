@@ -25,10 +25,16 @@ def test_done_steps_survive_a_new_plan():
 
 def test_malformed_calls_are_named():
     entries = catalog.OWN
-    calls, problems = PlannerAgent._check(entries, [
-        {"name": "nope", "arguments": "{}"}, {"name": "finish", "arguments": "{bad"},
-        {"name": "finish", "arguments": "[]"}, {"name": "finish", "arguments": {"answer": 3}},
-        {"name": "finish", "arguments": '{"answer": "ok"}'}])
+    calls, problems = PlannerAgent._check(
+        entries,
+        [
+            {"name": "nope", "arguments": "{}"},
+            {"name": "finish", "arguments": "{bad"},
+            {"name": "finish", "arguments": "[]"},
+            {"name": "finish", "arguments": {"answer": 3}},
+            {"name": "finish", "arguments": '{"answer": "ok"}'},
+        ],
+    )
     assert calls == [{"name": "finish", "arguments": {"answer": "ok"}}]
     assert len(problems) == 4 and "not one of the offered tools" in problems[0] and "not JSON" in problems[1]
 

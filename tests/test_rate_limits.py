@@ -15,8 +15,8 @@ import pytest
 from django.test import Client
 
 from conftest import make_persona
-from runtime_site import ratelimit
 from mcp_server.protocol import MODERN, TASKS_EXT
+from runtime_site import ratelimit
 from tasks_app.models import Task
 from tasks_app.tests.test_engine import new_task
 
@@ -34,8 +34,11 @@ def fresh_limiter() -> Iterator[None]:
 
 
 def limit(settings, **values: int) -> None:
-    limits = {"window_seconds": LONG_WINDOW, **{f"{s}_per_{w}": 0 for s in ratelimit.SURFACES
-                                                 for w in ("key", "tenant")}, **values}
+    limits = {
+        "window_seconds": LONG_WINDOW,
+        **{f"{s}_per_{w}": 0 for s in ratelimit.SURFACES for w in ("key", "tenant")},
+        **values,
+    }
     settings.RUNTIME = {**settings.RUNTIME, "limits": {**settings.RUNTIME["limits"], **limits}}
 
 
@@ -44,12 +47,22 @@ def rest(token: str, path: str = "/runtime/tasks"):
 
 
 def mcp(token: str):
-    meta = {"io.modelcontextprotocol/protocolVersion": MODERN,
-            "io.modelcontextprotocol/clientCapabilities": {"extensions": {TASKS_EXT: {}}}}
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": MODERN,
+        "io.modelcontextprotocol/clientCapabilities": {"extensions": {TASKS_EXT: {}}},
+    }
     body = {"jsonrpc": "2.0", "id": 9, "method": "tools/list", "params": {"_meta": meta}}
-    return Client().post("/mcp", data=json.dumps(body), content_type="application/json",
-                         headers={"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream",
-                                  "MCP-Protocol-Version": MODERN, "Mcp-Method": "tools/list"})
+    return Client().post(
+        "/mcp",
+        data=json.dumps(body),
+        content_type="application/json",
+        headers={
+            "Authorization": f"Bearer {token}",
+            "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": MODERN,
+            "Mcp-Method": "tools/list",
+        },
+    )
 
 
 def sse(token: str, task: Task):

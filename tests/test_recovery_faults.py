@@ -44,22 +44,34 @@ class Watcher:
 def test_a_worker_killed_twice_inside_the_same_steps_before_a_checkpoint_completes(alice, processes: Processes):
     processes.beat(**FAST)
     worker = processes.worker(**FAST)
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 24, "sleepMs": 500},
-                             checkpoint_policy={"everySteps": 10})
+    task, _ = do_create_task(
+        alice.tenant,
+        actor="user:test",
+        agent="noop",
+        input={"steps": 24, "sleepMs": 500},
+        checkpoint_policy={"everySteps": 10},
+    )
     watch = Watcher(task)
     wait_until(lambda: watch.now()["stepsDone"] >= 14, timeout=60, what="14 steps (checkpoint at 10)")
     processes.kill(worker)  # SIGKILL mid-step: 11..14 were committed after the checkpoint
     high = Task.objects.get(id=task.id).steps_done
 
     worker = processes.worker(**FAST)  # resumes from checkpoint 10 and re-runs 11, 12 ...
-    wait_until(lambda: watch.now() and Step.objects.filter(task=task, sequence=12, attempt=2).exists(),
-               timeout=60, interval=0.05, what="the re-run to reach step 12")
+    wait_until(
+        lambda: watch.now() and Step.objects.filter(task=task, sequence=12, attempt=2).exists(),
+        timeout=60,
+        interval=0.05,
+        what="the re-run to reach step 12",
+    )
     processes.kill(worker)  # ... and dies again inside the same range
     assert not Step.objects.filter(task=task, sequence=high, attempt=2).exists(), "the second kill came too late"
 
     processes.worker(**FAST)
-    wait_until(lambda: watch.now()["runtimeStatus"] in ("completed", "failed", "dead_lettered"), timeout=120,
-               what="the task to end")
+    wait_until(
+        lambda: watch.now()["runtimeStatus"] in ("completed", "failed", "dead_lettered"),
+        timeout=120,
+        what="the task to end",
+    )
     task.refresh_from_db()
     assert task.status == "completed", task.error
     assert task.result == {"steps": 24} and task.recoveries == 2
@@ -78,8 +90,11 @@ def test_a_worker_killed_twice_inside_the_same_steps_before_a_checkpoint_complet
 def terminate_backends(application_name: str) -> int:
     """pg_terminate_backend on the connections of one process kind, in this test's database only."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                       "WHERE datname = current_database() AND application_name = %s", [application_name])
+        cursor.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND application_name = %s",
+            [application_name],
+        )
         return cursor.fetchone()[0]
 
 
@@ -101,8 +116,9 @@ def test_database_connections_cut_mid_call_delay_the_task_and_never_fail_it(alic
         wait_until(lambda at=at: past(task, at), timeout=60, what=f"{at} steps")
         assert not Task.objects.get(id=task.id).is_terminal, Task.objects.get(id=task.id).error  # not by the cut
         # (Between slices, and backing off after a fault, the worker holds no connection.)
-        wait_until(lambda: terminate_backends("rt-fault-worker"), timeout=30, interval=0.05,
-                   what="a worker connection to cut")
+        wait_until(
+            lambda: terminate_backends("rt-fault-worker"), timeout=30, interval=0.05, what="a worker connection to cut"
+        )
 
     task = settled(task)
     assert task.status == "completed", task.error
@@ -128,8 +144,11 @@ def test_a_cancel_right_after_a_pause_during_a_long_step_cancels_the_task(live, 
         response = api.http.post(f"/runtime/tasks/{task_id}/cancel", json={"reason": "stop it"})
         assert response.status_code == 202 and response.json()["cancelRequested"] is True
     # The worker applies both at its safe point; the pause must not swallow the cancel.
-    wait_until(lambda: api.snapshot(task_id)["runtimeStatus"] in ("cancelled", "paused"), timeout=30,
-               what="the commands to land")
+    wait_until(
+        lambda: api.snapshot(task_id)["runtimeStatus"] in ("cancelled", "paused"),
+        timeout=30,
+        what="the commands to land",
+    )
     snapshot = api.snapshot(task_id)
     assert (snapshot["status"], snapshot["runtimeStatus"]) == ("cancelled", "cancelled")
     task = Task.objects.get(id=task_id)

@@ -16,15 +16,28 @@ from tasks_app.models import Task
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-FAST = {**FAST_LEASES, "RUNTIME_STALL_SECONDS": "2", "SECURITY_HTTP_ALLOWLIST": "127.0.0.1",
-        "TOOLS_REMOTE_WAIT_SECONDS": "1", "TOOLS_REMOTE_POLL_SECONDS": "0.5"}
+FAST = {
+    **FAST_LEASES,
+    "RUNTIME_STALL_SECONDS": "2",
+    "SECURITY_HTTP_ALLOWLIST": "127.0.0.1",
+    "TOOLS_REMOTE_WAIT_SECONDS": "1",
+    "TOOLS_REMOTE_POLL_SECONDS": "0.5",
+}
 
 
 class Remote:
     def __init__(self, processes: Processes, token: str | None = None) -> None:
         port = free_port()
-        processes.start("mcp-remote", [sys.executable, str(ROOT / "tests" / "mcp_remote.py"), "--port", str(port),
-                                       *(["--token", token] if token else [])])
+        processes.start(
+            "mcp-remote",
+            [
+                sys.executable,
+                str(ROOT / "tests" / "mcp_remote.py"),
+                "--port",
+                str(port),
+                *(["--token", token] if token else []),
+            ],
+        )
         self.url = f"http://127.0.0.1:{port}"
         self.mcp = f"{self.url}/mcp"
         wait_until(lambda: answers(f"{self.url}/stats"), timeout=20, what="the remote MCP server")
@@ -34,16 +47,20 @@ class Remote:
 
 
 def calls(alice, remote: Remote, *tool_calls: tuple[str, dict]) -> Task:
-    payload = {"calls": [{"tool": "mcp.call", "args": {"server": remote.mcp, "tool": name, **args}}
-                         for name, args in tool_calls]}
+    payload = {
+        "calls": [
+            {"tool": "mcp.call", "args": {"server": remote.mcp, "tool": name, **args}} for name, args in tool_calls
+        ]
+    }
     return do_create_task(alice.tenant, actor="user:test", agent="tool_calls", input=payload)[0]
 
 
 def test_remote_tools_are_called_once_each_and_their_results_kept(alice, processes):
     remote = Remote(processes)
     processes.worker(**FAST)
-    task = settled(calls(alice, remote, ("record", {"arguments": {"text": "a"}}),
-                         ("record", {"arguments": {"text": "b"}})))
+    task = settled(
+        calls(alice, remote, ("record", {"arguments": {"text": "a"}}), ("record", {"arguments": {"text": "b"}}))
+    )
     assert task.status == "completed", task.error
     assert [r["structuredContent"]["result"] for r in task.result["results"]] == ["recorded a", "recorded b"]
     assert remote.stats()["effects"] == {"record": 2}
@@ -55,11 +72,17 @@ def test_a_remote_task_is_polled_to_completion_across_a_worker_restart(alice, pr
     worker = processes.worker(**FAST)
     processes.beat(**FAST)
     task = calls(alice, remote, ("long_job", {"arguments": {"seconds": 6, "label": "report"}}))
-    entry = wait_until(lambda: LedgerEntry.objects.filter(task=task, status="pending").first(), timeout=30,
-                       what="the remote task id in the ledger")
+    entry = wait_until(
+        lambda: LedgerEntry.objects.filter(task=task, status="pending").first(),
+        timeout=30,
+        what="the remote task id in the ledger",
+    )
     assert entry.remote_ref and remote.stats()["tasks"] == 1
-    wait_until(lambda: "remote task" in Task.objects.get(id=task.id).status_message, timeout=10,
-               what="the wait to show in the status message")
+    wait_until(
+        lambda: "remote task" in Task.objects.get(id=task.id).status_message,
+        timeout=10,
+        what="the wait to show in the status message",
+    )
     processes.kill(worker)  # kill -9, while the remote task is still running
     assert remote.stats()["polls"].get(entry.remote_ref, 0) >= 1
     processes.worker(**FAST)
@@ -97,9 +120,16 @@ def test_a_remote_call_interrupted_before_its_answer_was_kept_asks_a_person(alic
     snapshot = alice.client().get(f"/runtime/tasks/{task.id}").json()
     [request] = snapshot["inputRequests"]
     assert request["key"] == f"confirm-{entry.key}"
-    answer = alice.client().post(f"/runtime/tasks/{task.id}/steering", {
-        "commandId": "confirm-1", "type": "provide_input", "payload": {"key": request["key"], "answer": "done"},
-        "expectedVersion": snapshot["stateVersion"]}, format="json")
+    answer = alice.client().post(
+        f"/runtime/tasks/{task.id}/steering",
+        {
+            "commandId": "confirm-1",
+            "type": "provide_input",
+            "payload": {"key": request["key"], "answer": "done"},
+            "expectedVersion": snapshot["stateVersion"],
+        },
+        format="json",
+    )
     assert answer.status_code == 202, answer.content
     task = settled(task)
     assert task.status == "completed"

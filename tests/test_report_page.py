@@ -20,10 +20,13 @@ def test_a_person_opens_the_reviews_report_and_sees_its_risk_chart(page, process
 
     alice = person("acme", "alice", "admin")
     task = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 1})[0]
-    ref = blob_store().put(f"tasks/{task.id}/artifacts/report.md", b"# Risk report\n\n2 high-risk contracts.\n",
-                           "text/markdown")
-    Task.objects.filter(id=task.id).update(status="completed", result={
-        "documentsReviewed": 10, "byLevel": {"low": 6, "medium": 2, "high": 2}, "report": {"markdown": ref}})
+    ref = blob_store().put(
+        f"tasks/{task.id}/artifacts/report.md", b"# Risk report\n\n2 high-risk contracts.\n", "text/markdown"
+    )
+    Task.objects.filter(id=task.id).update(
+        status="completed",
+        result={"documentsReviewed": 10, "byLevel": {"low": 6, "medium": 2, "high": 2}, "report": {"markdown": ref}},
+    )
     port = free_port()
     processes.web(port)
     base = f"http://127.0.0.1:{port}"
@@ -32,8 +35,10 @@ def test_a_person_opens_the_reviews_report_and_sees_its_risk_chart(page, process
 
     chart = page.get_by_test_id("risk-chart")
     expect(chart).to_be_visible()
-    widths = {level: float(page.get_by_test_id(f"risk-bar-{level}").get_attribute("width"))
-              for level in ("low", "medium", "high")}
+    widths = {
+        level: float(page.get_by_test_id(f"risk-bar-{level}").get_attribute("width"))
+        for level in ("low", "medium", "high")
+    }
     assert widths["low"] == 220 and widths["medium"] == widths["high"] == round(220 * 2 / 6)
     assert page.get_by_test_id("risk-bar-high").bounding_box()["width"] > 0  # drawn, not just in the markup
 

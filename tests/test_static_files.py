@@ -63,6 +63,12 @@ def test_admin_and_dashboard_load_their_stylesheets_and_scripts(page, processes:
     assert brand == "700", brand
 
     assert seen.failed == []
-    for asset in ("admin/css/base.css", "admin/js/theme.js", "admin/js/vendor/jquery/jquery.min.js",
-                  "admin/js/actions.js", "dashboard/dashboard.css", "dashboard/dashboard.js"):
+    for asset in (
+        "admin/css/base.css",
+        "admin/js/theme.js",
+        "admin/js/vendor/jquery/jquery.min.js",
+        "admin/js/actions.js",
+        "dashboard/dashboard.css",
+        "dashboard/dashboard.js",
+    ):
         assert seen.assets.get(asset) == 200, (asset, seen.assets)

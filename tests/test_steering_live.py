@@ -40,12 +40,26 @@ class Api:
     def snapshot(self, task_id: str) -> dict:
         return self.http.get(f"/runtime/tasks/{task_id}").json()
 
-    def steer(self, task_id: str, type: str, payload: dict | None = None, *, version: int | None = None,
-              command_id: str | None = None, http: httpx.Client | None = None, reason: str = "") -> httpx.Response:
+    def steer(
+        self,
+        task_id: str,
+        type: str,
+        payload: dict | None = None,
+        *,
+        version: int | None = None,
+        command_id: str | None = None,
+        http: httpx.Client | None = None,
+        reason: str = "",
+    ) -> httpx.Response:
         if version is None:
             version = self.snapshot(task_id)["stateVersion"]
-        body = {"commandId": command_id or f"{type}-{random.getrandbits(48):x}", "type": type,
-                "payload": payload or {}, "expectedVersion": version, "reason": reason}
+        body = {
+            "commandId": command_id or f"{type}-{random.getrandbits(48):x}",
+            "type": type,
+            "payload": payload or {},
+            "expectedVersion": version,
+            "reason": reason,
+        }
         return (http or self.http).post(f"/runtime/tasks/{task_id}/steering", json=body)
 
 
@@ -75,11 +89,24 @@ def test_two_clients_with_the_same_expected_version_exactly_one_wins_every_time(
         version = api.snapshot(task_id)["stateVersion"]
         barrier, codes = threading.Barrier(2), []
 
-        def send(i: int, version: int = version, round_: int = round_, barrier: threading.Barrier = barrier,
-                 codes: list[int] = codes) -> None:
+        def send(
+            i: int,
+            version: int = version,
+            round_: int = round_,
+            barrier: threading.Barrier = barrier,
+            codes: list[int] = codes,
+        ) -> None:
             barrier.wait()
-            codes.append(api.steer(task_id, "set_priority", {"priority": i + 3}, version=version,
-                                   command_id=f"r{round_}-c{i}", http=clients[i]).status_code)
+            codes.append(
+                api.steer(
+                    task_id,
+                    "set_priority",
+                    {"priority": i + 3},
+                    version=version,
+                    command_id=f"r{round_}-c{i}",
+                    http=clients[i],
+                ).status_code
+            )
 
         threads = [threading.Thread(target=send, args=(i,)) for i in range(2)]
         for t in threads:
@@ -116,8 +143,11 @@ def test_a_storm_of_commands_ends_in_the_state_of_the_accepted_ones_in_accepted_
         t.start()
     for t in threads:
         t.join()
-    wait_until(lambda: not SteeringCommand.objects.filter(task_id=task_id, status="pending").exists(), timeout=30,
-               what="every accepted command to be applied")
+    wait_until(
+        lambda: not SteeringCommand.objects.filter(task_id=task_id, status="pending").exists(),
+        timeout=30,
+        what="every accepted command to be applied",
+    )
     accepted.sort(key=lambda c: c["version"])
     assert len({c["version"] for c in accepted}) == len(accepted) >= 6
     listed = api.http.get(f"/runtime/tasks/{task_id}/steering").json()["results"]
@@ -182,19 +212,28 @@ def test_adjust_goal_changes_what_the_review_does_next(live):
     store = blob_store()
     generate_corpus(store, "corpora/live-adjust", 200, 9, "2026-11-01")
     truth = json.loads(store.get("corpora/live-adjust/truth.json"))
-    task_id = api.create("document_review", {"corpus": "corpora/live-adjust", "batchSize": 10, "pacingMs": 250},
-                         goal="find risky contracts")
+    task_id = api.create(
+        "document_review",
+        {"corpus": "corpora/live-adjust", "batchSize": 10, "pacingMs": 250},
+        goal="find risky contracts",
+    )
     wait_until(lambda: steps_done(task_id) >= 4, timeout=30, what="a few batches")
-    response = api.steer(task_id, "adjust_goal", {"goal": "prioritise compliance risk, exclude expired contracts",
-                                                  "constraints": {"excludeExpired": True,
-                                                                  "focus": ["missing_data_protection"]}})
+    response = api.steer(
+        task_id,
+        "adjust_goal",
+        {
+            "goal": "prioritise compliance risk, exclude expired contracts",
+            "constraints": {"excludeExpired": True, "focus": ["missing_data_protection"]},
+        },
+    )
     assert response.status_code == 202, response.text
     wait_until(lambda: status(task_id) == "completed", timeout=60, what="the review to finish")
     replanned = Checkpoint.objects.get(task_id=task_id, reason="steering")
     cursor = replanned.state["cursor"]  # documents reviewed under the old goal
     assert 0 < cursor < 200 and replanned.plan_version == 2
-    expired_after = sum(1 for i, (_, doc) in enumerate(sorted(truth["documents"].items()))
-                        if i >= cursor and doc["expired"])
+    expired_after = sum(
+        1 for i, (_, doc) in enumerate(sorted(truth["documents"].items())) if i >= cursor and doc["expired"]
+    )
     result = Task.objects.get(id=task_id).result
     assert expired_after > 0
     assert result["documentsReviewed"] == 200 - expired_after and result["skipped"] == expired_after

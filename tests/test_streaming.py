@@ -8,9 +8,9 @@ import pytest
 from django.db import connection
 
 from conftest import FAST_LEASES, Processes, SseClient, database_url, free_port, wait_until
+from steering_app.actions import do_enqueue_command
 from tasks_app import engine
 from tasks_app.actions import do_create_task
-from steering_app.actions import do_enqueue_command
 from tasks_app.models import Task, TaskEvent
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -34,7 +34,9 @@ def assert_no_gap(client: SseClient, task_id, after: int) -> None:
     """Every stored event after `after` reached the client, in seq order, after de-duplication."""
     received = [e["data"]["seq"] for e in client.deduplicated()]
     assert received == sorted(set(received))
-    stored = list(TaskEvent.objects.filter(task_id=task_id, seq__gt=after).order_by("seq").values_list("seq", flat=True))
+    stored = list(
+        TaskEvent.objects.filter(task_id=task_id, seq__gt=after).order_by("seq").values_list("seq", flat=True)
+    )
     assert [s for s in received if s > after] == stored
 
 
@@ -60,8 +62,11 @@ def test_a_client_that_reconnects_gets_a_fresh_snapshot_and_then_live_events(ali
     first.close()
     seen = first.deduplicated()[-1]
     away_at = Task.objects.get(id=task.id).steps_done
-    wait_until(lambda: Task.objects.get(id=task.id).steps_done >= away_at + 10, timeout=30,
-               what="the task to move on while the client is away")
+    wait_until(
+        lambda: Task.objects.get(id=task.id).steps_done >= away_at + 10,
+        timeout=30,
+        what="the task to move on while the client is away",
+    )
     second = SseClient(events_url(base, task), alice.token, last_event_id=seen["id"])
     wait_until(lambda: second.of("terminal"), timeout=60, what="the terminal event after reconnecting")
     second.close()
@@ -79,10 +84,14 @@ def test_another_tenant_is_refused_and_learns_nothing(alice, mallory, processes)
     import httpx
 
     stranger = httpx.get(events_url(base, task), headers={"Authorization": f"Bearer {mallory.token}"}, timeout=10)
-    nobody = httpx.get(events_url(base, "not-even-a-uuid"), headers={"Authorization": f"Bearer {mallory.token}"},
-                       timeout=10)
-    assert (stranger.status_code, stranger.json()) == (nobody.status_code, nobody.json()) == (
-        404, {"error": {"code": "not_found", "message": "no such task"}})
+    nobody = httpx.get(
+        events_url(base, "not-even-a-uuid"), headers={"Authorization": f"Bearer {mallory.token}"}, timeout=10
+    )
+    assert (
+        (stranger.status_code, stranger.json())
+        == (nobody.status_code, nobody.json())
+        == (404, {"error": {"code": "not_found", "message": "no such task"}})
+    )
     assert httpx.get(events_url(base, task), timeout=10).status_code == 401
 
 
@@ -98,25 +107,36 @@ def test_open_streams_hold_no_database_connection(alice, processes):
     # connection would show as one of 20 backends. While events flow, each stream reads
     # storage for a moment (up to one thread pool's worth at once, more the busier the
     # machine), so the count is taken once the task is paused and nothing flows.
-    base = web_and_worker(processes, web_env={"DATABASE_URL": database_url() + "?application_name=sse-web",
-                                              "RUNTIME_DB_POOL": "false"})
+    base = web_and_worker(
+        processes, web_env={"DATABASE_URL": database_url() + "?application_name=sse-web", "RUNTIME_DB_POOL": "false"}
+    )
     task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 400, "sleepMs": 50})
     wait_until(lambda: Task.objects.get(id=task.id).steps_done > 2, timeout=30, what="the task to run")
     clients = [SseClient(events_url(base, task), alice.token) for _ in range(20)]
-    wait_until(lambda: all(len(c.of("progress")) >= 2 for c in clients), timeout=60,
-               what="every stream to be live")
-    do_enqueue_command(task.id, tenant=alice.tenant, command_id="quiet", type="pause", payload={},
-                       expected_version=Task.objects.get(id=task.id).state_version, requested_by="user:test")
+    wait_until(lambda: all(len(c.of("progress")) >= 2 for c in clients), timeout=60, what="every stream to be live")
+    do_enqueue_command(
+        task.id,
+        tenant=alice.tenant,
+        command_id="quiet",
+        type="pause",
+        payload={},
+        expected_version=Task.objects.get(id=task.id).state_version,
+        requested_by="user:test",
+    )
     wait_until(lambda: Task.objects.get(id=task.id).status == "paused", timeout=60, what="the task to pause")
     paused_seq = Task.objects.get(id=task.id).event_seq
-    wait_until(lambda: all(any(e["data"].get("seq") == paused_seq for e in c.events) for c in clients),
-               timeout=60, what="every stream to carry the pause")
+    wait_until(
+        lambda: all(any(e["data"].get("seq") == paused_seq for e in c.events) for c in clients),
+        timeout=60,
+        what="every stream to carry the pause",
+    )
     wait_until(lambda: web_backends() == 0, timeout=30, what="the streams' reads to give their connections back")
     held = [web_backends() for _ in range(10)]
     import httpx
 
-    snapshot = httpx.get(f"{base}/runtime/tasks/{task.id}", headers={"Authorization": f"Bearer {alice.token}"},
-                         timeout=10)
+    snapshot = httpx.get(
+        f"{base}/runtime/tasks/{task.id}", headers={"Authorization": f"Bearer {alice.token}"}, timeout=10
+    )
     assert all(c.live for c in clients), "a stream ended while the task was paused"
     for c in clients:
         c.close()
@@ -124,15 +144,18 @@ def test_open_streams_hold_no_database_connection(alice, processes):
     assert snapshot.status_code == 200  # and it still answers other requests
 
 
-def test_after_a_redis_restart_events_flow_again_without_restarting_the_web_process(alice, processes,
-                                                                                    private_redis):
+def test_after_a_redis_restart_events_flow_again_without_restarting_the_web_process(alice, processes, private_redis):
     port, start_redis = private_redis
     redis_proc = start_redis()
     base = web_and_worker(processes, REDIS_URL=f"redis://127.0.0.1:{port}/0")
     import httpx
 
-    created = httpx.post(f"{base}/runtime/tasks", json={"agent": "noop", "input": {"steps": 80, "sleepMs": 50}},
-                         headers={"Authorization": f"Bearer {alice.token}"}, timeout=10).json()
+    created = httpx.post(
+        f"{base}/runtime/tasks",
+        json={"agent": "noop", "input": {"steps": 80, "sleepMs": 50}},
+        headers={"Authorization": f"Bearer {alice.token}"},
+        timeout=10,
+    ).json()
     client = SseClient(events_url(base, created["taskId"]), alice.token)
     wait_until(lambda: len(client.of("progress")) >= 3, timeout=30, what="live events before the outage")
     processes.kill(redis_proc)

@@ -33,17 +33,31 @@ def test_one_task_is_one_trace_across_web_worker_and_the_remote(alice, processes
     port = free_port()
     processes.web(port, **otel)
     processes.worker(**{**FAST, **otel, "RUNTIME_SLICE_STEPS": "1"})  # a slice per step: two slices, two messages
-    created = httpx.post(f"http://127.0.0.1:{port}/runtime/tasks", timeout=15,
-                         headers={"Authorization": f"Bearer {alice.token}"},
-                         json={"agent": "webhook", "input": {"url": f"{sink.url}/effects", "count": 2}})
+    created = httpx.post(
+        f"http://127.0.0.1:{port}/runtime/tasks",
+        timeout=15,
+        headers={"Authorization": f"Bearer {alice.token}"},
+        json={"agent": "webhook", "input": {"url": f"{sink.url}/effects", "count": 2}},
+    )
     assert created.status_code == 201, created.text
     task = Task.objects.get(id=created.json()["taskId"])
     assert settled(task).status == "completed"
 
     # The trace of the request that created the task.
-    request = wait_until(lambda: next((s for s in receiver.spans if s["kind"] == SERVER and s["service"] == "runtime-web"
-                                       and s["attributes"].get("http.route") == "runtime/tasks"), None),
-                         timeout=30, what="the API request's span")
+    request = wait_until(
+        lambda: next(
+            (
+                s
+                for s in receiver.spans
+                if s["kind"] == SERVER
+                and s["service"] == "runtime-web"
+                and s["attributes"].get("http.route") == "runtime/tasks"
+            ),
+            None,
+        ),
+        timeout=30,
+        what="the API request's span",
+    )
     trace_id = request["trace_id"]
 
     def whole() -> list[dict] | None:
@@ -54,8 +68,10 @@ def test_one_task_is_one_trace_across_web_worker_and_the_remote(alice, processes
         return spans if len(steps) == 2 and len(http) == 2 and len(slices) == 2 else None
 
     spans = wait_until(whole, timeout=30, what="every span of the task's trace")
-    print(f"\nspan tree of task {task.id} (SQL spans left out):\n"
-          + render([s for s in spans if "db.system" not in s["attributes"]], SHOWN))
+    print(
+        f"\nspan tree of task {task.id} (SQL spans left out):\n"
+        + render([s for s in spans if "db.system" not in s["attributes"]], SHOWN)
+    )
     by_id = {s["span_id"]: s for s in spans}
 
     def parent(span: dict) -> dict:
@@ -89,21 +105,23 @@ def test_one_task_is_one_trace_across_web_worker_and_the_remote(alice, processes
         _, trace, span_id, _ = header.split("-")
         assert trace == trace_id and by_id[span_id]["kind"] == CLIENT
     # The worker's database work is traced too (psycopg), inside the slices.
-    assert any(s["service"] == "runtime-worker" and s["attributes"].get("db.system") == "postgresql"
-               for s in spans)
+    assert any(s["service"] == "runtime-worker" and s["attributes"].get("db.system") == "postgresql" for s in spans)
 
 
 def test_a_task_resumed_after_its_worker_was_killed_stays_in_the_trace_of_its_creation(
-        alice, processes: Processes, receiver):
+    alice, processes: Processes, receiver
+):
     otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "100"}
     port = free_port()
     processes.web(port, **otel)
     first = processes.worker(**{**FAST, **otel})
     processes.beat(**FAST)  # the reaper rings the task again after the kill: outside any trace
-    created = httpx.post(f"http://127.0.0.1:{port}/runtime/tasks", timeout=15,
-                         headers={"Authorization": f"Bearer {alice.token}"},
-                         json={"agent": "noop", "input": {"steps": 30, "sleepMs": 50},
-                               "checkpointPolicy": {"everySteps": 5}})
+    created = httpx.post(
+        f"http://127.0.0.1:{port}/runtime/tasks",
+        timeout=15,
+        headers={"Authorization": f"Bearer {alice.token}"},
+        json={"agent": "noop", "input": {"steps": 30, "sleepMs": 50}, "checkpointPolicy": {"everySteps": 5}},
+    )
     assert created.status_code == 201, created.text
     task = Task.objects.get(id=created.json()["taskId"])
     wait_until(lambda: Task.objects.get(id=task.id).steps_done >= 10, timeout=60, what="ten steps")
@@ -112,11 +130,19 @@ def test_a_task_resumed_after_its_worker_was_killed_stays_in_the_trace_of_its_cr
     assert settled(task, timeout=120).status == "completed"
     assert Task.objects.get(id=task.id).recoveries >= 1
 
-    request = wait_until(lambda: next((s for s in receiver.spans if s["kind"] == SERVER
-                                       and s["attributes"].get("http.route") == "runtime/tasks"), None),
-                         timeout=30, what="the API request's span")
-    steps = lambda: {s["attributes"]["runtime.step.sequence"] for s in receiver.spans  # noqa: E731
-                     if s["name"].startswith("step ") and s["attributes"].get("runtime.task_id") == str(task.id)}
+    request = wait_until(
+        lambda: next(
+            (s for s in receiver.spans if s["kind"] == SERVER and s["attributes"].get("http.route") == "runtime/tasks"),
+            None,
+        ),
+        timeout=30,
+        what="the API request's span",
+    )
+    steps = lambda: {  # noqa: E731
+        s["attributes"]["runtime.step.sequence"]
+        for s in receiver.spans
+        if s["name"].startswith("step ") and s["attributes"].get("runtime.task_id") == str(task.id)
+    }
     wait_until(lambda: steps() >= set(range(11, 31)), timeout=30, what="the steps after the kill")
     ours = [s for s in receiver.spans if s["attributes"].get("runtime.task_id") == str(task.id)]
     assert {s["trace_id"] for s in ours} == {request["trace_id"]}, "a slice after the kill started a trace of its own"
@@ -134,15 +160,19 @@ def _ancestors(span: dict, by_id: dict) -> list[dict]:
 
 
 def test_calls_to_a_remote_mcp_server_carry_the_tool_calls_traceparent(alice, processes: Processes, receiver):
-    from tests.test_remote_mcp import FAST as REMOTE_FAST, Remote, calls
+    from tests.test_remote_mcp import FAST as REMOTE_FAST
+    from tests.test_remote_mcp import Remote, calls
 
     remote = Remote(processes)
     processes.worker(**{**REMOTE_FAST, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "100"})
     task = settled(calls(alice, remote, ("record", {"arguments": {"text": "traced"}})))
     assert task.status == "completed", task.error
 
-    tool = wait_until(lambda: next((s for s in receiver.spans if s["name"] == "tool mcp.call"), None),
-                      timeout=30, what="the mcp.call span")
+    tool = wait_until(
+        lambda: next((s for s in receiver.spans if s["name"] == "tool mcp.call"), None),
+        timeout=30,
+        what="the mcp.call span",
+    )
     assert tool["attributes"]["runtime.task_id"] == str(task.id)
     seen = remote.stats()["traceparents"]
     assert seen and all(h.split("-")[1:3] == [tool["trace_id"], tool["span_id"]] for h in seen), (seen, tool)

@@ -13,9 +13,20 @@ from runtime_site.handlers import ByViewKind
 
 
 def scope(path: str) -> dict[str, Any]:
-    return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
-            "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"", "headers": [],
-            "server": ("testserver", 80), "client": ("127.0.0.1", 1234)}
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": [],
+        "server": ("testserver", 80),
+        "client": ("127.0.0.1", 1234),
+    }
 
 
 async def get(app: Any, path: str) -> int:

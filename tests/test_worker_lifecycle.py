@@ -34,8 +34,14 @@ def log_of(proc: subprocess.Popen[bytes]) -> str:
 
 def worker_on(processes: Processes, queue: str, **env: str) -> subprocess.Popen[bytes]:
     """A worker of one queue (slices: "steps"; the beat's jobs: "maintenance"), once ready."""
-    args = [sys.executable, "-m", *(queue if arg == "steps,maintenance" else arg for arg in WORKER), "1",
-            "-n", f"{queue}-{len(processes.procs)}@%h"]
+    args = [
+        sys.executable,
+        "-m",
+        *(queue if arg == "steps,maintenance" else arg for arg in WORKER),
+        "1",
+        "-n",
+        f"{queue}-{len(processes.procs)}@%h",
+    ]
     proc = processes.start("worker", args, **env)
     wait_until(lambda: " ready." in log_of(proc), timeout=60, what="the worker to be ready")
     return proc
@@ -47,8 +53,9 @@ def cpu_starved(processes: Processes, proc: subprocess.Popen[bytes]) -> Iterator
     runs at nice 10 (a CPU share of a few percent: measured, the lease was lost without
     the fix and kept with it). With autogroup scheduling (Linux desktops and many servers)
     nice only weighs inside a session, so its session is niced instead."""
-    burners = [processes.start("burner", [sys.executable, "-c", "while True: pass"])
-               for _ in range(3 * (os.cpu_count() or 1))]
+    burners = [
+        processes.start("burner", [sys.executable, "-c", "while True: pass"]) for _ in range(3 * (os.cpu_count() or 1))
+    ]
     os.setpriority(os.PRIO_PGRP, proc.pid, 10)
     with contextlib.suppress(OSError):  # no autogroup here: the plain nice above does it
         Path(f"/proc/{proc.pid}/autogroup").write_text("10")
@@ -65,12 +72,32 @@ def test_a_cpu_starved_worker_keeps_its_lease_through_a_remote_call_of_several_l
     worker_on(processes, "maintenance", **FAST)  # the reaper's scans run at full speed
     processes.beat(**FAST)
     with cpu_starved(processes, starved):
-        task, _ = do_create_task(alice.tenant, actor="user:test", agent="tool_calls", input={"calls": [
-            {"tool": "mcp.call", "args": {"server": remote.mcp, "tool": "slow", "arguments": {"seconds": 12},
-                                          "timeoutSeconds": 120}}]})
+        task, _ = do_create_task(
+            alice.tenant,
+            actor="user:test",
+            agent="tool_calls",
+            input={
+                "calls": [
+                    {
+                        "tool": "mcp.call",
+                        "args": {
+                            "server": remote.mcp,
+                            "tool": "slow",
+                            "arguments": {"seconds": 12},
+                            "timeoutSeconds": 120,
+                        },
+                    }
+                ]
+            },
+        )
         # A lost lease shows as a recovery long before the task settles: stop there.
-        wait_until(lambda: (t := Task.objects.get(id=task.id)).status in ("completed", "failed", "input_required")
-                   or t.recoveries, timeout=240, what="the task to complete or lose its lease")
+        wait_until(
+            lambda: (
+                (t := Task.objects.get(id=task.id)).status in ("completed", "failed", "input_required") or t.recoveries
+            ),
+            timeout=240,
+            what="the task to complete or lose its lease",
+        )
     task = settled(task)
     assert task.recoveries == 0 and task.lease_epoch == 1, "the lease was lost mid-call"
     assert task.status == "completed", task.error
@@ -101,8 +128,11 @@ def test_a_worker_frozen_right_before_a_call_and_thawed_after_a_takeover_never_s
     assert sink.stats()["posts"] == 1  # the new owner asked the sink by key, then made the call
 
     os.kill(zombie, signal.SIGCONT)  # it wakes where it stopped: about to send
-    wait_until(lambda: not stopped(zombie) and "lease lost, slice abandoned" in processes.logs(), timeout=30,
-               what="the thawed worker to give up its slice")
+    wait_until(
+        lambda: not stopped(zombie) and "lease lost, slice abandoned" in processes.logs(),
+        timeout=30,
+        what="the thawed worker to give up its slice",
+    )
     stats = sink.stats()
     assert stats["posts"] == 1 and list(stats["perKey"].values()) == [1], stats  # the zombie never sent
 
@@ -117,13 +147,19 @@ def test_a_step_that_always_hangs_is_abandoned_at_its_deadline_until_it_dead_let
     processes.beat(**env)
     hanging, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 1, "sleepMs": 600_000})
     first_pool = wait_until(lambda: pool_pids(worker), timeout=30, what="the pool process")
-    task = wait_until(lambda: (t := Task.objects.get(id=hanging.id)).status == "dead_lettered" and t, timeout=120,
-                      what="the hanging task to be dead-lettered")
+    task = wait_until(
+        lambda: (t := Task.objects.get(id=hanging.id)).status == "dead_lettered" and t,
+        timeout=120,
+        what="the hanging task to be dead-lettered",
+    )
     assert task.recoveries == 4  # max_recoveries is 3: abandoned four times, then held for an operator
     assert task.error["code"] == "max_recoveries_exceeded"
     assert task.error["cause"] == {"code": "step_deadline_exceeded", "step": "noop-1", "deadlineSeconds": 2}
-    reasons = list(task.audit_records.filter(actor__startswith="worker:", data__cause__step="noop-1")
-                   .values_list("reason", flat=True))
+    reasons = list(
+        task.audit_records.filter(actor__startswith="worker:", data__cause__step="noop-1").values_list(
+            "reason", flat=True
+        )
+    )
     assert len(reasons) == 4 and all("step noop-1 ran past its deadline of 2s" in r for r in reasons)
 
     # The worker is healthy: its stuck pool processes were replaced, and it runs the next task.
@@ -148,8 +184,11 @@ def test_a_worker_told_to_stop_hands_its_task_over_before_its_lease_would_expire
     env = {**FAST, "RUNTIME_LEASE_SECONDS": "6", "RUNTIME_SLICE_SECONDS": "60", "RUNTIME_SLICE_STEPS": "1000"}
     stopping = processes.worker(**env)
     task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 150, "sleepMs": 100})
-    wait_until(lambda: Task.objects.get(id=task.id).steps_done >= 5 and held_by(task, stopping), timeout=60,
-               what="the first worker to be under way")
+    wait_until(
+        lambda: Task.objects.get(id=task.id).steps_done >= 5 and held_by(task, stopping),
+        timeout=60,
+        what="the first worker to be under way",
+    )
     other = processes.worker(**env)
     wait_until(lambda: " ready." in log_of(other), timeout=60, what="the second worker to be ready")
     at_signal = Task.objects.get(id=task.id)
@@ -161,11 +200,13 @@ def test_a_worker_told_to_stop_hands_its_task_over_before_its_lease_would_expire
     task = settled(task)
     assert task.status == "completed" and task.result == {"steps": 150}
     assert task.recoveries == 0  # handed over, not recovered after a crash
-    steps = list(Step.objects.filter(task=task).order_by("sequence").values_list("sequence", "attempt", "worker",
-                                                                                  "started_at"))
+    steps = list(
+        Step.objects.filter(task=task).order_by("sequence").values_list("sequence", "attempt", "worker", "started_at")
+    )
     assert [(seq, attempt) for seq, attempt, _, _ in steps] == [(n, 1) for n in range(1, 151)]  # nothing re-ran
-    taken_over = next(started for _, _, worker, started in steps if worker != at_signal.lease_owner
-                      and started > at_signal.updated_at)
+    taken_over = next(
+        started for _, _, worker, started in steps if worker != at_signal.lease_owner and started > at_signal.updated_at
+    )
     assert taken_over < at_signal.lease_expires_at  # before the stopping worker's lease could have run out
 
 
@@ -175,12 +216,14 @@ def messages_in(queue: str) -> int:
     from django.conf import settings
 
     client = redis.Redis.from_url(settings.REDIS_URL)
-    return sum(client.llen(key) for key in client.keys(f"{settings.RUNTIME_DEPLOYMENT}:{queue}*")
-               if client.type(key) == b"list")
+    return sum(
+        client.llen(key)
+        for key in client.keys(f"{settings.RUNTIME_DEPLOYMENT}:{queue}*")
+        if client.type(key) == b"list"
+    )
 
 
-def test_a_recovering_task_whose_message_was_lost_is_rung_again_without_waiting_for_the_stall_scan(
-        alice, processes):
+def test_a_recovering_task_whose_message_was_lost_is_rung_again_without_waiting_for_the_stall_scan(alice, processes):
     env = {**FAST, "RUNTIME_STALL_SECONDS": "600"}  # the stall scan alone would take ten minutes
     crashed = worker_on(processes, "steps", **env)
     worker_on(processes, "maintenance", **env)  # the reaper keeps scanning; nobody takes slices
@@ -188,8 +231,11 @@ def test_a_recovering_task_whose_message_was_lost_is_rung_again_without_waiting_
     task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 30, "sleepMs": 100})
     wait_until(lambda: Task.objects.get(id=task.id).steps_done >= 3, timeout=60, what="3 steps")
     processes.kill(crashed)
-    wait_until(lambda: Task.objects.get(id=task.id).status == "recovering", timeout=30,
-               what="the reaper to mark the task recovering")
+    wait_until(
+        lambda: Task.objects.get(id=task.id).status == "recovering",
+        timeout=30,
+        what="the reaper to mark the task recovering",
+    )
     wait_until(lambda: messages_in("steps"), timeout=10, what="the reaper's message in the queue")
     purge_queues()  # its message is gone, as with a worker (or broker) that died holding it
     assert messages_in("steps") == 0

@@ -46,8 +46,13 @@ def test_a_slice_delivered_many_times_runs_each_step_once(alice, processes: Proc
 def test_a_worker_killed_mid_run_is_replaced_and_the_task_resumes_from_its_checkpoint(alice, processes: Processes):
     first = processes.worker(**FAST)
     processes.beat(**FAST)
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 60, "sleepMs": 60},
-                             checkpoint_policy={"everySteps": 5})
+    task, _ = do_create_task(
+        alice.tenant,
+        actor="user:test",
+        agent="noop",
+        input={"steps": 60, "sleepMs": 60},
+        checkpoint_policy={"everySteps": 5},
+    )
     wait_until(lambda: Task.objects.get(id=task.id).steps_done >= 17, timeout=60, what="17 steps")
     processes.kill(first)  # SIGKILL to the worker's whole process group, mid-step
     killed_at = Task.objects.get(id=task.id)
@@ -91,4 +96,7 @@ def test_the_heartbeat_keeps_a_step_longer_than_the_lease(alice, processes: Proc
     task.refresh_from_db()
     assert task.lease_epoch == 1  # one claim, never taken over
     assert list(Step.objects.filter(task=task).values_list("sequence", "attempt").order_by("sequence")) == [
-        (1, 1), (2, 1), (3, 1)]
+        (1, 1),
+        (2, 1),
+        (3, 1),
+    ]

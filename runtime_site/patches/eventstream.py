@@ -17,9 +17,11 @@ from django_eventstream.event import Event
 
 WRITTEN_FOR = "5.3.4"
 if version("django-eventstream") != WRITTEN_FOR:
-    raise RuntimeError(f"runtime_site/patches/eventstream.py patches django-eventstream {WRITTEN_FOR} internals, "
-                       f"but {version('django-eventstream')} is installed: check each patch against its source, "
-                       "then update WRITTEN_FOR")
+    raise RuntimeError(
+        f"runtime_site/patches/eventstream.py patches django-eventstream {WRITTEN_FOR} internals, "
+        f"but {version('django-eventstream')} is installed: check each patch against its source, "
+        "then update WRITTEN_FOR"
+    )
 
 # django-eventstream sends a stream back to storage once 10 events wait for it. With
 # hundreds of streams a short stall of the event loop overflowed them all at once, and

@@ -15,8 +15,10 @@ from kombu.transport import redis as kombu_redis
 
 WRITTEN_FOR = "5.7.0"
 if version("kombu") != WRITTEN_FOR:
-    raise RuntimeError(f"runtime_site/patches/kombu.py patches kombu {WRITTEN_FOR} internals, but "
-                       f"{version('kombu')} is installed: check each patch against its source, then update WRITTEN_FOR")
+    raise RuntimeError(
+        f"runtime_site/patches/kombu.py patches kombu {WRITTEN_FOR} internals, but "
+        f"{version('kombu')} is installed: check each patch against its source, then update WRITTEN_FOR"
+    )
 
 
 def install() -> None:
@@ -42,8 +44,9 @@ def install() -> None:
         try:
             ack_log_error(self, logger, errors, multiple=multiple)
         except AttributeError:
-            log.warning("could not ack %r on a channel lost with the broker; it may be delivered again",
-                        self.delivery_tag)
+            log.warning(
+                "could not ack %r on a channel lost with the broker; it may be delivered again", self.delivery_tag
+            )
 
     # Replacing the methods is the point of this patch (see the docstring).
     kombu_redis.QoS.restore_unacked = restore_unacked  # type: ignore[method-assign]

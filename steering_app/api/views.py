@@ -11,17 +11,23 @@ from rest_framework.views import APIView
 from runtime_site.parsers import StrictCharField, StrictIntegerField, StrictRegexField
 from steering_app.actions import answer_refusal, do_answer_input, do_enqueue_command
 from steering_app.models import CommandType, InputRequest, SteeringCommand
-from tasks_app.api.views import IDEMPOTENCY_KEY, tenant_task
 from tasks_app import kills
+from tasks_app.api.views import IDEMPOTENCY_KEY, tenant_task
 from tasks_app.auth import IsPrincipal, Principal, principal, require_role
 from tasks_app.models import Role, Task
 
 
 def command_body(command: SteeringCommand) -> dict[str, Any]:
     return {
-        "commandId": command.command_id, "type": command.type, "payload": command.payload,
-        "status": command.status, "version": command.version, "expectedVersion": command.expected_version,
-        "requestedBy": command.requested_by, "reason": command.reason, "outcome": command.outcome,
+        "commandId": command.command_id,
+        "type": command.type,
+        "payload": command.payload,
+        "status": command.status,
+        "version": command.version,
+        "expectedVersion": command.expected_version,
+        "requestedBy": command.requested_by,
+        "reason": command.reason,
+        "outcome": command.outcome,
         "createdAt": command.created_at.isoformat(),
         "appliedAt": command.applied_at.isoformat() if command.applied_at else None,
         # What the kill does to a call in flight, so the operator knows what to reconcile.
@@ -64,8 +70,15 @@ class TaskSteeringApi(APIView):
         if body["type"] == CommandType.PROVIDE_INPUT and isinstance(body["payload"].get("key"), str):
             check_may_answer(request, task, body["payload"]["key"])
         command, _ = do_enqueue_command(
-            task.id, tenant=who.tenant, command_id=body["commandId"], type=body["type"], payload=body["payload"],
-            expected_version=body["expectedVersion"], requested_by=who.actor, reason=body["reason"])
+            task.id,
+            tenant=who.tenant,
+            command_id=body["commandId"],
+            type=body["type"],
+            payload=body["payload"],
+            expected_version=body["expectedVersion"],
+            requested_by=who.actor,
+            reason=body["reason"],
+        )
         # A replay gets the original answer: the command as accepted, with its version.
         return Response(command_body(command), status=status.HTTP_202_ACCEPTED)
 
@@ -87,8 +100,9 @@ class TaskInputApi(APIView):
         task = tenant_task(request, task_id)
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        command = answer_input(principal(request), task, key, data.validated_data["answer"],
-                               reason=data.validated_data["reason"])
+        command = answer_input(
+            principal(request), task, key, data.validated_data["answer"], reason=data.validated_data["reason"]
+        )
         return Response(command_body(command), status=status.HTTP_202_ACCEPTED)
 
 

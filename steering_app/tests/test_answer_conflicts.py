@@ -22,7 +22,8 @@ def approval_waiting(persona) -> Task:
     Task.objects.filter(id=task.id).update(input={"steps": 6, "askAt": 3})
     engine.run_slice(task.id, worker_id="w1")
     InputRequest.objects.filter(task_id=task.id, key="continue").update(
-        kind="approval", answer_schema={"enum": ["approve", "reject"]})
+        kind="approval", answer_schema={"enum": ["approve", "reject"]}
+    )
     assert Task.objects.get(id=task.id).status == "input_required"
     return task
 
@@ -59,8 +60,14 @@ def test_an_answer_given_through_the_steering_endpoint_stands_for_the_inputs_end
     version = Task.objects.get(id=task.id).state_version
     steered = april.client().post(
         f"/runtime/tasks/{task.id}/steering",
-        {"commandId": "mine", "type": "provide_input", "payload": {"key": "continue", "answer": "approve"},
-         "expectedVersion": version}, format="json")
+        {
+            "commandId": "mine",
+            "type": "provide_input",
+            "payload": {"key": "continue", "answer": "approve"},
+            "expectedVersion": version,
+        },
+        format="json",
+    )
     assert steered.status_code == 202, steered.content
     conflict = answer(april, task, "reject")
     assert conflict.status_code == 409 and conflict.json()["error"]["commandId"] == "mine"
@@ -69,8 +76,14 @@ def test_an_answer_given_through_the_steering_endpoint_stands_for_the_inputs_end
     # and a second command on the steering endpoint gets the same 409
     again = april.client().post(
         f"/runtime/tasks/{task.id}/steering",
-        {"commandId": "other", "type": "provide_input", "payload": {"key": "continue", "answer": "reject"},
-         "expectedVersion": Task.objects.get(id=task.id).state_version}, format="json")
+        {
+            "commandId": "other",
+            "type": "provide_input",
+            "payload": {"key": "continue", "answer": "reject"},
+            "expectedVersion": Task.objects.get(id=task.id).state_version,
+        },
+        format="json",
+    )
     assert again.status_code == 409 and again.json()["error"]["answer"] == "approve"
 
 

@@ -22,7 +22,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def safe_point(lease: leases.Lease) -> engine.SliceOutcome:
     """The worker holding `lease` reaches its next safe point (the rest of its slice)."""
-    return engine._loop(engine._load(lease), leases.Heartbeat(lease, ttl=30, interval=10, abandon=operators.do_abandon_step))
+    return engine._loop(
+        engine._load(lease), leases.Heartbeat(lease, ttl=30, interval=10, abandon=operators.do_abandon_step)
+    )
 
 
 def cancelled(persona, task: Task, reason: str) -> Task:

@@ -134,7 +134,6 @@ def test_a_kill_cuts_a_step_sleeping_in_the_agents_own_code_and_the_slice_return
 
     from conftest import wait_until
     from steering_app.actions import do_enqueue_command
-
     from tasks_app.actions import do_create_task
 
     # A minute in time.sleep, inside the step.
@@ -143,11 +142,21 @@ def test_a_kill_cuts_a_step_sleeping_in_the_agents_own_code_and_the_slice_return
 
     def operator() -> None:
         try:
-            wait_until(lambda: Task.objects.filter(id=task.id, status="working", lease_owner="w1").exists(),
-                       timeout=30, what="the step to run")
-            do_enqueue_command(task.id, tenant=alice.tenant, command_id="k1", type="kill", payload={},
-                               expected_version=Task.objects.get(id=task.id).state_version,
-                               requested_by="user:test", reason="stuck")
+            wait_until(
+                lambda: Task.objects.filter(id=task.id, status="working", lease_owner="w1").exists(),
+                timeout=30,
+                what="the step to run",
+            )
+            do_enqueue_command(
+                task.id,
+                tenant=alice.tenant,
+                command_id="k1",
+                type="kill",
+                payload={},
+                expected_version=Task.objects.get(id=task.id).state_version,
+                requested_by="user:test",
+                reason="stuck",
+            )
         except BaseException as exc:  # noqa: BLE001 (reported by the test's thread)
             failures.append(exc)
         finally:
@@ -185,10 +194,17 @@ def test_the_mcp_kill_tool_refuses_a_reason_that_is_no_reason_instead_of_making_
     from tests.test_hostile_input import mcp
 
     task = new_task(alice)
-    arguments = {"taskId": str(task.id), "expectedVersion": Task.objects.get(id=task.id).state_version,
-                 "reason": reason}
-    response = mcp(alice.token, json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-                                            "params": {"name": "kill_task", "arguments": arguments}}))
+    arguments = {
+        "taskId": str(task.id),
+        "expectedVersion": Task.objects.get(id=task.id).state_version,
+        "reason": reason,
+    }
+    response = mcp(
+        alice.token,
+        json.dumps(
+            {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "kill_task", "arguments": arguments}}
+        ),
+    )
     assert response.status_code == 200, response.content
     result = response.json()["result"]
     assert result["isError"] and "reason" in result["content"][0]["text"], result

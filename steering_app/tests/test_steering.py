@@ -20,8 +20,13 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def steer(persona, task, type, payload=None, *, version=None, command_id=None, reason=""):
     version = version if version is not None else Task.objects.get(id=task.id).state_version
-    body = {"commandId": command_id or f"{type}-{version}", "type": type, "payload": payload or {},
-            "expectedVersion": version, "reason": reason}
+    body = {
+        "commandId": command_id or f"{type}-{version}",
+        "type": type,
+        "payload": payload or {},
+        "expectedVersion": version,
+        "reason": reason,
+    }
     return persona.client().post(f"/runtime/tasks/{task.id}/steering", body, format="json")
 
 
@@ -87,7 +92,11 @@ def test_pause_on_an_idle_task_applies_at_once_and_resume_continues_from_the_che
     paused = steer(alice, task, "pause", reason="lunch")
     assert paused.json()["status"] == "applied"
     task.refresh_from_db()
-    assert task.status == "paused" and task.mcp_status == "working" and task.status_text() == f"paused by user:{alice.user.pk}"
+    assert (
+        task.status == "paused"
+        and task.mcp_status == "working"
+        and task.status_text() == f"paused by user:{alice.user.pk}"
+    )
     assert engine.run_slice(task.id, worker_id="w1") is engine.SliceOutcome.DROPPED  # no step while paused
     assert Step.objects.filter(task=task).count() == 4
     steer(alice, task, "resume")
@@ -108,7 +117,10 @@ def test_pause_under_a_live_lease_is_acknowledged_then_applied_at_the_safe_point
     assert Task.objects.get(id=task.id).status == "pausing"
     # the worker reaches its next safe point
     run = engine._load(lease)
-    assert engine._loop(run, leases.Heartbeat(lease, ttl=30, interval=10, abandon=operators.do_abandon_step)) is engine.SliceOutcome.DONE
+    assert (
+        engine._loop(run, leases.Heartbeat(lease, ttl=30, interval=10, abandon=operators.do_abandon_step))
+        is engine.SliceOutcome.DONE
+    )
     task.refresh_from_db()
     command = SteeringCommand.objects.get(task=task)
     assert task.status == "paused" and task.lease_owner is None and command.status == "applied"
@@ -138,8 +150,9 @@ def test_provide_input_answers_what_the_agent_asked(alice):
     assert task.status == "input_required" and task.mcp_status == "input_required"
     assert Step.objects.filter(task=task).count() == 2
     snapshot = alice.client().get(f"/runtime/tasks/{task.id}").json()
-    assert snapshot["inputRequests"] == [{"key": "continue", "prompt": "Continue with step 3 of 6?",
-                                          "schema": {"type": "boolean"}}]
+    assert snapshot["inputRequests"] == [
+        {"key": "continue", "prompt": "Continue with step 3 of 6?", "schema": {"type": "boolean"}}
+    ]
     assert task.events.filter(type="input_required").exists()
     bad = steer(alice, task, "provide_input", {"key": "continue", "answer": "yes please"})
     assert bad.status_code == 422 and "answer" in bad.json()["error"]["message"]
@@ -156,12 +169,27 @@ def test_adjust_goal_changes_the_remaining_work_of_the_review(alice, settings):
     generate_corpus(store, "corpora/adjust", 100, 5, "2026-11-01")
     truth = json.loads(store.get("corpora/adjust/truth.json"))
     settings.RUNTIME_SLICE_STEPS = 3  # load_manifest + 2 batches of 10 = 20 documents
-    task = alice.client().post("/runtime/tasks", {"agent": "document_review", "input": {
-        "corpus": "corpora/adjust", "batchSize": 10}, "goal": "find risky contracts"}, format="json").json()
+    task = (
+        alice.client()
+        .post(
+            "/runtime/tasks",
+            {
+                "agent": "document_review",
+                "input": {"corpus": "corpora/adjust", "batchSize": 10},
+                "goal": "find risky contracts",
+            },
+            format="json",
+        )
+        .json()
+    )
     task = Task.objects.get(id=task["taskId"])
     assert engine.run_slice(task.id, worker_id="w1") is engine.SliceOutcome.CONTINUE
-    response = steer(alice, task, "adjust_goal", {"goal": "prioritise compliance risk, exclude expired contracts",
-                                                  "constraints": {"excludeExpired": True}})
+    response = steer(
+        alice,
+        task,
+        "adjust_goal",
+        {"goal": "prioritise compliance risk, exclude expired contracts", "constraints": {"excludeExpired": True}},
+    )
     assert response.status_code == 202
     assert Task.objects.get(id=task.id).plan_version == 2
     run_to_end(task)

@@ -16,8 +16,9 @@ class InputNeeded(Exception):  # a signal to the engine, not an error
     """Raised by ctx.ask() (or a guarded tool call): the step cannot go on until a person
     answers. kind "approval" answers need the approver role."""
 
-    def __init__(self, key: str, prompt: str, schema: dict[str, Any], kind: str = "question",
-                 also: tuple[InputNeeded, ...] = ()) -> None:
+    def __init__(
+        self, key: str, prompt: str, schema: dict[str, Any], kind: str = "question", also: tuple[InputNeeded, ...] = ()
+    ) -> None:
         super().__init__(f"input needed: {key}")
         self.key, self.prompt, self.schema, self.kind = key, prompt, schema, kind
         self.also = also  # further questions the step asks at the same time (ctx.ask_all)
@@ -100,8 +101,9 @@ class StepContext:
     def ask_all(self, questions: dict[str, tuple[str, dict[str, Any]]]) -> dict[str, Any]:
         """Several questions at once ({key: (prompt, schema)}): all are open together and
         may be answered in any order; the step runs again once every one is answered."""
-        missing = [InputNeeded(key, prompt, schema) for key, (prompt, schema) in questions.items()
-                   if key not in self.answers]
+        missing = [
+            InputNeeded(key, prompt, schema) for key, (prompt, schema) in questions.items() if key not in self.answers
+        ]
         if missing:
             first, *rest = missing
             raise InputNeeded(first.key, first.prompt, first.schema, also=tuple(rest))

@@ -38,8 +38,9 @@ class NoopAgent(Agent):
 
     def run_step(self, ctx: StepContext, state: dict[str, Any]) -> dict[str, Any]:
         if state.get("askAt") == state["done"] + 1:
-            go_on = ctx.ask("continue", f"Continue with step {state['askAt']} of {state['total']}?",
-                            {"type": "boolean"})
+            go_on = ctx.ask(
+                "continue", f"Continue with step {state['askAt']} of {state['total']}?", {"type": "boolean"}
+            )
             if not go_on:
                 return {**state, "total": state["done"], "askAt": None}
         if state["sleepMs"]:

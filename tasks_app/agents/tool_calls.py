@@ -17,10 +17,19 @@ class ToolCallsAgent(Agent):
     description = "Runs `calls` in order, one tool call per step, each with an effect exactly once."
     input_schema = {
         "type": "object",
-        "properties": {"calls": {"type": "array", "minItems": 1, "maxItems": 100, "items": {
-            "type": "object",
-            "properties": {"tool": {"type": "string", "minLength": 1}, "args": {"type": "object"}},
-            "required": ["tool", "args"], "additionalProperties": False}}},
+        "properties": {
+            "calls": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": 100,
+                "items": {
+                    "type": "object",
+                    "properties": {"tool": {"type": "string", "minLength": 1}, "args": {"type": "object"}},
+                    "required": ["tool", "args"],
+                    "additionalProperties": False,
+                },
+            }
+        },
         "required": ["calls"],
         "additionalProperties": False,
     }

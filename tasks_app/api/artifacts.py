@@ -18,8 +18,9 @@ class TaskArtifactsApi(APIView):
 
     def get(self, request: Request, task_id: str) -> Response:
         task = tenant_task(request, task_id)
-        return Response({"taskId": str(task.id),
-                         "results": artifacts.listing(task, f"/runtime/tasks/{task.id}/artifacts")})
+        return Response(
+            {"taskId": str(task.id), "results": artifacts.listing(task, f"/runtime/tasks/{task.id}/artifacts")}
+        )
 
 
 class TaskArtifactApi(APIView):

@@ -17,16 +17,31 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from tasks_app.auth import IsPrincipal, Principal, check_key_grant, issue_api_key, principal, revoke_api_key, \
-    rotate_api_key
+from tasks_app.auth import (
+    IsPrincipal,
+    Principal,
+    check_key_grant,
+    issue_api_key,
+    principal,
+    revoke_api_key,
+    rotate_api_key,
+)
 from tasks_app.models import ApiKey, Role, Scope
 
 
 def key_body(key: ApiKey, token: str | None = None) -> dict[str, Any]:
-    body = {"id": key.prefix, "name": key.name, "role": key.role, "scopes": key.scopes or None,
-            "userId": key.user_id, "createdAt": key.created_at, "expiresAt": key.expires_at,
-            "lastUsedAt": key.last_used_at, "revokedAt": key.revoked_at,
-            "rotatedFrom": key.rotated_from.prefix if key.rotated_from else None}
+    body = {
+        "id": key.prefix,
+        "name": key.name,
+        "role": key.role,
+        "scopes": key.scopes or None,
+        "userId": key.user_id,
+        "createdAt": key.created_at,
+        "expiresAt": key.expires_at,
+        "lastUsedAt": key.last_used_at,
+        "revokedAt": key.revoked_at,
+        "rotatedFrom": key.rotated_from.prefix if key.rotated_from else None,
+    }
     if token is not None:
         body["token"] = token  # shown this once; only its hash is stored
     return body
@@ -51,8 +66,9 @@ class KeyListCreateApi(APIView):
     class InputSerializer(serializers.Serializer):
         name = serializers.CharField(max_length=100)
         role = serializers.ChoiceField(choices=Role.choices, required=False)
-        scopes = serializers.ListField(child=serializers.ChoiceField(choices=Scope.choices), required=False,
-                                       allow_empty=False)
+        scopes = serializers.ListField(
+            child=serializers.ChoiceField(choices=Scope.choices), required=False, allow_empty=False
+        )
         expiresAt = serializers.DateTimeField(required=False)  # noqa: N815 (wire names)
 
     def get(self, request: Request) -> Response:
@@ -72,8 +88,9 @@ class KeyListCreateApi(APIView):
         except ValueError as exc:
             raise ValidationError({"scopes" if "scope" in str(exc) else "role": str(exc)}) from None
         # cast: IsPrincipal let only an authenticated user through.
-        key, token = issue_api_key(who.tenant, cast(User, request.user), role=role, name=body["name"], scopes=scopes,
-                                   expires_at=expires)
+        key, token = issue_api_key(
+            who.tenant, cast(User, request.user), role=role, name=body["name"], scopes=scopes, expires_at=expires
+        )
         return Response(key_body(key, token), status=status.HTTP_201_CREATED)
 
 
@@ -103,5 +120,7 @@ class KeyRotateApi(APIView):
             new, token = rotate_api_key(key)
         except ValueError as exc:  # revoked meanwhile
             raise ValidationError({"id": str(exc)}) from None
-        return Response({**key_body(new, token), "previous": key_body(ApiKey.objects.get(pk=key.pk))},
-                        status=status.HTTP_201_CREATED)
+        return Response(
+            {**key_body(new, token), "previous": key_body(ApiKey.objects.get(pk=key.pk))},
+            status=status.HTTP_201_CREATED,
+        )

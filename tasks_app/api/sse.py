@@ -55,7 +55,9 @@ def task_events(request: HttpRequest, task_id: str) -> HttpResponseBase:
     except AuthenticationFailed as exc:
         return JsonResponse(error_body("authentication_failed", str(exc.detail)), status=401)
     except RateLimited as exc:
-        return JsonResponse(error_body("throttled", str(exc.detail)), status=429, headers={"Retry-After": str(exc.wait)})
+        return JsonResponse(
+            error_body("throttled", str(exc.detail)), status=429, headers={"Retry-After": str(exc.wait)}
+        )
     if authenticated is not None:
         request.user, tenant_ids = authenticated[0], [authenticated[1].tenant.id]
     elif request.user.is_authenticated:

@@ -17,8 +17,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from checkpoints_app.actions import is_valid
-from runtime_site.parsers import StrictCharField, StrictIntegerField
 from checkpoints_app.models import Checkpoint
+from runtime_site.parsers import StrictCharField, StrictIntegerField
 from steering_app.actions import do_cancel_task
 from tasks_app.actions import do_create_task
 from tasks_app.auth import principal, require_role
@@ -90,7 +90,6 @@ class TaskListCreateApi(APIView):
         priority = StrictIntegerField(min_value=0, max_value=9, default=5)
         ttlSeconds = StrictIntegerField(min_value=1, max_value=90 * 86400, required=False)  # noqa: N815
 
-
     def get_permissions(self) -> list[Any]:
         return [require_role(Role.OPERATOR if self.request.method == "POST" else Role.VIEWER)()]
 
@@ -115,9 +114,16 @@ class TaskListCreateApi(APIView):
         body = data.validated_data
         who = principal(request)
         task, created = do_create_task(
-            who.tenant, actor=who.actor, agent=body["agent"], input=body["input"], goal=body["goal"],
-            checkpoint_policy=body.get("checkpointPolicy"), approval_policy=body.get("approvalPolicy"),
-            budget=body.get("budget"), priority=body["priority"], idempotency_key=key,
+            who.tenant,
+            actor=who.actor,
+            agent=body["agent"],
+            input=body["input"],
+            goal=body["goal"],
+            checkpoint_policy=body.get("checkpointPolicy"),
+            approval_policy=body.get("approvalPolicy"),
+            budget=body.get("budget"),
+            priority=body["priority"],
+            idempotency_key=key,
             ttl_seconds=body.get("ttlSeconds"),
         )
         answer = {"taskId": str(task.id), "status": task.mcp_status, "runtimeStatus": task.status, **task_urls(task)}
@@ -152,13 +158,26 @@ class TaskCheckpointsApi(APIView):
     def get(self, request: Request, task_id: str) -> Response:
         task = tenant_task(request, task_id)
         rows = Checkpoint.objects.filter(task=task).order_by("sequence", "id")
-        return Response({"results": [{
-            "sequence": cp.sequence, "stepName": cp.step_name, "nextStep": cp.next_step,
-            "schemaVersion": cp.schema_version, "planVersion": cp.plan_version, "reason": cp.reason,
-            "checksum": cp.checksum, "valid": is_valid(cp, agent=task.agent), "discarded": cp.discarded,
-            "artifactRefs": cp.artifact_refs,
-            "createdAt": cp.created_at.isoformat(),
-        } for cp in rows]})
+        return Response(
+            {
+                "results": [
+                    {
+                        "sequence": cp.sequence,
+                        "stepName": cp.step_name,
+                        "nextStep": cp.next_step,
+                        "schemaVersion": cp.schema_version,
+                        "planVersion": cp.plan_version,
+                        "reason": cp.reason,
+                        "checksum": cp.checksum,
+                        "valid": is_valid(cp, agent=task.agent),
+                        "discarded": cp.discarded,
+                        "artifactRefs": cp.artifact_refs,
+                        "createdAt": cp.created_at.isoformat(),
+                    }
+                    for cp in rows
+                ]
+            }
+        )
 
 
 class TaskResultApi(APIView):
@@ -167,11 +186,26 @@ class TaskResultApi(APIView):
     def get(self, request: Request, task_id: str) -> Response:
         task = tenant_task(request, task_id)
         if not task.is_terminal:
-            return Response({"error": {"code": "not_finished", "message": f"task is {task.status}",
-                                       "status": task.mcp_status, "runtimeStatus": task.status}},
-                            status=status.HTTP_409_CONFLICT)
-        return Response({"taskId": str(task.id), "status": task.mcp_status, "runtimeStatus": task.status,
-                         "result": task.result, "error": task.error})
+            return Response(
+                {
+                    "error": {
+                        "code": "not_finished",
+                        "message": f"task is {task.status}",
+                        "status": task.mcp_status,
+                        "runtimeStatus": task.status,
+                    }
+                },
+                status=status.HTTP_409_CONFLICT,
+            )
+        return Response(
+            {
+                "taskId": str(task.id),
+                "status": task.mcp_status,
+                "runtimeStatus": task.status,
+                "result": task.result,
+                "error": task.error,
+            }
+        )
 
 
 class TaskAuditApi(APIView):
@@ -180,8 +214,23 @@ class TaskAuditApi(APIView):
     def get(self, request: Request, task_id: str) -> Response:
         task = tenant_task(request, task_id)
         rows = AuditRecord.objects.filter(task=task).order_by("seq")
-        return Response({"head": task.audit_head, "results": [{
-            "seq": r.seq, "actor": r.actor, "action": r.action, "fromStatus": r.from_status,
-            "toStatus": r.to_status, "beforeVersion": r.before_version, "afterVersion": r.after_version,
-            "reason": r.reason, "createdAt": r.created_at.isoformat(), "hash": r.hash,
-        } for r in rows]})
+        return Response(
+            {
+                "head": task.audit_head,
+                "results": [
+                    {
+                        "seq": r.seq,
+                        "actor": r.actor,
+                        "action": r.action,
+                        "fromStatus": r.from_status,
+                        "toStatus": r.to_status,
+                        "beforeVersion": r.before_version,
+                        "afterVersion": r.after_version,
+                        "reason": r.reason,
+                        "createdAt": r.created_at.isoformat(),
+                        "hash": r.hash,
+                    }
+                    for r in rows
+                ],
+            }
+        )

@@ -106,5 +106,10 @@ def publish(task_id: UUID, event_type: str, data: dict[str, Any]) -> None:
     try:
         send_event(channel_for(task_id), event_type, data)
     except Exception:
-        logger.warning("could not publish %s #%s of task %s; streams will catch up from storage",
-                       event_type, data.get("seq"), task_id, exc_info=True)
+        logger.warning(
+            "could not publish %s #%s of task %s; streams will catch up from storage",
+            event_type,
+            data.get("seq"),
+            task_id,
+            exc_info=True,
+        )

@@ -9,8 +9,8 @@ it ended (ensure_running, hooked in by runtime_site/patches/eventstream.py).
 
 from __future__ import annotations
 
-import contextlib
 import asyncio
+import contextlib
 import json
 import logging
 
@@ -43,9 +43,8 @@ def wake_all(channels: set[str] | None = None) -> None:
 
 
 async def _resilient_listen() -> None:
-    from redis.asyncio import Redis
-
     from django_eventstream.views import get_listener_manager
+    from redis.asyncio import Redis
 
     backoff = 0.2
     while True:
@@ -66,7 +65,8 @@ async def _resilient_listen() -> None:
                 if task_id_from(event["channel"]) is None:
                     continue  # pitfall 4: another deployment's event
                 get_listener_manager().add_to_queues(
-                    event["channel"], Event(event["channel"], event["event_type"], event["data"], id=event["pub_id"]))
+                    event["channel"], Event(event["channel"], event["event_type"], event["data"], id=event["pub_id"])
+                )
             raise ConnectionError("pub/sub stream ended")
         except asyncio.CancelledError:
             raise

@@ -15,8 +15,14 @@ def test_admin_lists_render_for_every_registered_model(alice, client):
     get_user_model().objects.create_superuser("root", "root@example.com", "pw")
     client.login(username="root", password="pw")
     names = {m._meta.label for m in admin.site._registry}
-    assert {"tasks_app.Task", "checkpoints_app.Checkpoint", "steering_app.SteeringCommand",
-            "steering_app.InputRequest", "ledger_app.LedgerEntry", "tasks_app.AuditRecord"} <= names
+    assert {
+        "tasks_app.Task",
+        "checkpoints_app.Checkpoint",
+        "steering_app.SteeringCommand",
+        "steering_app.InputRequest",
+        "ledger_app.LedgerEntry",
+        "tasks_app.AuditRecord",
+    } <= names
     for model in admin.site._registry:
         url = f"/admin/{model._meta.app_label}/{model._meta.model_name}/"
         assert client.get(url).status_code == 200, url
@@ -72,11 +78,26 @@ def test_resolving_an_unknown_effect_answers_the_waiting_task(alice, operator_cl
 
     task = new_task(alice)
     Task.objects.filter(id=task.id).update(status="input_required")
-    entry = LedgerEntry.objects.create(tenant=alice.tenant, task=task, step_sequence=1, call_index=1,
-                                       key=f"{task.id}:1:1", tool="email.send", fingerprint="f", status="unknown",
-                                       lease_epoch=1)
-    InputRequest.objects.create(tenant=alice.tenant, task=task, key=f"confirm-{entry.key}", kind="question",
-                                prompt="did it?", answer_schema={"enum": ["done", "not_done"]}, step_sequence=1)
+    entry = LedgerEntry.objects.create(
+        tenant=alice.tenant,
+        task=task,
+        step_sequence=1,
+        call_index=1,
+        key=f"{task.id}:1:1",
+        tool="email.send",
+        fingerprint="f",
+        status="unknown",
+        lease_epoch=1,
+    )
+    InputRequest.objects.create(
+        tenant=alice.tenant,
+        task=task,
+        key=f"confirm-{entry.key}",
+        kind="question",
+        prompt="did it?",
+        answer_schema={"enum": ["done", "not_done"]},
+        step_sequence=1,
+    )
     act(operator_client, "ledgerentry", "resolve_succeeded", entry.id)
     assert LedgerEntry.objects.get(id=entry.id).status == "succeeded"
     assert InputRequest.objects.get(task=task).answer == "done"
@@ -95,14 +116,35 @@ def test_resolving_an_effect_of_a_task_that_no_longer_takes_answers_still_resolv
 
     task = new_task(alice)
     Task.objects.filter(id=task.id).update(status="cancelled")  # it refuses provide_input now
-    entries = [LedgerEntry.objects.create(tenant=alice.tenant, task=task, step_sequence=1, call_index=i,
-                                          key=f"{task.id}:1:{i}", tool="email.send", fingerprint="f",
-                                          status="unknown", lease_epoch=1) for i in (1, 2)]
+    entries = [
+        LedgerEntry.objects.create(
+            tenant=alice.tenant,
+            task=task,
+            step_sequence=1,
+            call_index=i,
+            key=f"{task.id}:1:{i}",
+            tool="email.send",
+            fingerprint="f",
+            status="unknown",
+            lease_epoch=1,
+        )
+        for i in (1, 2)
+    ]
     for entry in entries:
-        InputRequest.objects.create(tenant=alice.tenant, task=task, key=f"confirm-{entry.key}", kind="question",
-                                    prompt="did it?", answer_schema={"enum": ["done", "not_done"]}, step_sequence=1)
-    response = operator_client.post("/admin/ledger_app/ledgerentry/", {
-        "action": "resolve_succeeded", "_selected_action": [e.id for e in entries]}, follow=True)
+        InputRequest.objects.create(
+            tenant=alice.tenant,
+            task=task,
+            key=f"confirm-{entry.key}",
+            kind="question",
+            prompt="did it?",
+            answer_schema={"enum": ["done", "not_done"]},
+            step_sequence=1,
+        )
+    response = operator_client.post(
+        "/admin/ledger_app/ledgerentry/",
+        {"action": "resolve_succeeded", "_selected_action": [e.id for e in entries]},
+        follow=True,
+    )
     assert response.status_code == 200  # not a 500 halfway through the selection
     assert set(LedgerEntry.objects.filter(task=task).values_list("status", flat=True)) == {"succeeded"}
     assert set(InputRequest.objects.filter(task=task).values_list("status", flat=True)) == {"open"}

@@ -35,12 +35,22 @@ def rest(token: str, method: str = "get", path: str = "/runtime/tasks", body: di
 def mcp(token: str):
     from mcp_server.protocol import MODERN, TASKS_EXT
 
-    meta = {"io.modelcontextprotocol/protocolVersion": MODERN,
-            "io.modelcontextprotocol/clientCapabilities": {"extensions": {TASKS_EXT: {}}}}
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": MODERN,
+        "io.modelcontextprotocol/clientCapabilities": {"extensions": {TASKS_EXT: {}}},
+    }
     body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": meta}}
-    return Client().post("/mcp", data=json.dumps(body), content_type="application/json",
-                         headers={"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream",
-                                  "MCP-Protocol-Version": MODERN, "Mcp-Method": "tools/list"})
+    return Client().post(
+        "/mcp",
+        data=json.dumps(body),
+        content_type="application/json",
+        headers={
+            "Authorization": f"Bearer {token}",
+            "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": MODERN,
+            "Mcp-Method": "tools/list",
+        },
+    )
 
 
 def sse(token: str, task: Task):
@@ -131,20 +141,26 @@ def test_an_approve_scoped_key_approves_but_cannot_operate(alice):
     approve = make_key(april, scopes=["approve"])
     assert rest(approve["token"], "post", body={"agent": "noop", "input": {"steps": 1}}).status_code == 403
     question, key = waiting_task(alice, "question")
-    assert rest(approve["token"], "post", f"/runtime/tasks/{question.id}/inputs/{key}",
-                {"answer": True}).status_code == 403
+    assert (
+        rest(approve["token"], "post", f"/runtime/tasks/{question.id}/inputs/{key}", {"answer": True}).status_code
+        == 403
+    )
     approval, key = waiting_task(alice, "approval")
     answered = rest(approve["token"], "post", f"/runtime/tasks/{approval.id}/inputs/{key}", {"answer": True})
     assert answered.status_code == 202, answered.content
     # an operator-only key may not approve
     operate = make_key(alice, scopes=["operate"])
     other, key = waiting_task(alice, "approval")
-    assert rest(operate["token"], "post", f"/runtime/tasks/{other.id}/inputs/{key}", {"answer": True}).status_code == 403
+    assert (
+        rest(operate["token"], "post", f"/runtime/tasks/{other.id}/inputs/{key}", {"answer": True}).status_code == 403
+    )
 
 
 def test_rotation_keeps_two_keys_live_until_the_old_one_expires(alice, settings):
-    settings.RUNTIME = {**settings.RUNTIME, "security": {**settings.RUNTIME["security"],
-                                                         "key_rotation_grace_seconds": 3600}}
+    settings.RUNTIME = {
+        **settings.RUNTIME,
+        "security": {**settings.RUNTIME["security"], "key_rotation_grace_seconds": 3600},
+    }
     old = ApiKey.objects.get(user=alice.user)
     rotated = rest(alice.token, "post", f"/runtime/keys/{old.prefix}/rotate")
     assert rotated.status_code == 201, rotated.content
@@ -179,9 +195,11 @@ def test_the_admin_makes_a_key_showing_its_token_once_and_rotates_and_revokes(al
     staff = get_user_model().objects.create_superuser("root", "root@example.com", "pw-root-123")
     browser = Client()
     browser.force_login(staff)
-    added = browser.post("/admin/tasks_app/apikey/add/", {"tenant": alice.tenant.pk, "user": alice.user.pk,
-                                                         "role": "viewer", "name": "exporter", "scopes": ["read"]},
-                         follow=True)
+    added = browser.post(
+        "/admin/tasks_app/apikey/add/",
+        {"tenant": alice.tenant.pk, "user": alice.user.pk, "role": "viewer", "name": "exporter", "scopes": ["read"]},
+        follow=True,
+    )
     assert added.status_code == 200
     token = re.search(r"rt_[0-9a-f]{12}_[A-Za-z0-9_\-]+", added.content.decode()).group(0)
     assert rest(token).status_code == 200
@@ -192,6 +210,8 @@ def test_the_admin_makes_a_key_showing_its_token_once_and_rotates_and_revokes(al
     assert new_token != token and rest(new_token).status_code == 200 and rest(token).status_code == 200
     browser.post("/admin/tasks_app/apikey/", {"action": "revoke", "_selected_action": [key.pk]}, follow=True)
     assert rest(token).status_code == 401 and rest(new_token).status_code == 200
-    wide = browser.post("/admin/tasks_app/apikey/add/", {"tenant": alice.tenant.pk, "user": alice.user.pk,
-                                                        "role": "viewer", "name": "wide", "scopes": ["approve"]})
+    wide = browser.post(
+        "/admin/tasks_app/apikey/add/",
+        {"tenant": alice.tenant.pk, "user": alice.user.pk, "role": "viewer", "name": "wide", "scopes": ["approve"]},
+    )
     assert wide.status_code == 200 and "beyond the viewer role" in wide.content.decode()

@@ -56,15 +56,19 @@ def rewrite_chain_with_sql(task: Task) -> None:
     """What an attacker with database access does: change a record, then recompute every hash
     after it and the task's head, in plain SQL, so that the chain verifies again."""
     with connection.cursor() as cursor:
-        cursor.execute("UPDATE tasks_app_auditrecord SET reason = 'nothing happened here' "
-                       "WHERE task_id = %s AND seq = 2", [task.id])
+        cursor.execute(
+            "UPDATE tasks_app_auditrecord SET reason = 'nothing happened here' WHERE task_id = %s AND seq = 2",
+            [task.id],
+        )
         prev = audit.GENESIS
         for record in AuditRecord.objects.filter(task=task).order_by("seq"):
             record.prev_hash = prev
             fields = record.chained_fields()
             prev = hashlib.sha256(canonical_json(fields).encode()).hexdigest()
-            cursor.execute("UPDATE tasks_app_auditrecord SET prev_hash = %s, hash = %s WHERE id = %s",
-                           [record.prev_hash, prev, record.id])
+            cursor.execute(
+                "UPDATE tasks_app_auditrecord SET prev_hash = %s, hash = %s WHERE id = %s",
+                [record.prev_hash, prev, record.id],
+            )
         cursor.execute("UPDATE tasks_app_task SET audit_head = %s WHERE id = %s", [prev, task.id])
 
 
@@ -85,8 +89,9 @@ def test_an_edited_record_is_named_by_the_chain_and_by_the_anchor(alice):
     task = finished_task(alice)
     audit.anchor_heads()
     with connection.cursor() as cursor:
-        cursor.execute("UPDATE tasks_app_auditrecord SET data = '{\"approved\": true}' "
-                       "WHERE task_id = %s AND seq = 2", [task.id])
+        cursor.execute(
+            "UPDATE tasks_app_auditrecord SET data = '{\"approved\": true}' WHERE task_id = %s AND seq = 2", [task.id]
+        )
     problems = verify_audit_problems()
     assert f"task {task.id}: record 2: content does not match its hash (edited)" in problems
 
@@ -98,8 +103,10 @@ def test_deleted_records_and_a_deleted_task_are_caught_by_the_anchor(alice):
     last = AuditRecord.objects.get(task=task, seq=task.audit_seq)
     with connection.cursor() as cursor:
         cursor.execute("DELETE FROM tasks_app_auditrecord WHERE id = %s", [last.id])
-        cursor.execute("UPDATE tasks_app_task SET audit_head = %s, audit_seq = audit_seq - 1 WHERE id = %s",
-                       [last.prev_hash, task.id])
+        cursor.execute(
+            "UPDATE tasks_app_task SET audit_head = %s, audit_seq = audit_seq - 1 WHERE id = %s",
+            [last.prev_hash, task.id],
+        )
     assert verify_chain(Task.objects.get(id=task.id)) is None
     Task.objects.filter(id=other.id).delete()
 

@@ -37,15 +37,21 @@ def truth(store: LocalBlobStore) -> dict[str, Any]:
     return json.loads(store.get(f"{PREFIX}/truth.json"))
 
 
-def make_ctx(store: LocalBlobStore, agent_input: dict[str, Any], step: str, seq: int,
-             task_id: str = "task-1") -> StepContext:
-    return StepContext(task_id=task_id, goal="review contracts", input=agent_input, step_name=step,
-                       sequence=seq, blobs=store)
+def make_ctx(
+    store: LocalBlobStore, agent_input: dict[str, Any], step: str, seq: int, task_id: str = "task-1"
+) -> StepContext:
+    return StepContext(
+        task_id=task_id, goal="review contracts", input=agent_input, step_name=step, sequence=seq, blobs=store
+    )
 
 
-def drive(agent: DocumentReviewAgent, store: LocalBlobStore, agent_input: dict[str, Any],
-          state: dict[str, Any] | None = None, task_id: str = "task-1",
-          ) -> tuple[dict[str, Any], list[dict[str, Any]], list[StepContext]]:
+def drive(
+    agent: DocumentReviewAgent,
+    store: LocalBlobStore,
+    agent_input: dict[str, Any],
+    state: dict[str, Any] | None = None,
+    task_id: str = "task-1",
+) -> tuple[dict[str, Any], list[dict[str, Any]], list[StepContext]]:
     """Run to completion like the engine does; returns final state, every state after a step, and the contexts."""
     validate(agent_input, agent.input_schema, "input")
     state = agent.start(agent_input, "review contracts") if state is None else state
@@ -105,8 +111,9 @@ def test_counts_match_ground_truth(full_run: Any, truth: dict[str, Any]) -> None
     assert sum(result["byLevel"].values()) == COUNT
     assert result["byCategory"] == truth["totals"]["byCategory"]
     assert result["expired"] == truth["totals"]["expired"]
-    assert result["byContractType"] == dict(sorted(Counter(t["contract_type"]
-                                                          for t in truth["documents"].values()).items()))
+    assert result["byContractType"] == dict(
+        sorted(Counter(t["contract_type"] for t in truth["documents"].values()).items())
+    )
 
 
 def test_every_document_matches_truth_exactly(store: LocalBlobStore, truth: dict[str, Any]) -> None:
@@ -121,8 +128,7 @@ def test_keyword_gates_never_change_a_finding(store: LocalBlobStore, monkeypatch
     docs = [json.loads(store.get(k)) for k in store.list(f"{PREFIX}/docs")]
     gated = [assess(d) for d in docs]
     original = rules._gated
-    monkeypatch.setattr(rules, "_gated", lambda clauses, words, heading=None: original(
-        clauses, ("",), heading))
+    monkeypatch.setattr(rules, "_gated", lambda clauses, words, heading=None: original(clauses, ("",), heading))
     assert [assess(d) for d in docs] == gated
 
 
@@ -148,9 +154,14 @@ def test_result_validates_and_top_risks(full_run: Any) -> None:
 
 def test_bad_input_rejected() -> None:
     schema = DocumentReviewAgent.input_schema
-    for bad in ({}, {"corpus": PREFIX, "batchSize": 0}, {"corpus": PREFIX, "batchSize": 501},
-                {"corpus": PREFIX, "focus": ["not_a_category"]}, {"corpus": PREFIX, "extra": 1},
-                {"corpus": PREFIX, "limit": 0}):
+    for bad in (
+        {},
+        {"corpus": PREFIX, "batchSize": 0},
+        {"corpus": PREFIX, "batchSize": 501},
+        {"corpus": PREFIX, "focus": ["not_a_category"]},
+        {"corpus": PREFIX, "extra": 1},
+        {"corpus": PREFIX, "limit": 0},
+    ):
         with pytest.raises(SchemaError):
             validate(bad, schema, "input")
 
@@ -158,8 +169,10 @@ def test_bad_input_rejected() -> None:
 def test_reports_written(full_run: Any, store: LocalBlobStore) -> None:
     state, _, contexts = full_run
     refs = state["report"]
-    assert refs == {"json": "file://tasks/task-1/artifacts/report.json",
-                    "markdown": "file://tasks/task-1/artifacts/report.md"}
+    assert refs == {
+        "json": "file://tasks/task-1/artifacts/report.json",
+        "markdown": "file://tasks/task-1/artifacts/report.md",
+    }
     report = json.loads(store.get("tasks/task-1/artifacts/report.json"))
     assert report["summary"]["documentsReviewed"] == COUNT
     assert {r["name"] for r in report["rules"]} == {r.name for r in RULES}

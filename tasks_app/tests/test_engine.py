@@ -103,8 +103,7 @@ def test_a_zombie_slice_commits_nothing_after_a_takeover(alice, settings):
     assert leases.claim(task.id, worker_id="new", ttl=30) is not None
     steps_before = Step.objects.filter(task=task).count()
     with pytest.raises(leases.LeaseLost):
-        engine._commit_step(run, StepContext(str(task.id), "", {}, "noop-4", 4, None), run.state,
-                            timezone.now(), 1.0)
+        engine._commit_step(run, StepContext(str(task.id), "", {}, "noop-4", 4, None), run.state, timezone.now(), 1.0)
     assert Step.objects.filter(task=task).count() == steps_before
 
 
@@ -134,14 +133,26 @@ def test_checkpoints_follow_the_policy_and_carry_valid_checksums(alice, settings
     assert task.status == "completed" and task.result == {"steps": 25}
     cps = list(Checkpoint.objects.filter(task=task).order_by("sequence"))
     assert [(c.sequence, c.reason) for c in cps] == [
-        (5, "every_steps"), (7, "slice_end"), (12, "every_steps"), (14, "slice_end"),
-        (19, "every_steps"), (21, "slice_end"), (25, "terminal"),
+        (5, "every_steps"),
+        (7, "slice_end"),
+        (12, "every_steps"),
+        (14, "slice_end"),
+        (19, "every_steps"),
+        (21, "slice_end"),
+        (25, "terminal"),
     ]
     for cp in cps:  # recomputed here, independently of the codec
-        fields = {"task": str(task.id), "sequence": cp.sequence, "step_name": cp.step_name,
-                  "schema_version": cp.schema_version, "plan_version": cp.plan_version,
-                  "next_step": cp.next_step, "state": cp.state, "artifact_refs": cp.artifact_refs,
-                  "steering_cursor": cp.steering_cursor}
+        fields = {
+            "task": str(task.id),
+            "sequence": cp.sequence,
+            "step_name": cp.step_name,
+            "schema_version": cp.schema_version,
+            "plan_version": cp.plan_version,
+            "next_step": cp.next_step,
+            "state": cp.state,
+            "artifact_refs": cp.artifact_refs,
+            "steering_cursor": cp.steering_cursor,
+        }
         canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         assert hashlib.sha256(canonical.encode()).hexdigest() == cp.checksum
         assert cp.state["done"] == cp.sequence
@@ -173,9 +184,17 @@ def test_a_checkpoint_from_an_unknown_schema_version_dead_letters(alice, setting
     task = new_task(alice, steps=20)
     engine.run_slice(task.id, worker_id="w1")
     cp = Checkpoint.objects.get(task=task)
-    fields = {"task": str(task.id), "sequence": cp.sequence, "step_name": cp.step_name, "schema_version": 99,
-              "plan_version": cp.plan_version, "next_step": cp.next_step, "state": cp.state,
-              "artifact_refs": cp.artifact_refs, "steering_cursor": cp.steering_cursor}
+    fields = {
+        "task": str(task.id),
+        "sequence": cp.sequence,
+        "step_name": cp.step_name,
+        "schema_version": 99,
+        "plan_version": cp.plan_version,
+        "next_step": cp.next_step,
+        "state": cp.state,
+        "artifact_refs": cp.artifact_refs,
+        "steering_cursor": cp.steering_cursor,
+    }
     Checkpoint.objects.filter(id=cp.id).update(schema_version=99, checksum=codec.checksum(fields))
     engine.run_slice(task.id, worker_id="w2")
     task.refresh_from_db()
@@ -203,8 +222,7 @@ def test_a_failing_step_fails_the_task_with_a_diagnosable_reason(alice):
     assert engine.run_slice(task.id, worker_id="w1") is engine.SliceOutcome.DONE
     task.refresh_from_db()
     assert task.status == "failed"
-    assert task.error == {"code": "step_failed", "step": "s3", "sequence": 3,
-                          "message": "RuntimeError: disk on fire"}
+    assert task.error == {"code": "step_failed", "step": "s3", "sequence": 3, "message": "RuntimeError: disk on fire"}
     assert Step.objects.filter(task=task).count() == 2
 
 
@@ -235,13 +253,15 @@ def test_a_deleted_audit_record_breaks_the_chain(alice):
     assert link is not None and link.seq == 2 and "missing" in link.problem
 
 
-@pytest.mark.parametrize(("budget", "extra", "steps_done", "needle"), [
-    ({"maxSteps": 4}, {}, 4, "steps 4 of 4"),
-    ({"maxCost": 1.0}, {"costPerStep": 0.25}, 4, "cost 1 of 1"),
-])
+@pytest.mark.parametrize(
+    ("budget", "extra", "steps_done", "needle"),
+    [
+        ({"maxSteps": 4}, {}, 4, "steps 4 of 4"),
+        ({"maxCost": 1.0}, {"costPerStep": 0.25}, 4, "cost 1 of 1"),
+    ],
+)
 def test_the_safe_point_stops_a_task_whose_budget_is_used_up(alice, budget, extra, steps_done, needle):
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 10, **extra},
-                             budget=budget)
+    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 10, **extra}, budget=budget)
     run_to_end(task)
     task.refresh_from_db()
     assert task.status == "failed" and task.error["code"] == "budget_exhausted"
@@ -249,8 +269,13 @@ def test_the_safe_point_stops_a_task_whose_budget_is_used_up(alice, budget, extr
 
 
 def test_a_budget_that_is_not_reached_changes_nothing(alice):
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 4, "costPerStep": 0.5},
-                             budget={"maxSteps": 4, "maxCost": 3})
+    task, _ = do_create_task(
+        alice.tenant,
+        actor="user:test",
+        agent="noop",
+        input={"steps": 4, "costPerStep": 0.5},
+        budget={"maxSteps": 4, "maxCost": 3},
+    )
     run_to_end(task)
     task.refresh_from_db()
     assert task.status == "completed" and task.cost == 2.0
@@ -288,13 +313,23 @@ def test_a_tenant_at_its_concurrency_limit_waits_its_turn(alice, settings):
 def test_concurrency_limited_tasks_never_overlap_on_real_workers(alice, settings, processes):
     from conftest import wait_until
 
-    processes.worker(concurrency=2, RUNTIME_MAX_CONCURRENT_TASKS="1", RUNTIME_SLICE_STEPS="2",
-                     RUNTIME_SCAN_SECONDS="1", RUNTIME_STALL_SECONDS="30")
+    processes.worker(
+        concurrency=2,
+        RUNTIME_MAX_CONCURRENT_TASKS="1",
+        RUNTIME_SLICE_STEPS="2",
+        RUNTIME_SCAN_SECONDS="1",
+        RUNTIME_STALL_SECONDS="30",
+    )
     processes.beat(RUNTIME_SCAN_SECONDS="1", RUNTIME_STALL_SECONDS="30")
-    tasks = [do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 6, "sleepMs": 30})[0]
-             for _ in range(3)]
-    wait_until(lambda: Task.objects.filter(id__in=[t.id for t in tasks], status="completed").count() == 3,
-               timeout=25, what="all three tasks (handed their turns along, not left to the stall scanner)")
+    tasks = [
+        do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 6, "sleepMs": 30})[0]
+        for _ in range(3)
+    ]
+    wait_until(
+        lambda: Task.objects.filter(id__in=[t.id for t in tasks], status="completed").count() == 3,
+        timeout=25,
+        what="all three tasks (handed their turns along, not left to the stall scanner)",
+    )
     spans = sorted(Step.objects.filter(task__in=tasks).values_list("started_at", "finished_at", "task_id"))
     for (_, end, a), (start, _, b) in pairwise(spans):
         assert a == b or start >= end, "two tasks of the tenant ran at once"

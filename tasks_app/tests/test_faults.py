@@ -76,8 +76,9 @@ def crash_then_recover(task: Task) -> dict[str, Any]:
 
 def attempts(task: Task) -> dict[int, list[int]]:
     out: dict[int, list[int]] = {}
-    for sequence, attempt in Step.objects.filter(task=task).order_by("sequence", "attempt").values_list(
-            "sequence", "attempt"):
+    for sequence, attempt in (
+        Step.objects.filter(task=task).order_by("sequence", "attempt").values_list("sequence", "attempt")
+    ):
         out.setdefault(sequence, []).append(attempt)
     return out
 
@@ -85,8 +86,13 @@ def attempts(task: Task) -> dict[int, list[int]]:
 def test_crashes_repeated_inside_one_range_of_steps_rerun_them_as_new_attempts(alice):
     # Checkpoint at 10; the first worker dies in step 14 (11-13 committed after the
     # checkpoint), the second while re-running step 12, inside the same range.
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="test_crashing",
-                             input={"steps": 20, "crashAt": [14, 12]}, checkpoint_policy={"everySteps": 10})
+    task, _ = do_create_task(
+        alice.tenant,
+        actor="user:test",
+        agent="test_crashing",
+        input={"steps": 20, "crashAt": [14, 12]},
+        checkpoint_policy={"everySteps": 10},
+    )
     first = crash_then_recover(task)
     second = crash_then_recover(task)
     assert run_to_end(task, worker="survivor")[-1] is engine.SliceOutcome.DONE
@@ -105,8 +111,13 @@ def test_crashes_repeated_inside_one_range_of_steps_rerun_them_as_new_attempts(a
 
 def test_a_task_whose_steps_done_was_lowered_by_an_older_release_still_resumes(alice):
     # Releases before issue 12 lowered steps_done on a re-run; rows above it must not collide.
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="test_crashing",
-                             input={"steps": 12, "crashAt": [9]}, checkpoint_policy={"everySteps": 5})
+    task, _ = do_create_task(
+        alice.tenant,
+        actor="user:test",
+        agent="test_crashing",
+        input={"steps": 12, "crashAt": [9]},
+        checkpoint_policy={"everySteps": 5},
+    )
     crash_then_recover(task)  # steps 1-8 committed, checkpoint at 5
     Task.objects.filter(id=task.id).update(steps_done=6)
     run_to_end(task, worker="survivor")
@@ -117,6 +128,7 @@ def test_a_task_whose_steps_done_was_lowered_by_an_older_release_still_resumes(a
 
 def terminate_backend(pid: int) -> None:
     """pg_terminate_backend from another connection (another thread gets its own)."""
+
     def kill() -> None:
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
@@ -160,8 +172,13 @@ class DatabaseFaultAgent(CountingAgent):
 
 @pytest.mark.parametrize("where", ["step", "commit"])
 def test_a_database_connection_dropped_in_a_step_or_its_commit_delays_the_task_and_never_fails_it(alice, where):
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="test_db_fault",
-                             input={"steps": 8, "faultAt": 6, "where": where}, checkpoint_policy={"everySteps": 4})
+    task, _ = do_create_task(
+        alice.tenant,
+        actor="user:test",
+        agent="test_db_fault",
+        input={"steps": 8, "faultAt": 6, "where": where},
+        checkpoint_policy={"everySteps": 4},
+    )
     outcome = engine.run_slice(task.id, worker_id="w1")
 
     task.refresh_from_db()  # the connection was reset: this reconnects
@@ -191,18 +208,21 @@ def test_the_slice_wrapper_survives_a_dead_connection_and_rings_again(alice):
     assert Task.objects.get(id=task.id).status == "completed"
 
 
-@pytest.mark.parametrize(("error", "infrastructure"), [
-    (OperationalError("server closed the connection unexpectedly"), True),
-    (InterfaceError("connection already closed"), True),
-    (psycopg.errors.AdminShutdown("terminating connection due to administrator command"), True),
-    (redis.exceptions.ConnectionError("Connection refused"), True),
-    (kombu.exceptions.OperationalError("Error 111 connecting to 127.0.0.1:6379"), True),
-    (botocore.exceptions.EndpointConnectionError(endpoint_url="http://minio:9000"), True),
-    (botocore.exceptions.ClientError({"ResponseMetadata": {"HTTPStatusCode": 503}}, "PutObject"), True),
-    (botocore.exceptions.ClientError({"ResponseMetadata": {"HTTPStatusCode": 403}}, "PutObject"), False),
-    (IntegrityError("duplicate key value violates unique constraint"), False),
-    (RuntimeError("disk on fire"), False),
-])
+@pytest.mark.parametrize(
+    ("error", "infrastructure"),
+    [
+        (OperationalError("server closed the connection unexpectedly"), True),
+        (InterfaceError("connection already closed"), True),
+        (psycopg.errors.AdminShutdown("terminating connection due to administrator command"), True),
+        (redis.exceptions.ConnectionError("Connection refused"), True),
+        (kombu.exceptions.OperationalError("Error 111 connecting to 127.0.0.1:6379"), True),
+        (botocore.exceptions.EndpointConnectionError(endpoint_url="http://minio:9000"), True),
+        (botocore.exceptions.ClientError({"ResponseMetadata": {"HTTPStatusCode": 503}}, "PutObject"), True),
+        (botocore.exceptions.ClientError({"ResponseMetadata": {"HTTPStatusCode": 403}}, "PutObject"), False),
+        (IntegrityError("duplicate key value violates unique constraint"), False),
+        (RuntimeError("disk on fire"), False),
+    ],
+)
 def test_only_infrastructure_errors_are_classified_as_such(error, infrastructure):
     assert faults.is_infrastructure_error(error) is infrastructure
     wrapped = RuntimeError("the agent wrapped it")
@@ -224,8 +244,11 @@ def test_a_cancel_after_a_slice_was_abandoned_settles_the_pause_it_left_pending(
     engine._start_working(lease, "queued", None)  # the slice is under way
     client = alice.client()
     version = client.get(f"/runtime/tasks/{task.id}").json()["stateVersion"]
-    response = client.post(f"/runtime/tasks/{task.id}/steering", {
-        "commandId": "pause-1", "type": "pause", "payload": {}, "expectedVersion": version}, format="json")
+    response = client.post(
+        f"/runtime/tasks/{task.id}/steering",
+        {"commandId": "pause-1", "type": "pause", "payload": {}, "expectedVersion": version},
+        format="json",
+    )
     assert response.status_code == 202 and response.json()["status"] == "pending", response.content
     engine._abandon(lease, OperationalError("server closed the connection unexpectedly"))
 
@@ -325,8 +348,9 @@ def test_an_agent_output_the_database_cannot_store_fails_the_step_with_a_diagnos
     # Not a crash (the worker is fine) and not infrastructure: the agent's own output cannot
     # be stored. It must fail the step at once, saying why, not escape the slice, hold the
     # lease until it expires and crash-loop through recoveries into a misleading dead letter.
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="test_hostile_output",
-                             input={"where": where, "bad": bad})
+    task, _ = do_create_task(
+        alice.tenant, actor="user:test", agent="test_hostile_output", input={"where": where, "bad": bad}
+    )
     outcome = engine.run_slice(task.id, worker_id="w1")
     task.refresh_from_db()
     assert outcome is engine.SliceOutcome.DONE

@@ -16,12 +16,19 @@ TOKEN = "rt_0123456789ab_" + "s" * 40
 
 
 def test_it_masks_secret_keys_personal_fields_and_token_values():
-    masked = redact({
-        "Authorization": "Bearer abcdef1234567890", "password": "hunter2", "apiKey": "k",
-        "email": "ann@example.com", "nested": [{"client_secret": "x", "note": f"used {TOKEN} today"}],
-        "header": "Bearer abcdef1234567890", "aws": "key AKIAABCDEFGHIJKLMNOP here", "count": 3,
-        "message": "reviewed 40 of 100",
-    })
+    masked = redact(
+        {
+            "Authorization": "Bearer abcdef1234567890",
+            "password": "hunter2",
+            "apiKey": "k",
+            "email": "ann@example.com",
+            "nested": [{"client_secret": "x", "note": f"used {TOKEN} today"}],
+            "header": "Bearer abcdef1234567890",
+            "aws": "key AKIAABCDEFGHIJKLMNOP here",
+            "count": 3,
+            "message": "reviewed 40 of 100",
+        }
+    )
     assert masked["Authorization"] == masked["password"] == masked["apiKey"] == masked["email"] == MASK
     assert masked["nested"] == [{"client_secret": MASK, "note": f"used {MASK} today"}]
     assert masked["header"] == f"Bearer {MASK}" and masked["aws"] == f"key {MASK} here"
@@ -48,8 +55,7 @@ class ChattyAgent(Agent):
 
 @pytest.mark.django_db(transaction=True)
 def test_events_and_audit_records_carry_no_secrets(alice):
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="test_chatty", input={},
-                             goal="x")
+    task, _ = do_create_task(alice.tenant, actor="user:test", agent="test_chatty", input={}, goal="x")
     while engine.run_slice(task.id, worker_id="w") is engine.SliceOutcome.CONTINUE:
         pass
     log = task.events.get(type="log").data
@@ -75,7 +81,6 @@ def test_logs_carry_no_tokens(caplog):
 def test_every_process_logs_through_the_filter(settings):
     assert settings.LOGGING["handlers"]["console"]["filters"] == ["redact"]
     assert settings.LOGGING["filters"]["redact"]["()"] == "tasks_app.redaction.RedactingFilter"
-
 
 
 def test_it_masks_secrets_named_inside_strings():

@@ -21,8 +21,13 @@ def run_to_end(task: Task) -> None:
 
 
 def noop(alice, steps: int, **input) -> Task:
-    return do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": steps, **input},
-                          checkpoint_policy={"everySteps": 1})[0]
+    return do_create_task(
+        alice.tenant,
+        actor="user:test",
+        agent="noop",
+        input={"steps": steps, **input},
+        checkpoint_policy={"everySteps": 1},
+    )[0]
 
 
 def test_events_of_tasks_ended_before_the_window_go_and_recent_ones_stay(alice):

@@ -51,8 +51,11 @@ def test_a_step_past_the_agents_deadline_is_abandoned_and_the_task_recovered_wit
     record = AuditRecord.objects.filter(task=task, to_status="recovering").get()
     assert record.actor == "worker:w1"
     assert "step wait-for-the-remote ran past its deadline of 0.3s on w1" in record.reason
-    assert record.data["cause"] == {"code": "step_deadline_exceeded", "step": "wait-for-the-remote",
-                                    "deadlineSeconds": 0.3}
+    assert record.data["cause"] == {
+        "code": "step_deadline_exceeded",
+        "step": "wait-for-the-remote",
+        "deadlineSeconds": 0.3,
+    }
 
 
 def test_without_a_declared_deadline_the_configured_one_holds(alice, settings, monkeypatch):
@@ -86,7 +89,8 @@ def test_an_agent_declaring_no_deadline_runs_its_step_however_long_it_takes(alic
 
 @pytest.mark.parametrize("seconds", [-1, float("nan")])
 def test_an_agent_declaring_a_deadline_that_is_no_duration_fails_its_step_with_that_diagnosis(
-        alice, monkeypatch, seconds):
+    alice, monkeypatch, seconds
+):
     # Not abandoned at every beat until dead-lettered (negative), nor never (NaN): the agent's bug, named.
     monkeypatch.setattr(HangingAgent, "step_seconds", seconds)
     task, _ = do_create_task(alice.tenant, actor="user:test", agent="test_hanging", input={"hangSeconds": 0.5})
@@ -104,14 +108,22 @@ def test_a_configured_step_deadline_that_is_no_duration_stops_the_process_at_sta
 
     from conftest import ROOT
 
-    run = subprocess.run([sys.executable, "manage.py", "check"], check=False, cwd=ROOT, capture_output=True,
-                         text=True, env={**os.environ, "RUNTIME_STEP_SECONDS": raw}, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "RUNTIME_STEP_SECONDS": raw},
+        timeout=120,
+    )
     assert run.returncode != 0 and "step_seconds" in run.stderr, run.stderr[-2000:]
 
 
 @register
 class SlowToSumUpAgent(HangingAgent):
     """A quick step, then a slow result(): the runtime's work after a step is not the step's."""
+
     name = "test_slow_to_sum_up"
 
     def result(self, state: dict[str, Any]) -> dict[str, Any]:

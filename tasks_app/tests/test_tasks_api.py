@@ -162,14 +162,24 @@ def test_list_filters_by_status_and_pages_with_a_cursor(alice):
 
 
 def _checkpoint(task: Task, sequence: int, *, discarded: bool = False) -> None:
-    Checkpoint.objects.create(tenant=task.tenant, task=task, sequence=sequence, step_name=f"s{sequence}",
-                              schema_version=1, plan_version=1, state={}, reason="every_steps", checksum="x",
-                              discarded=discarded)
+    Checkpoint.objects.create(
+        tenant=task.tenant,
+        task=task,
+        sequence=sequence,
+        step_name=f"s{sequence}",
+        schema_version=1,
+        plan_version=1,
+        state={},
+        reason="every_steps",
+        checksum="x",
+        discarded=discarded,
+    )
 
 
 def _ask(task: Task, key: str, status: str = "open") -> None:
-    InputRequest.objects.create(tenant=task.tenant, task=task, key=key, prompt=f"{key}?", step_sequence=1,
-                                status=status)
+    InputRequest.objects.create(
+        tenant=task.tenant, task=task, key=key, prompt=f"{key}?", step_sequence=1, status=status
+    )
 
 
 def test_a_snapshot_read_is_the_key_lookup_and_one_query(alice, django_assert_num_queries):

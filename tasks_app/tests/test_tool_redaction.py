@@ -21,8 +21,15 @@ from tasks_app.redaction import MASK, RedactingFilter, redact, tool_text
 
 EMAIL, CARD, TOKEN = "ann.lee@example.com", "4111 1111 1111 1111", "ghp_" + "Z" * 36
 JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJhbm4ifQ.c2lnbmF0dXJlc2lnbmF0dXJl"
-PAYLOAD = {"customer": EMAIL, "card": CARD, "note": f"use {TOKEN}", "password": "hunter2-secret",
-           "session": JWT, "phone": "+1 555 0100", "filler": "x" * 2000}
+PAYLOAD = {
+    "customer": EMAIL,
+    "card": CARD,
+    "note": f"use {TOKEN}",
+    "password": "hunter2-secret",
+    "session": JWT,
+    "phone": "+1 555 0100",
+    "filler": "x" * 2000,
+}
 
 
 class EchoingRemote(BaseHTTPRequestHandler):
@@ -57,10 +64,13 @@ def leaked(text: str) -> list[str]:
 
 @pytest.mark.django_db(transaction=True)
 def test_a_remote_error_body_quoting_the_payload_lands_masked_and_bounded(alice, remote, settings):
-    settings.RUNTIME = {**settings.RUNTIME, "security": {**settings.RUNTIME["security"],
-                                                         "http_allowlist": ["127.0.0.1"]}}
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="webhook",
-                             input={"url": remote, "payload": PAYLOAD, "count": 1})
+    settings.RUNTIME = {
+        **settings.RUNTIME,
+        "security": {**settings.RUNTIME["security"], "http_allowlist": ["127.0.0.1"]},
+    }
+    task, _ = do_create_task(
+        alice.tenant, actor="user:test", agent="webhook", input={"url": remote, "payload": PAYLOAD, "count": 1}
+    )
     while engine.run_slice(task.id, worker_id="w") is engine.SliceOutcome.CONTINUE:
         pass
     task = Task.objects.get(id=task.id)
@@ -68,9 +78,14 @@ def test_a_remote_error_body_quoting_the_payload_lands_masked_and_bounded(alice,
     failed = AuditRecord.objects.get(task=task, to_status="failed")
     terminal = task.events.get(type="terminal").data
     entry = LedgerEntry.objects.get(task=task)
-    places = {"task error": json.dumps(task.error), "status message": task.status_message,
-              "audit reason": failed.reason, "audit data": json.dumps(failed.data),
-              "terminal event": json.dumps(terminal), "ledger error": json.dumps(entry.error)}
+    places = {
+        "task error": json.dumps(task.error),
+        "status message": task.status_message,
+        "audit reason": failed.reason,
+        "audit data": json.dumps(failed.data),
+        "terminal event": json.dumps(terminal),
+        "ledger error": json.dumps(entry.error),
+    }
     for place, text in places.items():
         assert not leaked(text), f"{place} leaks {leaked(text)}: {text[:300]}"
     assert MASK in task.error["message"] and "invalid customer" in task.error["message"]
@@ -79,8 +94,10 @@ def test_a_remote_error_body_quoting_the_payload_lands_masked_and_bounded(alice,
 
 
 def test_values_that_look_like_secrets_or_personal_data_are_masked_in_any_text():
-    text = (f"to {EMAIL}, card {CARD}, Authorization: Bearer abcdefgh12345678, {JWT}, "
-            f"'phone': '+1 555 0100', password=hunter2-secret, order 1234567890123, task 2026-11-30")
+    text = (
+        f"to {EMAIL}, card {CARD}, Authorization: Bearer abcdefgh12345678, {JWT}, "
+        f"'phone': '+1 555 0100', password=hunter2-secret, order 1234567890123, task 2026-11-30"
+    )
     masked = redact(text)
     assert not leaked(masked) and "abcdefgh12345678" not in masked
     # what only looks like a number stays: a non-card number (fails the checksum) and dates

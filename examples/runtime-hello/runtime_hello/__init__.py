@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks_app.agents.tools import Tool
 from tasks_app.agents.base import Agent, StepContext
+from tasks_app.agents.tools import Tool
 
 __version__ = "0.1.0"
 
@@ -20,19 +20,33 @@ def _shout(args: dict[str, Any], key: str, timeout: float) -> Any:
     return {"greeting": f"HELLO, {args['name'].upper()}!"}
 
 
-SHOUT = Tool(name="hello.shout", side_effect=False, call=_shout, input_schema={
-    "type": "object", "properties": {"name": {"type": "string", "minLength": 1}}, "required": ["name"],
-    "additionalProperties": False})
+SHOUT = Tool(
+    name="hello.shout",
+    side_effect=False,
+    call=_shout,
+    input_schema={
+        "type": "object",
+        "properties": {"name": {"type": "string", "minLength": 1}},
+        "required": ["name"],
+        "additionalProperties": False,
+    },
+)
 
 
 class HelloAgent(Agent):
     name = "hello"
     description = "Greets each name, one step per name, through the hello.shout tool."
-    input_schema = {"type": "object", "properties": {"names": {"type": "array", "items": {"type": "string"},
-                                                               "minItems": 1, "maxItems": 100}},
-                    "required": ["names"], "additionalProperties": False}
-    output_schema = {"type": "object", "properties": {"greetings": {"type": "array", "items": {"type": "string"}}},
-                     "required": ["greetings"]}
+    input_schema = {
+        "type": "object",
+        "properties": {"names": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 100}},
+        "required": ["names"],
+        "additionalProperties": False,
+    }
+    output_schema = {
+        "type": "object",
+        "properties": {"greetings": {"type": "array", "items": {"type": "string"}}},
+        "required": ["greetings"],
+    }
 
     def start(self, input: dict[str, Any], goal: str) -> dict[str, Any]:
         return {"names": input["names"], "greetings": []}

@@ -18,7 +18,15 @@ from runtime_site.blobstore import BlobNotFound
 from tasks_app.agents.base import Agent, StepContext, ToolRejected, register
 from tasks_app.agents.document_review.report import render_markdown
 from tasks_app.agents.document_review.rules import (
-    CATEGORIES, HIGH_AT, LEVELS, MAX_ERRORS, MEDIUM_AT, PAYMENT_MAX_DAYS, PENALTY_MAX_PERCENT, TOP_N, assess,
+    CATEGORIES,
+    HIGH_AT,
+    LEVELS,
+    MAX_ERRORS,
+    MEDIUM_AT,
+    PAYMENT_MAX_DAYS,
+    PENALTY_MAX_PERCENT,
+    TOP_N,
+    assess,
     rule_table,
 )
 
@@ -36,8 +44,10 @@ def _is_expired(doc: dict[str, Any], as_of: str) -> bool:
 @register
 class DocumentReviewAgent(Agent):
     name = "document_review"
-    description = ("Reviews a corpus of contracts in the blob store against an explicit risk rule table, "
-                   "batch by batch, and writes JSON and Markdown reports.")
+    description = (
+        "Reviews a corpus of contracts in the blob store against an explicit risk rule table, "
+        "batch by batch, and writes JSON and Markdown reports."
+    )
     input_schema = {
         "type": "object",
         "properties": {
@@ -70,8 +80,7 @@ class DocumentReviewAgent(Agent):
                 "required": list(LEVELS),
                 "additionalProperties": False,
             },
-            "byCategory": {"type": "object", "propertyNames": {"enum": list(CATEGORIES)},
-                           "additionalProperties": _INT},
+            "byCategory": {"type": "object", "propertyNames": {"enum": list(CATEGORIES)}, "additionalProperties": _INT},
             "byContractType": _COUNTS,
             "highRiskAmount": {"type": "object", "additionalProperties": {"type": "number", "minimum": 0}},
             "topRisks": {
@@ -138,7 +147,10 @@ class DocumentReviewAgent(Agent):
             "cursor": 0,
             "batch": 0,
             "counts": {
-                "reviewed": 0, "skipped": 0, "expired": 0, "unreadable": 0,
+                "reviewed": 0,
+                "skipped": 0,
+                "expired": 0,
+                "unreadable": 0,
                 "byLevel": dict.fromkeys(LEVELS, 0),
                 "byCategory": dict.fromkeys(categories, 0),
                 "byContractType": {},
@@ -215,8 +227,12 @@ class DocumentReviewAgent(Agent):
         keys = keys[:total]
         # Standard layout keys are derivable from the index, so the checkpoint need not carry them.
         derivable = all(k == self._doc_key(state["corpus"], i) for i, k in enumerate(keys))
-        state.update(asOf=str(manifest.get("asOf") or dt.datetime.now(dt.UTC).date().isoformat()), total=total,
-                     keys=None if derivable else keys, stage="review" if total else "write_report")
+        state.update(
+            asOf=str(manifest.get("asOf") or dt.datetime.now(dt.UTC).date().isoformat()),
+            total=total,
+            keys=None if derivable else keys,
+            stage="review" if total else "write_report",
+        )
         ctx.progress(0.0, phase="loading", message=f"manifest lists {len(keys)} documents, reviewing {total}")
         ctx.log("manifest loaded", corpus=state["corpus"], documents=total, asOf=state["asOf"])
         return state
@@ -235,8 +251,7 @@ class DocumentReviewAgent(Agent):
         state.update(cursor=end, batch=state["batch"] + 1)
         if end >= state["total"]:
             state["stage"] = "write_report"
-        ctx.progress(end / state["total"], phase="risk_classification",
-                     message=f"reviewed {end} of {state['total']}")
+        ctx.progress(end / state["total"], phase="risk_classification", message=f"reviewed {end} of {state['total']}")
         ctx.log("batch reviewed", batch=state["batch"], first=start + 1, last=end, **batch_levels)
         return state
 
@@ -270,20 +285,32 @@ class DocumentReviewAgent(Agent):
             currency = str(doc.get("currency", "???"))
             counts["highRiskAmount"][currency] = counts["highRiskAmount"].get(currency, 0) + amount
         if found.score > 0:
-            state["topRisks"].append({
-                "id": str(doc.get("id", key)), "title": str(doc.get("title", "")), "contractType": kind,
-                "score": found.score, "level": found.level, "rules": found.rules, "categories": found.categories,
-            })
+            state["topRisks"].append(
+                {
+                    "id": str(doc.get("id", key)),
+                    "title": str(doc.get("title", "")),
+                    "contractType": kind,
+                    "score": found.score,
+                    "level": found.level,
+                    "rules": found.rules,
+                    "categories": found.categories,
+                }
+            )
         return found.level
 
     def _write_report(self, ctx: StepContext, state: dict[str, Any]) -> dict[str, Any]:
         summary = self.result({**state, "report": {"json": "", "markdown": ""}})
         del summary["report"]
         report = {
-            "corpus": state["corpus"], "asOf": state["asOf"],
+            "corpus": state["corpus"],
+            "asOf": state["asOf"],
             "parameters": {k: state[k] for k in ("batchSize", "limit", "excludeExpired", "focus")},
-            "thresholds": {"medium": MEDIUM_AT, "high": HIGH_AT, "penaltyMaxPercent": PENALTY_MAX_PERCENT,
-                           "paymentMaxDays": PAYMENT_MAX_DAYS},
+            "thresholds": {
+                "medium": MEDIUM_AT,
+                "high": HIGH_AT,
+                "penaltyMaxPercent": PENALTY_MAX_PERCENT,
+                "paymentMaxDays": PAYMENT_MAX_DAYS,
+            },
             "rules": rule_table(),
             "summary": summary,
             "errors": state["errors"],
@@ -299,12 +326,14 @@ class DocumentReviewAgent(Agent):
     def _after(stage: str, state: dict[str, Any]) -> str:
         order = ["write_report", "publish_report", "notify", "done"]
         wanted = {"publish_report": state.get("publish"), "notify": bool(state.get("notify")), "done": True}
-        return next(s for s in order[order.index(stage) + 1:] if wanted[s])
+        return next(s for s in order[order.index(stage) + 1 :] if wanted[s])
 
     def _publish(self, ctx: StepContext, state: dict[str, Any]) -> dict[str, Any]:
         try:
-            published = ctx.tool("content.publish", {"source": state["report"]["markdown"], "name": "report.md",
-                                                     "contentType": "text/markdown"})
+            published = ctx.tool(
+                "content.publish",
+                {"source": state["report"]["markdown"], "name": "report.md", "contentType": "text/markdown"},
+            )
             state["published"] = {"ref": published["ref"]}
             ctx.log("report published", ref=published["ref"])
         except ToolRejected as exc:  # the rejection path: keep the report unpublished
@@ -315,12 +344,16 @@ class DocumentReviewAgent(Agent):
 
     def _notify(self, ctx: StepContext, state: dict[str, Any]) -> dict[str, Any]:
         counts = state["counts"]
-        body = (f"Reviewed {counts['reviewed']} of {state['total']} contracts: {counts['byLevel']['high']} high, "
-                f"{counts['byLevel']['medium']} medium, {counts['byLevel']['low']} low risk.\n"
-                f"Report: {(state.get('published') or {}).get('ref') or state['report']['markdown']}\n")
+        body = (
+            f"Reviewed {counts['reviewed']} of {state['total']} contracts: {counts['byLevel']['high']} high, "
+            f"{counts['byLevel']['medium']} medium, {counts['byLevel']['low']} low risk.\n"
+            f"Report: {(state.get('published') or {}).get('ref') or state['report']['markdown']}\n"
+        )
         try:
-            ctx.tool("email.send", {"to": state["notify"], "subject": f"Contract risk review: {state['corpus']}",
-                                    "body": body})
+            ctx.tool(
+                "email.send",
+                {"to": state["notify"], "subject": f"Contract risk review: {state['corpus']}", "body": body},
+            )
             state["notified"] = {"to": state["notify"]}
         except ToolRejected as exc:
             state["notified"] = {"rejected": str(exc)}

@@ -28,10 +28,22 @@ PAYMENT_MAX_DAYS = 90
 
 # Governing laws the legal team is comfortable with; anything else is "unusual". Matching an
 # allow-list (rather than a deny-list) means an unseen offshore jurisdiction is still flagged.
-APPROVED_GOVERNING_LAWS = frozenset({
-    "England and Wales", "Scotland", "Ireland", "State of New York", "State of Delaware", "Germany",
-    "France", "Netherlands", "Switzerland", "Singapore", "Province of Ontario", "Sweden",
-})
+APPROVED_GOVERNING_LAWS = frozenset(
+    {
+        "England and Wales",
+        "Scotland",
+        "Ireland",
+        "State of New York",
+        "State of Delaware",
+        "Germany",
+        "France",
+        "Netherlands",
+        "Switzerland",
+        "Singapore",
+        "Province of Ontario",
+        "Sweden",
+    }
+)
 
 _I = re.IGNORECASE
 
@@ -70,8 +82,9 @@ class Rule:
     matches: Predicate
 
 
-def _gated(clauses: tuple[Clause, ...], words: tuple[str, ...],
-           heading: re.Pattern[str] | None = None) -> Iterator[Clause]:
+def _gated(
+    clauses: tuple[Clause, ...], words: tuple[str, ...], heading: re.Pattern[str] | None = None
+) -> Iterator[Clause]:
     """Clauses containing at least one of ``words`` (lower-case), under a matching heading.
 
     Regex search dominates review time, and a substring test is ~100x cheaper, so each rule
@@ -83,8 +96,15 @@ def _gated(clauses: tuple[Clause, ...], words: tuple[str, ...],
             yield clause
 
 
-def sentence_rule(pattern: str, *, words: tuple[str, ...], also: str | None = None, unless: str | None = None,
-                  heading: str | None = None, flags: int = _I) -> Predicate:
+def sentence_rule(
+    pattern: str,
+    *,
+    words: tuple[str, ...],
+    also: str | None = None,
+    unless: str | None = None,
+    heading: str | None = None,
+    flags: int = _I,
+) -> Predicate:
     """Some sentence (optionally only in clauses whose heading matches) matches ``pattern``
     and ``also``, and does not match ``unless``."""
     rx, also_rx = re.compile(pattern, flags), re.compile(also, _I) if also else None
@@ -94,7 +114,10 @@ def sentence_rule(pattern: str, *, words: tuple[str, ...], also: str | None = No
     def test(clauses: tuple[Clause, ...]) -> bool:
         return any(
             rx.search(s) and (also_rx is None or also_rx.search(s)) and not (unless_rx and unless_rx.search(s))
-            for c in _gated(clauses, words, heading_rx) for s in c.sentences)
+            for c in _gated(clauses, words, heading_rx)
+            for s in c.sentences
+        )
+
     return test
 
 
@@ -105,18 +128,23 @@ def clause_rule(*patterns: str, words: tuple[str, ...], heading: str | None = No
 
     def test(clauses: tuple[Clause, ...]) -> bool:
         return any(all(rx.search(c.text) for rx in rxs) for c in _gated(clauses, words, heading_rx))
+
     return test
 
 
 _PERCENT = re.compile(r"(\d+(?:\.\d+)?)\s*(?:%|per\s?cent\b|percent\b)", _I)
 _PENALTY_WORDS = re.compile(
-    r"liquidated damages|penalt(?:y|ies)|\b(?:break|cancellation|early termination|prepayment) fee", _I)
+    r"liquidated damages|penalt(?:y|ies)|\b(?:break|cancellation|early termination|prepayment) fee", _I
+)
 
 
 def excessive_penalty(clauses: tuple[Clause, ...]) -> bool:
     # Percentages are read per sentence so an interest rate elsewhere never counts as a penalty.
-    return any(_PENALTY_WORDS.search(s) and any(float(p) > PENALTY_MAX_PERCENT for p in _PERCENT.findall(s))
-               for c in _gated(clauses, ("liquidated damages", "penalt", " fee")) for s in c.sentences)
+    return any(
+        _PENALTY_WORDS.search(s) and any(float(p) > PENALTY_MAX_PERCENT for p in _PERCENT.findall(s))
+        for c in _gated(clauses, ("liquidated damages", "penalt", " fee"))
+        for s in c.sentences
+    )
 
 
 _PAYMENT_WORDS = re.compile(r"\b(?:pay|paid|payable|payment|invoices?)\b|\bnet\s*\d", _I)
@@ -124,8 +152,11 @@ _DAY_COUNT = re.compile(r"(\d+)\)?\s*(?:calendar\s+|business\s+|working\s+)?days
 
 
 def long_payment_terms(clauses: tuple[Clause, ...]) -> bool:
-    return any(_PAYMENT_WORDS.search(s) and any(int(a or b) > PAYMENT_MAX_DAYS for a, b in _DAY_COUNT.findall(s))
-               for c in _gated(clauses, ("pay", "paid", "invoice", "net")) for s in c.sentences)
+    return any(
+        _PAYMENT_WORDS.search(s) and any(int(a or b) > PAYMENT_MAX_DAYS for a, b in _DAY_COUNT.findall(s))
+        for c in _gated(clauses, ("pay", "paid", "invoice", "net"))
+        for s in c.sentences
+    )
 
 
 _GOVERNS = re.compile(r"\bgovern|\bconstrued\b", _I)
@@ -135,16 +166,22 @@ _LAW_OF = re.compile(r"\b[Ll]aws? of (?:the )?([A-Z][A-Za-z]+(?:(?: and| of)? [A
 
 
 def unusual_governing_law(clauses: tuple[Clause, ...]) -> bool:
-    return any(name not in APPROVED_GOVERNING_LAWS
-               for c in _gated(clauses, ("govern", "construed")) for s in c.sentences if _GOVERNS.search(s)
-               for name in _LAW_OF.findall(s))
+    return any(
+        name not in APPROVED_GOVERNING_LAWS
+        for c in _gated(clauses, ("govern", "construed"))
+        for s in c.sentences
+        if _GOVERNS.search(s)
+        for name in _LAW_OF.findall(s)
+    )
 
 
 _PERSONAL_DATA_WORDS = ("personal data", "personal information", "personally identifiable", "pii")
 _PERSONAL_DATA = re.compile(r"personal (?:data|information)|personally identifiable information|\bPII\b", _I)
 _DATA_PROTECTION = re.compile(
     r"data protection (?:laws?|legislation)|\bGDPR\b|General Data Protection Regulation"
-    r"|data processing (?:agreement|addendum)", _I)
+    r"|data processing (?:agreement|addendum)",
+    _I,
+)
 
 
 def missing_data_protection(clauses: tuple[Clause, ...]) -> bool:
@@ -159,60 +196,130 @@ _INDEMNITY_HEADING = r"indemn"
 # "The Supplier may ... terminate" — any defined party except the Company itself (or both parties).
 _COUNTERPARTY_TERMINATES = (
     r"\b[Tt]he (?!Company\b|Parties\b|Party\b)[A-Z][a-z]+(?: [A-Z][a-z]+)? "
-    r"(?:may|shall be entitled to|reserves the right to|has the right to)\b[^.]{0,60}?\bterminate")
-_AUTO_RENEW = (r"\b(?:automatically|tacitly)\s+(?:be\s+)?(?:renew|extend)\w*|\b(?:renew|extend)\w*\s+automatically"
-               r"|\bauto-renew\w*|\bevergreen\b")
+    r"(?:may|shall be entitled to|reserves the right to|has the right to)\b[^.]{0,60}?\bterminate"
+)
+_AUTO_RENEW = (
+    r"\b(?:automatically|tacitly)\s+(?:be\s+)?(?:renew|extend)\w*|\b(?:renew|extend)\w*\s+automatically"
+    r"|\bauto-renew\w*|\bevergreen\b"
+)
 
 RULES: tuple[Rule, ...] = (
-    Rule("liability.unlimited_wording", "unlimited_liability", 4,
-         "Liability clause says the Company's liability is unlimited / without limitation / not capped.",
-         sentence_rule(r"\bliab\w*\b[^.]{0,80}?(?:\bunlimited\b|(?<!including )\bwithout limitation\b"
-                       r"|\bnot be subject to any (?:financial )?(?:cap|limit))", heading=_LIABILITY_HEADING,
-                       words=("unlimited", "without limitation", "not be subject to any"))),
-    Rule("liability.no_cap", "unlimited_liability", 4,
-         "Liability clause states there is no cap on liability.",
-         sentence_rule(r"\bno (?:cap|limit)\w* on\b[^.]{0,40}\bliabilit", heading=_LIABILITY_HEADING,
-                       words=("no cap", "no limit"))),
-    Rule("indemnity.company_uncapped", "uncapped_indemnity", 4,
-         "The Company gives an indemnity that is expressly uncapped or outside the liability cap.",
-         clause_rule(r"\bthe Company (?:shall|will|agrees to|undertakes to)\s+(?:fully\s+)?"
-                     r"(?:indemnify|keep\b[^.]{0,40}\bindemnified)",
-                     r"without limitation as to amount|not be subject to any (?:cap|limit)|\buncapped\b"
-                     r"|\bunlimited\b|shall not apply to (?:this|such|the) indemnit",
-                     heading=_INDEMNITY_HEADING,
-                     words=("without limitation as to amount", "not be subject to any", "uncapped", "unlimited",
-                            "shall not apply to"))),
-    Rule("termination.counterparty_convenience", "unilateral_termination", 3,
-         "The counterparty may terminate for convenience / without cause / at its discretion.",
-         sentence_rule(_COUNTERPARTY_TERMINATES, flags=0,
-                       also=r"for convenience|without cause|\b(?:its|their) (?:sole|absolute) discretion"
-                            r"|for any reason",
-                       words=("for convenience", "without cause", "discretion", "for any reason"))),
-    Rule("penalty.above_threshold", "excessive_penalty", 3,
-         f"Liquidated damages, penalty or break/cancellation fee above {PENALTY_MAX_PERCENT:g}% of value.",
-         excessive_penalty),
-    Rule("data_protection.missing", "missing_data_protection", 3,
-         "Contract involves personal data but has no data-protection / DPA clause.",
-         missing_data_protection),
-    Rule("renewal.automatic_without_notice", "auto_renewal", 2,
-         "Contract renews automatically with no advance notice of the renewal to the Company.",
-         sentence_rule(_AUTO_RENEW,
-                       unless=r"\b(?:shall|will) not (?:be )?(?:automatically |tacitly )?(?:renew|extend)"
-                              r"|notice of (?:the |any )?(?:upcoming|forthcoming|impending|proposed) renewal"
-                              r"|renewal reminder|\bopt(?:ed|s)?[- ]out\b",
-                       words=("automatically", "tacitly", "auto-renew", "evergreen"))),
-    Rule("payment.terms_over_90_days", "long_payment_terms", 2,
-         f"Payment terms longer than {PAYMENT_MAX_DAYS} days.", long_payment_terms),
-    Rule("exclusivity.express", "exclusivity", 2,
-         "Express exclusivity (ignoring non-exclusive, exclusive jurisdiction/remedy/property, exclusive of VAT).",
-         sentence_rule(r"(?<!non-)(?<!non )\bexclusiv(?:e|ely|ity)\b"
-                       r"(?!\s+(?:of\b|jurisdiction\b|remed(?:y|ies)\b|property\b))", words=("exclusiv",))),
-    Rule("exclusivity.no_other_suppliers", "exclusivity", 2,
-         "The Company may not source the same goods or services from anyone else.",
-         sentence_rule(r"\bshall not (?:procure|purchase|obtain|source)\b[^.]{0,80}?\bfrom any (?:other|third)",
-                       words=("shall not",))),
-    Rule("jurisdiction.unusual_governing_law", "unusual_jurisdiction", 2,
-         "Governing law outside the approved list.", unusual_governing_law),
+    Rule(
+        "liability.unlimited_wording",
+        "unlimited_liability",
+        4,
+        "Liability clause says the Company's liability is unlimited / without limitation / not capped.",
+        sentence_rule(
+            r"\bliab\w*\b[^.]{0,80}?(?:\bunlimited\b|(?<!including )\bwithout limitation\b"
+            r"|\bnot be subject to any (?:financial )?(?:cap|limit))",
+            heading=_LIABILITY_HEADING,
+            words=("unlimited", "without limitation", "not be subject to any"),
+        ),
+    ),
+    Rule(
+        "liability.no_cap",
+        "unlimited_liability",
+        4,
+        "Liability clause states there is no cap on liability.",
+        sentence_rule(
+            r"\bno (?:cap|limit)\w* on\b[^.]{0,40}\bliabilit", heading=_LIABILITY_HEADING, words=("no cap", "no limit")
+        ),
+    ),
+    Rule(
+        "indemnity.company_uncapped",
+        "uncapped_indemnity",
+        4,
+        "The Company gives an indemnity that is expressly uncapped or outside the liability cap.",
+        clause_rule(
+            r"\bthe Company (?:shall|will|agrees to|undertakes to)\s+(?:fully\s+)?"
+            r"(?:indemnify|keep\b[^.]{0,40}\bindemnified)",
+            r"without limitation as to amount|not be subject to any (?:cap|limit)|\buncapped\b"
+            r"|\bunlimited\b|shall not apply to (?:this|such|the) indemnit",
+            heading=_INDEMNITY_HEADING,
+            words=(
+                "without limitation as to amount",
+                "not be subject to any",
+                "uncapped",
+                "unlimited",
+                "shall not apply to",
+            ),
+        ),
+    ),
+    Rule(
+        "termination.counterparty_convenience",
+        "unilateral_termination",
+        3,
+        "The counterparty may terminate for convenience / without cause / at its discretion.",
+        sentence_rule(
+            _COUNTERPARTY_TERMINATES,
+            flags=0,
+            also=r"for convenience|without cause|\b(?:its|their) (?:sole|absolute) discretion"
+            r"|for any reason",
+            words=("for convenience", "without cause", "discretion", "for any reason"),
+        ),
+    ),
+    Rule(
+        "penalty.above_threshold",
+        "excessive_penalty",
+        3,
+        f"Liquidated damages, penalty or break/cancellation fee above {PENALTY_MAX_PERCENT:g}% of value.",
+        excessive_penalty,
+    ),
+    Rule(
+        "data_protection.missing",
+        "missing_data_protection",
+        3,
+        "Contract involves personal data but has no data-protection / DPA clause.",
+        missing_data_protection,
+    ),
+    Rule(
+        "renewal.automatic_without_notice",
+        "auto_renewal",
+        2,
+        "Contract renews automatically with no advance notice of the renewal to the Company.",
+        sentence_rule(
+            _AUTO_RENEW,
+            unless=r"\b(?:shall|will) not (?:be )?(?:automatically |tacitly )?(?:renew|extend)"
+            r"|notice of (?:the |any )?(?:upcoming|forthcoming|impending|proposed) renewal"
+            r"|renewal reminder|\bopt(?:ed|s)?[- ]out\b",
+            words=("automatically", "tacitly", "auto-renew", "evergreen"),
+        ),
+    ),
+    Rule(
+        "payment.terms_over_90_days",
+        "long_payment_terms",
+        2,
+        f"Payment terms longer than {PAYMENT_MAX_DAYS} days.",
+        long_payment_terms,
+    ),
+    Rule(
+        "exclusivity.express",
+        "exclusivity",
+        2,
+        "Express exclusivity (ignoring non-exclusive, exclusive jurisdiction/remedy/property, exclusive of VAT).",
+        sentence_rule(
+            r"(?<!non-)(?<!non )\bexclusiv(?:e|ely|ity)\b"
+            r"(?!\s+(?:of\b|jurisdiction\b|remed(?:y|ies)\b|property\b))",
+            words=("exclusiv",),
+        ),
+    ),
+    Rule(
+        "exclusivity.no_other_suppliers",
+        "exclusivity",
+        2,
+        "The Company may not source the same goods or services from anyone else.",
+        sentence_rule(
+            r"\bshall not (?:procure|purchase|obtain|source)\b[^.]{0,80}?\bfrom any (?:other|third)",
+            words=("shall not",),
+        ),
+    ),
+    Rule(
+        "jurisdiction.unusual_governing_law",
+        "unusual_jurisdiction",
+        2,
+        "Governing law outside the approved list.",
+        unusual_governing_law,
+    ),
 )
 assert {r.category for r in RULES} == set(CATEGORIES)
 
@@ -242,5 +349,4 @@ def assess(doc: dict[str, Any], focus: list[str] | None = None) -> Assessment:
 
 
 def rule_table() -> list[dict[str, Any]]:
-    return [{"name": r.name, "category": r.category, "weight": r.weight, "description": r.description}
-            for r in RULES]
+    return [{"name": r.name, "category": r.category, "weight": r.weight, "description": r.description} for r in RULES]

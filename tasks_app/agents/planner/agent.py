@@ -48,8 +48,10 @@ def _models() -> list[str]:
 @register
 class PlannerAgent(Agent):
     name = "planner"
-    description = ("A language model plans toward the goal and calls tools through the ledger "
-                   "(exactly once, approvals, budgets), asks people, and re-plans when steered.")
+    description = (
+        "A language model plans toward the goal and calls tools through the ledger "
+        "(exactly once, approvals, budgets), asks people, and re-plans when steered."
+    )
     input_schema = {
         "type": "object",
         "properties": {
@@ -65,8 +67,14 @@ class PlannerAgent(Agent):
     }
     output_schema = {
         "type": "object",
-        "properties": {"answer": {"type": "string"}, "plan": {"type": "array"}, "planVersion": {"type": "integer"},
-                       "model": {"type": "string"}, "usage": {"type": "object"}, "facts": {"type": "integer"}},
+        "properties": {
+            "answer": {"type": "string"},
+            "plan": {"type": "array"},
+            "planVersion": {"type": "integer"},
+            "model": {"type": "string"},
+            "usage": {"type": "object"},
+            "facts": {"type": "integer"},
+        },
         "required": ["answer", "plan", "planVersion", "usage"],
     }
     # A step is one model call (with the ledger's retries) or a few tool calls.
@@ -75,18 +83,35 @@ class PlannerAgent(Agent):
     @property
     def constraints_schema(self) -> dict[str, Any]:  # type: ignore[override]
         """adjust_goal may add rules and move the task to another configured model."""
-        return {"type": "object", "properties": {
-            "rules": {"type": "array", "items": {"type": "string", "maxLength": 2000}, "maxItems": 50},
-            "model": {"enum": _models()}}, "additionalProperties": False}
+        return {
+            "type": "object",
+            "properties": {
+                "rules": {"type": "array", "items": {"type": "string", "maxLength": 2000}, "maxItems": 50},
+                "model": {"enum": _models()},
+            },
+            "additionalProperties": False,
+        }
 
     def start(self, input: dict[str, Any], goal: str) -> dict[str, Any]:
         return {
-            "goal": input["goal"], "constraints": list(input.get("constraints", [])),
-            "tools": input.get("tools"), "model": input.get("model") or "default",
+            "goal": input["goal"],
+            "constraints": list(input.get("constraints", [])),
+            "tools": input.get("tools"),
+            "model": input.get("model") or "default",
             "maxRounds": input.get("maxRounds", 50),
-            "catalog": None, "plan": [], "planVersion": 1, "facts": [], "factsDropped": 0,
-            "pending": [], "notes": [], "repairs": 0, "rounds": 0, "answer": None, "done": False,
-            "models": [], "usage": {"modelCalls": 0, "inputTokens": 0, "outputTokens": 0, "cost": 0.0, "perStep": []},
+            "catalog": None,
+            "plan": [],
+            "planVersion": 1,
+            "facts": [],
+            "factsDropped": 0,
+            "pending": [],
+            "notes": [],
+            "repairs": 0,
+            "rounds": 0,
+            "answer": None,
+            "done": False,
+            "models": [],
+            "usage": {"modelCalls": 0, "inputTokens": 0, "outputTokens": 0, "cost": 0.0, "perStep": []},
         }
 
     def next_step(self, state: dict[str, Any]) -> str | None:
@@ -106,23 +131,34 @@ class PlannerAgent(Agent):
         state["planVersion"] += 1
         if goal:
             state["goal"] = goal
-        state["constraints"] = [*state["constraints"], *[r for r in constraints.get("rules", [])
-                                                         if r not in state["constraints"]]]
-        state["notes"].append(f"The goal or constraints were adjusted (plan version {state['planVersion']}). "
-                              "Re-plan with update_plan: keep the steps that are done, revise the rest.")
+        state["constraints"] = [
+            *state["constraints"],
+            *[r for r in constraints.get("rules", []) if r not in state["constraints"]],
+        ]
+        state["notes"].append(
+            f"The goal or constraints were adjusted (plan version {state['planVersion']}). "
+            "Re-plan with update_plan: keep the steps that are done, revise the rest."
+        )
         model = constraints.get("model")
         if model and model != state["model"]:
             state["models"].append({"from": state["model"], "to": model, "planVersion": state["planVersion"]})
             state["model"] = model
-            state["notes"].append("You take this task over from another model. First re-validate the plan "
-                                  "against the facts (update_plan), then go on.")
+            state["notes"].append(
+                "You take this task over from another model. First re-validate the plan "
+                "against the facts (update_plan), then go on."
+            )
         return state
 
     def result(self, state: dict[str, Any]) -> dict[str, Any]:
         usage = {k: v for k, v in state["usage"].items() if k != "perStep"}
-        return {"answer": state["answer"] or "", "plan": state["plan"], "planVersion": state["planVersion"],
-                "model": state["model"], "usage": {**usage, "perStep": state["usage"]["perStep"][-100:]},
-                "facts": len(state["facts"]) + state["factsDropped"]}
+        return {
+            "answer": state["answer"] or "",
+            "plan": state["plan"],
+            "planVersion": state["planVersion"],
+            "model": state["model"],
+            "usage": {**usage, "perStep": state["usage"]["perStep"][-100:]},
+            "facts": len(state["facts"]) + state["factsDropped"],
+        }
 
     # --- think: one model call ---------------------------------------------------------------
 
@@ -132,9 +168,12 @@ class PlannerAgent(Agent):
         if state["catalog"] is None:
             state["catalog"], notes = catalog.build(state["tools"])
             state["notes"] += notes
-        args = {"model": state["model"], "system": prompt.SYSTEM,
-                "prompt": prompt.render(state, limit=int(settings.RUNTIME["llm"]["max_context_chars"])),
-                "tools": catalog.functions(state["catalog"])}
+        args = {
+            "model": state["model"],
+            "system": prompt.SYSTEM,
+            "prompt": prompt.render(state, limit=int(settings.RUNTIME["llm"]["max_context_chars"])),
+            "tools": catalog.functions(state["catalog"]),
+        }
         ctx.calls = state["planVersion"] * 1000  # this step's model call has a key per plan version
         answer = ctx.tool("llm.chat", args)
         state["rounds"] += 1
@@ -150,13 +189,18 @@ class PlannerAgent(Agent):
             if state["repairs"] >= 1:
                 raise PlannerError(f"the model's answer was unusable twice; the second time: {'; '.join(problems)}")
             state["repairs"] += 1
-            state["notes"] = [f"Your last answer could not be carried out: {'; '.join(problems)}. "
-                              "Nothing of it was done. Answer again with valid tool calls."]
+            state["notes"] = [
+                f"Your last answer could not be carried out: {'; '.join(problems)}. "
+                "Nothing of it was done. Answer again with valid tool calls."
+            ]
             ctx.log("malformed tool call sent back to the model", problems=problems)
             return state
         state["repairs"], state["notes"], state["pending"] = 0, [], calls
-        ctx.progress(self._progress(state), phase="planning",
-                     message=f"round {state['rounds']}: {', '.join(c['name'] for c in calls)}")
+        ctx.progress(
+            self._progress(state),
+            phase="planning",
+            message=f"round {state['rounds']}: {', '.join(c['name'] for c in calls)}",
+        )
         return state
 
     def _count(self, ctx: StepContext, state: dict[str, Any], answer: dict[str, Any]) -> None:
@@ -166,8 +210,13 @@ class PlannerAgent(Agent):
         total["inputTokens"] += int(usage.get("inputTokens", 0))
         total["outputTokens"] += int(usage.get("outputTokens", 0))
         total["cost"] = round(total["cost"] + float(usage.get("cost", 0.0)), 8)
-        row = {"step": ctx.sequence, "name": ctx.step_name, "model": answer.get("model", state["model"]),
-               "inputTokens": int(usage.get("inputTokens", 0)), "outputTokens": int(usage.get("outputTokens", 0))}
+        row = {
+            "step": ctx.sequence,
+            "name": ctx.step_name,
+            "model": answer.get("model", state["model"]),
+            "inputTokens": int(usage.get("inputTokens", 0)),
+            "outputTokens": int(usage.get("outputTokens", 0)),
+        }
         total["perStep"] = [*total["perStep"], row][-MAX_FACTS:]
         ctx.summary = {"modelCall": row, "toolCalls": [c["name"] for c in answer.get("toolCalls", [])]}
         if usage.get("cost"):
@@ -216,8 +265,9 @@ class PlannerAgent(Agent):
             else:
                 name, args = catalog.ledger_call(entry, arguments)
                 if state.get("suspected") and not self._cleared(ctx, state, i, name, args):
-                    self._fact(state, ctx, entry["tool"], "not done: an approver refused it after a suspected "
-                                                          "prompt injection")
+                    self._fact(
+                        state, ctx, entry["tool"], "not done: an approver refused it after a suspected prompt injection"
+                    )
                     continue
                 try:
                     result = ctx.tool(name, args)
@@ -238,9 +288,14 @@ class PlannerAgent(Agent):
         if key not in ctx.answers:
             suspect = state["suspected"]
             summary = json.dumps(args, sort_keys=True)[:300]
-            raise InputNeeded(key, f"Text from {suspect['source']} (step {suspect['step']}) looks like a prompt "
-                                   f"injection ({', '.join(suspect['reasons'])}). The model now asks for {name} with "
-                                   f"{summary}. Approve?", {"enum": ["approve", "reject"]}, kind="approval")
+            raise InputNeeded(
+                key,
+                f"Text from {suspect['source']} (step {suspect['step']}) looks like a prompt "
+                f"injection ({', '.join(suspect['reasons'])}). The model now asks for {name} with "
+                f"{summary}. Approve?",
+                {"enum": ["approve", "reject"]},
+                kind="approval",
+            )
         state["suspected"] = None
         return ctx.answers[key] == "approve"
 
@@ -252,12 +307,14 @@ class PlannerAgent(Agent):
         steps = list(done)
         for step in new:
             if step["title"] not in done_titles:
-                steps.append({"id": step.get("id") or f"s{len(steps) + 1}", "title": step["title"],
-                              "status": step["status"]})
+                steps.append(
+                    {"id": step.get("id") or f"s{len(steps) + 1}", "title": step["title"], "status": step["status"]}
+                )
         return steps
 
-    def _fact(self, state: dict[str, Any], ctx: StepContext, source: str, result: Any, *,
-              artifact: str | None = None) -> None:
+    def _fact(
+        self, state: dict[str, Any], ctx: StepContext, source: str, result: Any, *, artifact: str | None = None
+    ) -> None:
         text = result if isinstance(result, str) else json.dumps(result, default=str, sort_keys=True)
         fact: dict[str, Any] = {"step": ctx.sequence, "source": source}
         if artifact and len(text) > BIG_RESULT:

@@ -25,21 +25,49 @@ HIDDEN = {"llm.chat", "mcp.call"}
 LIST_CACHE_SECONDS = 300.0
 _listed: dict[str, tuple[float, list[dict[str, Any]]]] = {}
 
-PLAN_STEP = {"type": "object", "properties": {
-    "id": {"type": "string", "maxLength": 40}, "title": {"type": "string", "minLength": 1, "maxLength": 300},
-    "status": {"enum": ["todo", "doing", "done", "skipped"]}}, "required": ["title", "status"]}
+PLAN_STEP = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string", "maxLength": 40},
+        "title": {"type": "string", "minLength": 1, "maxLength": 300},
+        "status": {"enum": ["todo", "doing", "done", "skipped"]},
+    },
+    "required": ["title", "status"],
+}
 OWN = [
-    {"name": "update_plan", "kind": "plan", "description":
-        "Replace the plan with these steps (with their status). Steps already done stay done.",
-     "parameters": {"type": "object", "properties": {"steps": {"type": "array", "items": PLAN_STEP, "maxItems": 50}},
-                    "required": ["steps"], "additionalProperties": False}},
-    {"name": "ask_person", "kind": "ask", "description":
-        "Ask a person a question only a person can answer; the task waits for the answer.",
-     "parameters": {"type": "object", "properties": {"question": {"type": "string", "minLength": 1, "maxLength": 2000}},
-                    "required": ["question"], "additionalProperties": False}},
-    {"name": "finish", "kind": "finish", "description": "The goal is met: give the final answer.",
-     "parameters": {"type": "object", "properties": {"answer": {"type": "string", "minLength": 1}},
-                    "required": ["answer"], "additionalProperties": False}},
+    {
+        "name": "update_plan",
+        "kind": "plan",
+        "description": "Replace the plan with these steps (with their status). Steps already done stay done.",
+        "parameters": {
+            "type": "object",
+            "properties": {"steps": {"type": "array", "items": PLAN_STEP, "maxItems": 50}},
+            "required": ["steps"],
+            "additionalProperties": False,
+        },
+    },
+    {
+        "name": "ask_person",
+        "kind": "ask",
+        "description": "Ask a person a question only a person can answer; the task waits for the answer.",
+        "parameters": {
+            "type": "object",
+            "properties": {"question": {"type": "string", "minLength": 1, "maxLength": 2000}},
+            "required": ["question"],
+            "additionalProperties": False,
+        },
+    },
+    {
+        "name": "finish",
+        "kind": "finish",
+        "description": "The goal is met: give the final answer.",
+        "parameters": {
+            "type": "object",
+            "properties": {"answer": {"type": "string", "minLength": 1}},
+            "required": ["answer"],
+            "additionalProperties": False,
+        },
+    },
 ]
 
 
@@ -77,8 +105,15 @@ def build(wanted: list[str] | None) -> tuple[list[dict[str, Any]], list[str]]:
     for name in tools.tool_names():
         if name not in HIDDEN and _allowed(name, wanted):
             tool = tools.get_tool(name)
-            catalog.append({"name": _function_name(name), "kind": "tool", "tool": name,
-                            "description": f"The runtime's {name} tool.", "parameters": tool.input_schema})
+            catalog.append(
+                {
+                    "name": _function_name(name),
+                    "kind": "tool",
+                    "tool": name,
+                    "description": f"The runtime's {name} tool.",
+                    "parameters": tool.input_schema,
+                }
+            )
     notes = []
     for server, spec in sorted((settings.RUNTIME["tools"].get("mcp_servers") or {}).items()):
         try:
@@ -90,11 +125,18 @@ def build(wanted: list[str] | None) -> tuple[list[dict[str, Any]], list[str]]:
         for remote in listed:
             qualified = f"{server}.{remote['name']}"
             if _allowed(qualified, wanted):
-                catalog.append({"name": _function_name(f"{server}__{remote['name']}"), "kind": "mcp",
-                                "tool": qualified, "server": spec["url"], "remoteTool": remote["name"],
-                                "credential": spec.get("credential"),
-                                "description": (remote.get("description") or qualified)[:500],
-                                "parameters": remote.get("inputSchema") or {"type": "object"}})
+                catalog.append(
+                    {
+                        "name": _function_name(f"{server}__{remote['name']}"),
+                        "kind": "mcp",
+                        "tool": qualified,
+                        "server": spec["url"],
+                        "remoteTool": remote["name"],
+                        "credential": spec.get("credential"),
+                        "description": (remote.get("description") or qualified)[:500],
+                        "parameters": remote.get("inputSchema") or {"type": "object"},
+                    }
+                )
     return catalog, notes
 
 

@@ -19,10 +19,16 @@ class Command(BaseCommand):
         parser.add_argument("--prefix", default="corpora/demo", help="blob key prefix (default corpora/demo)")
         parser.add_argument("--count", type=int, default=2000, help="number of documents (default 2000)")
         parser.add_argument("--seed", type=int, default=42, help="random seed (default 42)")
-        parser.add_argument("--as-of", default=DEFAULT_AS_OF,
-                            help=f"date documents are judged expired against (default {DEFAULT_AS_OF})")
-        parser.add_argument("--if-missing", action="store_true",
-                            help="do nothing when a complete corpus (its manifest) already exists at --prefix")
+        parser.add_argument(
+            "--as-of",
+            default=DEFAULT_AS_OF,
+            help=f"date documents are judged expired against (default {DEFAULT_AS_OF})",
+        )
+        parser.add_argument(
+            "--if-missing",
+            action="store_true",
+            help="do nothing when a complete corpus (its manifest) already exists at --prefix",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         prefix = options["prefix"].strip("/")
@@ -41,5 +47,7 @@ class Command(BaseCommand):
         started = time.perf_counter()
         manifest = generate_corpus(blob_store(), prefix, count, options["seed"], options["as_of"])
         elapsed = time.perf_counter() - started
-        self.stdout.write(f"prefix={prefix} count={manifest['count']} seed={manifest['seed']} "
-                          f"asOf={manifest['asOf']} ({elapsed:.2f}s)")
+        self.stdout.write(
+            f"prefix={prefix} count={manifest['count']} seed={manifest['seed']} "
+            f"asOf={manifest['asOf']} ({elapsed:.2f}s)"
+        )

@@ -11,13 +11,18 @@ from tasks_app.models import Task
 
 
 class Command(BaseCommand):
-    help = ("Verify every task's hash-chained audit records and hold them against the signed anchors in "
-            "the blob store; name the first broken link of each chain and every anchored record that changed.")
+    help = (
+        "Verify every task's hash-chained audit records and hold them against the signed anchors in "
+        "the blob store; name the first broken link of each chain and every anchored record that changed."
+    )
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--task", help="verify only this task id")
-        parser.add_argument("--since", type=datetime.fromisoformat,
-                            help="skip anchors taken before this ISO time (tasks deleted by retention policy)")
+        parser.add_argument(
+            "--since",
+            type=datetime.fromisoformat,
+            help="skip anchors taken before this ISO time (tasks deleted by retention policy)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         tasks = Task.objects.order_by("created_at")
@@ -33,8 +38,10 @@ class Command(BaseCommand):
         for link in broken:
             self.stderr.write(f"BROKEN {link}")
         if not settings.RUNTIME_AUDIT_KEY:
-            self.stderr.write("warning: RUNTIME_AUDIT_KEY is not set: no anchors are written, and a rewrite "
-                              "with recomputed hashes cannot be told from the real chain")
+            self.stderr.write(
+                "warning: RUNTIME_AUDIT_KEY is not set: no anchors are written, and a rewrite "
+                "with recomputed hashes cannot be told from the real chain"
+            )
         self.stdout.write(f"{checked} chains checked, {anchors} anchors checked, {len(broken)} broken")
         if broken:
             raise CommandError(f"{len(broken)} audit problem(s); first: {broken[0]}")
