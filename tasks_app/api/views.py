@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from datetime import UTC
 from typing import Any
 from uuid import UUID
 
@@ -65,18 +66,26 @@ class CreatedAtCursor(pagination.CursorPagination):
         except NotFound:
             cursor = None
         else:
-            # DRF's stubs type the position as int; decode_cursor gives the query string's text.
-            if cursor is None or cursor.position is None or _is_datetime(cursor.position):  # type: ignore[arg-type]
+            if cursor is None or cursor.position is None:
                 return cursor
+            # DRF's stubs type the position as int; decode_cursor gives the query string's text.
+            if (position := _created_at(cursor.position)) is not None:  # type: ignore[arg-type]
+                return cursor._replace(position=position)  # type: ignore[arg-type]
         # Its position lands in a created_at comparison, which a non-date would turn into a 500.
         raise ValidationError({"cursor": "not a cursor this API gave out; follow a page's next or previous link"})
 
 
-def _is_datetime(text: str) -> bool:
+def _created_at(text: str) -> str | None:
+    """The cursor's position as the UTC time the created_at comparison takes, or None when
+    it is not one. Normalised, not passed on: PostgreSQL refuses offsets beyond 15:59 that
+    Python parses (-16:00 was a 500), and a time past year 9999 once in UTC."""
     try:
-        return parse_datetime(text) is not None
-    except ValueError:  # well-formed but impossible, e.g. month 13
-        return False
+        when = parse_datetime(text)
+        if when is None:
+            return None
+        return (when if when.tzinfo else when.replace(tzinfo=UTC)).astimezone(UTC).isoformat()
+    except (ValueError, OverflowError):  # well-formed but impossible (month 13), or beyond year 9999
+        return None
 
 
 class TaskListCreateApi(APIView):
