@@ -13,16 +13,33 @@ view in a row, as under WSGI.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import IO, Any
 
 from asgiref.sync import iscoroutinefunction, sync_to_async
+from django.core.exceptions import BadRequest, SuspiciousOperation
 from django.core.handlers import base
 from django.core.handlers.asgi import ASGIHandler
-from django.http import HttpRequest, HttpResponseBase
+from django.http import HttpRequest, HttpResponseBase, JsonResponse
 from django.urls import Resolver404, get_resolver
 
+from runtime_site.errors import error_body
 
-class SyncChainHandler(ASGIHandler):
+
+class RequestCheckingHandler(ASGIHandler):
+    """ASGIHandler, except that a request Django cannot even build is a 400 in the one error
+    shape. ASGIRequest parses the Content-Type's parameters in its constructor, and
+    create_request only catches a bad encoding and a too-large body: a Content-Type over
+    Django's length limit raised BadRequest out of the handler, which uvicorn answered 500."""
+
+    def create_request(self, scope: Mapping[str, Any], body_file: IO[bytes]) -> tuple[Any, Any]:
+        try:
+            return super().create_request(scope, body_file)
+        except (BadRequest, SuspiciousOperation) as exc:
+            return None, JsonResponse(error_body("bad_request", str(exc) or "bad request"), status=400)
+
+
+class SyncChainHandler(RequestCheckingHandler):
     """ASGIHandler whose middleware chain is loaded for sync views and run in one hop."""
 
     def __init__(self) -> None:
@@ -40,7 +57,7 @@ class ByViewKind:
     not HTTP) to Django's own ASGIHandler, every other request to SyncChainHandler."""
 
     def __init__(self) -> None:
-        self.async_handler = ASGIHandler()
+        self.async_handler = RequestCheckingHandler()
         self.sync_handler = SyncChainHandler()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:

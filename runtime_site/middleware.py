@@ -69,10 +69,20 @@ class ChunkedBodyASGI:
         self.app = app
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        # Without Transfer-Encoding and Content-Length a request has no body (RFC 9112 §6.3).
-        if scope["type"] != "http" or not any(name == b"transfer-encoding" for name, _ in scope["headers"]):
+        if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        limit, body, more = settings.RUNTIME_MAX_BODY_BYTES, b"", True
+        limit = settings.RUNTIME_MAX_BODY_BYTES
+        # A body declared too large is refused before a byte of it is read: Django's handler
+        # reads any body whole (spooled to disk) before BodySizeLimitMiddleware runs, so a
+        # client announcing and sending gigabytes filled the disk to be told 413.
+        # (uvicorn refuses a Content-Length that is not a number, or one beside Transfer-Encoding.)
+        declared = [value for name, value in scope["headers"] if name == b"content-length"]
+        if declared and declared[0].isdigit() and int(declared[0]) > limit:
+            return await self._too_large(send, limit)
+        # Without Transfer-Encoding and Content-Length a request has no body (RFC 9112 §6.3).
+        if not any(name == b"transfer-encoding" for name, _ in scope["headers"]):
+            return await self.app(scope, receive, send)
+        body, more = b"", True
         while more:
             message = await receive()
             if message["type"] == "http.disconnect":
