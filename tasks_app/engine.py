@@ -38,7 +38,6 @@ from tasks_app import events, faults, kills, leases, operators, policy, shutdown
 from tasks_app.actions import TRANSITION_FIELDS, transition
 from tasks_app.agents import base as agents
 from tasks_app.agents import tools
-from tasks_app.audit import record_audit
 from tasks_app.models import Step, Task
 from tasks_app.redaction import redact
 from tasks_app.selectors import task_snapshot
@@ -132,29 +131,12 @@ def _abandon(lease: leases.Lease, fault: Exception) -> bool:
     try:
         with transaction.atomic(durable=True):
             task = leases.fenced(lease)
-            task.infra_faults += 1
-            in_a_row = _faults_without_progress(task) + 1
-            diagnosis = f"{type(fault).__name__}: {fault}"
-            actor = f"worker:{lease.worker_id}"
-            record_audit(
+            held = operators.count_infrastructure_fault(
                 task,
-                actor=actor,
-                action="infrastructure_fault",
-                before_version=task.state_version,
-                reason=diagnosis[:500],
-                data={"infraFaults": task.infra_faults, "inARow": in_a_row, "stepsDone": task.steps_done},
+                actor=f"worker:{lease.worker_id}",
+                diagnosis=f"{type(fault).__name__}: {fault}",
+                fields=leases.release_fields(task),
             )
-            fields = ["infra_faults", "updated_at", *leases.release_fields(task)]
-            limit = settings.RUNTIME["runtime"]["max_infra_faults"]
-            held = bool(limit) and in_a_row >= limit
-            if held:
-                reason = f"{in_a_row} infrastructure faults in a row without a new step; the last: {diagnosis}"
-                logger.error("task %s: held for operator: %s", lease.task_id, reason)
-                task.error = {"code": "infrastructure_faults", "message": reason[:1000]}
-                task.status_message = "held for operator: infrastructure faults without progress"
-                transition(task, Status.DEAD_LETTERED, actor=actor, reason=reason[:500])
-                fields += [*TRANSITION_FIELDS, "error"]
-            task.save(update_fields=fields)
             return held
     except leases.LeaseLost:
         pass  # taken over meanwhile: nothing of ours to give back
@@ -164,19 +146,6 @@ def _abandon(lease: leases.Lease, fault: Exception) -> bool:
         faults.drop_connection()
         logger.warning("task %s: could not give the lease back (%s); it expires", lease.task_id, exc)
     return False
-
-
-def _faults_without_progress(task: Task) -> int:
-    """The infrastructure faults that ended the task's latest audit records, all at its
-    current high-water mark: a new step raises it, and any other record (a redrive, a
-    steering command) breaks the run. Read from the audit chain: no clock is compared."""
-    limit = settings.RUNTIME["runtime"]["max_infra_faults"] or 1
-    count = 0
-    for action, data in task.audit_records.order_by("-seq").values_list("action", "data")[:limit]:
-        if action != "infrastructure_fault" or data.get("stepsDone") != task.steps_done:
-            break
-        count += 1
-    return count
 
 
 def _load(lease: leases.Lease) -> _Run | None:

@@ -9,11 +9,12 @@ a ledger entry whose effect is unknown (do_resolve_unknown), after checking the 
 from __future__ import annotations
 
 import logging
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models.functions import Now
 
 from checkpoints_app.actions import discard_back_to_last_good
@@ -80,8 +81,78 @@ def do_mark_recovering(task_id: UUID, *, actor: str, max_recoveries: int | None 
     )
     if task is None:
         return None  # renewed, released or already handled by another scan: nothing to do
+    started = _database_started_at()
+    if (
+        started
+        and task.lease_expires_at
+        and task.lease_expires_at < started + timedelta(seconds=settings.RUNTIME_LEASE_SECONDS)
+    ):
+        # Last renewed before the database server (re)started: no holder, alive or not,
+        # could renew it while the server was down. The restart is the fault, not the
+        # worker: counted as an infrastructure fault, never a recovery, or every outage
+        # longer than a lease cost each running task one of its max_recoveries (four
+        # restarts dead-lettered healthy tasks).
+        lost = _drop_lease(task)
+        diagnosis = f"the lease of {lost} expired across a restart of the database at {started.isoformat()}"
+        logger.warning("task %s: %s: an infrastructure fault, not a recovery", task_id, diagnosis)
+        if not count_infrastructure_fault(task, actor=actor, diagnosis=diagnosis, fields=LEASE_FIELDS):
+            enqueue_slice_on_commit(task.id, task.priority)
+        return task
     lost = _drop_lease(task)
     return _recover(task, actor=actor, lost=f"lease of {lost} expired", max_recoveries=max_recoveries)
+
+
+def _database_started_at() -> datetime | None:
+    """When the PostgreSQL server last started (None elsewhere: SQLite has no server)."""
+    if connection.vendor != "postgresql":
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_postmaster_start_time()")
+        started: datetime = cursor.fetchone()[0]
+    return started
+
+
+def count_infrastructure_fault(task: Task, *, actor: str, diagnosis: str, fields: list[str]) -> bool:
+    """On a locked row whose lease was just given back or dropped (`fields`, saved here):
+    count an infrastructure fault, never a recovery, and audit it. After
+    runtime.max_infra_faults in a row without a new step the task is held for an operator
+    (dead-lettered with the diagnosis, which a redrive clears) instead of retried unseen
+    for ever. True: held."""
+    task.infra_faults += 1
+    in_a_row = _faults_without_progress(task) + 1
+    record_audit(
+        task,
+        actor=actor,
+        action="infrastructure_fault",
+        before_version=task.state_version,
+        reason=diagnosis[:500],
+        data={"infraFaults": task.infra_faults, "inARow": in_a_row, "stepsDone": task.steps_done},
+    )
+    fields = ["infra_faults", "updated_at", *fields]
+    limit = settings.RUNTIME["runtime"]["max_infra_faults"]
+    held = bool(limit) and in_a_row >= limit
+    if held:
+        reason = f"{in_a_row} infrastructure faults in a row without a new step; the last: {diagnosis}"
+        logger.error("task %s: held for operator: %s", task.id, reason)
+        task.error = {"code": "infrastructure_faults", "message": reason[:1000]}
+        task.status_message = "held for operator: infrastructure faults without progress"
+        transition(task, Status.DEAD_LETTERED, actor=actor, reason=reason[:500])
+        fields += [*TRANSITION_FIELDS, "error"]
+    task.save(update_fields=fields)
+    return held
+
+
+def _faults_without_progress(task: Task) -> int:
+    """The infrastructure faults that ended the task's latest audit records, all at its
+    current high-water mark: a new step raises it, and any other record (a redrive, a
+    steering command) breaks the run. Read from the audit chain: no clock is compared."""
+    limit = settings.RUNTIME["runtime"]["max_infra_faults"] or 1
+    count = 0
+    for action, data in task.audit_records.order_by("-seq").values_list("action", "data")[:limit]:
+        if action != "infrastructure_fault" or data.get("stepsDone") != task.steps_done:
+            break
+        count += 1
+    return count
 
 
 @transaction.atomic(durable=True)

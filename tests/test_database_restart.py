@@ -22,8 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 from django.db import connection
+from psycopg.rows import dict_row
 
 from conftest import Persona, Processes, database_url, free_port, wait_until
 from mcp_server.protocol import MODERN, TASKS_EXT
@@ -280,3 +282,52 @@ def test_while_the_database_is_down_every_endpoint_is_a_503_and_after_it_normal_
     )
     print(f"every endpoint normal {time.monotonic() - back:.1f}s after the database was back")
     assert web.poll() is None
+
+
+def test_database_outages_longer_than_a_lease_are_infrastructure_faults_not_recoveries(
+    alice, processes, private_postgres
+):
+    """While the server is down no worker can renew its lease, so every running task's lease
+    expires; once it is back the reaper used to count that as a crashed worker, and with
+    max_recoveries=1 the second outage dead-lettered a healthy task."""
+    from conftest import FAST_LEASES
+    from tasks_app.actions import do_create_task
+
+    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 30, "sleepMs": 300})
+    url = private_postgres.copy_of_the_test_database()
+    env = {**FAST_LEASES, "RUNTIME_MAX_RECOVERIES": "1", "DATABASE_URL": url}
+    processes.worker(**env)
+    processes.beat(**env)
+
+    def row() -> dict[str, Any] | None:
+        try:
+            with psycopg.connect(url, connect_timeout=2, row_factory=dict_row) as conn:
+                return conn.execute(
+                    "SELECT status, steps_done, recoveries, infra_faults, lease_expires_at, error "
+                    "FROM tasks_app_task WHERE id = %s",
+                    [task.id],
+                ).fetchone()
+        except psycopg.OperationalError:
+            return None
+
+    for outage in range(2):
+        done = row()["steps_done"]
+        wait_until(
+            lambda done=done: (r := row())["steps_done"] > done + 1 and r["lease_expires_at"],
+            timeout=60,
+            what=f"steps under a lease before outage {outage}",
+        )
+        expires = row()["lease_expires_at"].timestamp()
+        private_postgres.stop()
+        # down until the worker's lease has expired (one database clock: this machine's)
+        wait_until(lambda expires=expires: time.time() > expires + 1, timeout=30, what="the lease to expire")
+        private_postgres.start()
+    wait_until(
+        lambda: (r := row()) and r["status"] in ("completed", "failed", "dead_lettered"),
+        timeout=120,
+        what="the task to end",
+    )
+    final = row()
+    assert final["status"] == "completed", final
+    # (the worker's retry may claim the expired lease before the reaper sees it: then nothing is counted)
+    assert final["recoveries"] == 0 and final["error"] is None, final
