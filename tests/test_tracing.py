@@ -221,3 +221,43 @@ def test_a_worker_told_to_stop_exits_promptly_when_its_collector_is_unreachable(
             pytest.fail(f"the worker still ran {EXPORT_TIMEOUT} s after SIGTERM: its span flush is unbounded")
         print(f"\nworker exited {time.monotonic() - started:.1f} s after SIGTERM (collector {how})")
         assert worker.returncode == 0, log_of(worker)
+
+
+@pytest.mark.parametrize("how", ["refused", "blackholed"])
+def test_the_web_process_told_to_stop_exits_promptly_when_its_collector_is_unreachable(
+    alice, processes: Processes, how
+):
+    with unreachable_collector(how) as endpoint:
+        port = free_port()
+        web = processes.web(port, OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, OTEL_BSP_SCHEDULE_DELAY="600000")
+        created = httpx.post(
+            f"http://127.0.0.1:{port}/runtime/tasks",
+            timeout=15,
+            headers={"Authorization": f"Bearer {alice.token}"},
+            json={"agent": "noop", "input": {"steps": 1}},
+        )
+        assert created.status_code == 201, created.text  # its spans wait in the buffer
+        os.kill(web.pid, signal.SIGTERM)
+        try:
+            web.wait(timeout=EXPORT_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"uvicorn still ran {EXPORT_TIMEOUT} s after SIGTERM: its span flush at exit is unbounded")
+        assert "spans not exported within" in log_of(web)
+
+
+def test_the_web_process_told_to_stop_exports_the_spans_it_still_holds(alice, processes: Processes, receiver):
+    """uvicorn ends by raising again the SIGTERM it caught, which runs no atexit hook: the
+    spans of a request answered just before a deploy were lost."""
+    port = free_port()
+    web = processes.web(port, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url, OTEL_BSP_SCHEDULE_DELAY="600000")
+    created = httpx.post(
+        f"http://127.0.0.1:{port}/runtime/tasks",
+        timeout=15,
+        headers={"Authorization": f"Bearer {alice.token}"},
+        json={"agent": "noop", "input": {"steps": 1}},
+    )
+    assert created.status_code == 201, created.text
+    assert not receiver.spans  # held in the buffer
+    os.kill(web.pid, signal.SIGTERM)
+    web.wait(timeout=EXPORT_TIMEOUT)
+    assert any(s["attributes"].get("http.route") == "runtime/tasks" for s in receiver.spans), receiver.spans
