@@ -1,4 +1,6 @@
+import asyncio
 import os
+from typing import Any
 
 from django.core.asgi import get_asgi_application
 
@@ -13,4 +15,26 @@ get_asgi_application()  # django.setup(), once, before the handlers below load t
 from runtime_site.handlers import ByViewKind  # noqa: E402 (needs the settings loaded above)
 from runtime_site.middleware import ChunkedBodyASGI  # noqa: E402
 
-application = ChunkedBodyASGI(ByViewKind())
+
+class FlushOnShutdown:
+    """The ASGI lifespan, for one thing: uvicorn ends by raising again the SIGTERM it caught,
+    which runs no atexit hook, so its lifespan shutdown is where the web process exports
+    the spans it still holds (for at most tracing.SHUTDOWN_SECONDS)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "lifespan":
+            return await self.app(scope, receive, send)
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await asyncio.to_thread(tracing.shutdown)
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+application = FlushOnShutdown(ChunkedBodyASGI(ByViewKind()))

@@ -61,10 +61,10 @@ def trace_pool_process(**_: Any) -> None:
 
 @worker_process_shutdown.connect
 def flush_spans(**_: Any) -> None:
+    """A pool process ends with os._exit, which runs no atexit hook: it flushes here (bounded)."""
     from runtime_site import tracing
 
-    if tracing.enabled():
-        tracing.flush()
+    tracing.shutdown()
 
 
 @worker_init.connect

@@ -16,14 +16,24 @@ from typing import Any
 from django.conf import settings
 from django.db import connections
 from django.http import HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_safe
 
 TIMEOUT = 3  # seconds per check: a probe must answer before the orchestrator gives up on it
 
 
+def read_only(view: Any) -> Any:
+    """A probe answers GET and HEAD; anything else is a 405 (not CSRF's 403, logged as an
+    attack, nor an OPTIONS that runs the whole check)."""
+    return csrf_exempt(require_safe(view))
+
+
+@read_only
 def healthz(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"ok": True})
 
 
+@read_only
 def readyz(request: HttpRequest) -> JsonResponse:
     checks: dict[str, Any] = {}
     try:

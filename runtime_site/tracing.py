@@ -10,15 +10,25 @@ after a crash, steering, a redrive) joins it through the traceparent kept on the
 row (tasks_app/telemetry.py). The exporter reads the standard OTEL_*
 variables (endpoint, headers, timeouts, OTEL_BSP_* batching); OTEL_SERVICE_NAME
 overrides the service name each process gives itself.
+
+A process that stops flushes its spans for at most SHUTDOWN_SECONDS: with the collector
+down, the SDK would wait out the exporter's retries (OTEL_EXPORTER_OTLP_TIMEOUT, 10 s per
+batch) and a worker told to stop took 13 to 15 s to exit. Spans are worth less than a
+prompt deploy: what is not out by then is dropped.
 """
 
 from __future__ import annotations
 
+import atexit
+import logging
 import os
 import socket
+import threading
 from typing import Any
 
-_configured: dict[str, int] = {}  # the pid of the process that configured tracing
+logger = logging.getLogger(__name__)
+SHUTDOWN_SECONDS = 2.0
+_configured: dict[str, Any] = {}  # the pid of the process that configured tracing, and its exporter
 
 
 def enabled() -> bool:
@@ -47,13 +57,16 @@ def configure(service: str) -> bool:
             "service.instance.id": f"{socket.gethostname()}:{os.getpid()}",
         }
     )
-    provider = TracerProvider(resource=resource)
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    # Not the SDK's own exit hook: it waits for as long as the exporter retries (shutdown()).
+    provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+    exporter = OTLPSpanExporter()
+    provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
+    atexit.register(shutdown)
     for instrumentor in (CeleryInstrumentor(), HTTPXClientInstrumentor(), PsycopgInstrumentor()):
         if not instrumentor.is_instrumented_by_opentelemetry:
             instrumentor.instrument()
-    _configured["pid"] = os.getpid()
+    _configured.update(pid=os.getpid(), provider=provider, exporter=exporter)
     return True
 
 
@@ -67,13 +80,23 @@ def configure_web() -> None:
             DjangoInstrumentor().instrument()
 
 
-def flush() -> None:
-    """Export what is buffered (a worker process about to exit)."""
-    from opentelemetry import trace
-
-    provider: Any = trace.get_tracer_provider()
-    if hasattr(provider, "force_flush"):
-        provider.force_flush(timeout_millis=5000)
+def shutdown(timeout: float = SHUTDOWN_SECONDS) -> None:
+    """Export what is buffered, for at most `timeout` seconds: a process about to exit (a
+    worker's pool process, and any process at exit). The SDK's own shutdown and flush
+    ignore their timeouts while the exporter retries an unreachable collector, so it runs
+    on a thread of its own; past the deadline the exporter is shut down, which ends its
+    retries (a request in flight is left to its daemon thread), and the rest is dropped."""
+    if _configured.get("pid") != os.getpid():
+        return  # tracing off, already shut down, or configured by this forked process's parent
+    del _configured["pid"]
+    flushing = threading.Thread(target=_configured["provider"].shutdown, name="otel-shutdown", daemon=True)
+    flushing.start()
+    flushing.join(timeout)
+    if flushing.is_alive():
+        logger.warning(
+            "tracing: spans not exported within %.1f s of stopping (collector unreachable?): dropped", timeout
+        )
+        _configured["exporter"].shutdown()
 
 
 def trace_headers() -> dict[str, str]:

@@ -6,7 +6,7 @@ from drf_spectacular.views import SpectacularAPIView
 
 from mcp_server.views import mcp_endpoint
 from runtime_site import openapi  # noqa: F401 (registers the API's schema extensions)
-from runtime_site.health import healthz, readyz
+from runtime_site.health import healthz, read_only, readyz
 from runtime_site.metrics import metrics_view
 
 urlpatterns = [
@@ -15,7 +15,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("healthz", healthz),
     path("readyz", readyz),
-    path("metrics", metrics_view),
+    path("metrics", read_only(metrics_view)),
     path("mcp", mcp_endpoint, name="mcp"),
     path("dashboard/", include("dashboard.urls")),
     # Browsers ask every site for one; a JSON 404 shows as a console error on every first page load.

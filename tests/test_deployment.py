@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 import yaml
 
 from conftest import BEAT, ROOT, WEB, WORKER
@@ -18,6 +20,33 @@ def test_compose_runs_the_tested_commands():
     assert services["worker"]["command"] == [*WORKER, "2"]
     assert services["worker"]["deploy"]["replicas"] == 2
     assert services["beat"]["command"][:-1] == BEAT
+
+
+def test_bin_run_starts_the_tested_commands():
+    """bin/run (the embedded profile, and a developer's) starts the same three processes as
+    compose and the tests; only the log level and the values of its shell variables differ."""
+
+    def normalized(words: list[str]) -> list[str]:
+        out = []
+        for word in words:
+            if out and out[-1] == "--log-level":
+                out.pop()  # uvicorn's (the tests' runs at its default)
+            elif out and out[-1] == "-l":
+                out.append("INFO")
+            else:
+                out.append(word)
+        return out
+
+    started = [
+        normalized(shlex.split(line.split(" & ", 1)[0]))
+        for line in (ROOT / "bin" / "run").read_text().splitlines()
+        if line.startswith(("uvicorn ", "celery ")) and " & pids+=" in line
+    ]
+    assert started == [
+        [*WEB, "$PORT"],
+        [*WORKER, "2"],
+        [*BEAT, "$RUNTIME_DATA_DIR/celerybeat-schedule"],
+    ]
 
 
 def test_compose_has_the_whole_stack_and_bakes_in_no_secrets():

@@ -61,3 +61,12 @@ def test_not_ready_until_migrated(processes: Processes):
     finally:
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{empty}" WITH (FORCE)')
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/readyz", "/metrics"])
+@pytest.mark.parametrize("method", ["post", "put", "delete", "options"])
+def test_probes_answer_only_get_and_head(client, path, method):
+    """POST was CSRF's 403 (logged as an attack) and OPTIONS ran the whole check or scrape."""
+    response = getattr(client, method)(path)
+    assert response.status_code == 405
+    assert response["Allow"] == "GET, HEAD"

@@ -89,3 +89,20 @@ def test_a_secret_in_a_urls_query_or_credentials_never_reaches_a_log(alice, proc
     )
     assert secret not in Path(worker.log_path).read_text()
     assert "api_key=***" in retry["message"] and "page=2" in retry["message"], retry["message"]
+
+
+def test_a_long_query_string_does_not_hold_the_web_process_while_its_line_is_masked(processes: Processes):
+    """uvicorn writes its access line on the event loop, through the redaction filter: masking
+    a 14 KB query string took over a minute (quadratic), and no other request was answered
+    meanwhile. The deadlines are what the requests take plus ample slack, far under that."""
+    port = free_port()
+    web = processes.web(port, RUNTIME_LOG_FORMAT="json")
+    hostile = f"http://127.0.0.1:{port}/healthz?q={'a-' * 7000}&api_key=hunter2"  # under uvicorn's 16 KB head
+    assert httpx.get(hostile, timeout=15).status_code == 200
+    assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=15).status_code == 200
+    access = wait_until(
+        lambda: [line for line in lines(web) if line["logger"] == "uvicorn.access" and "api_key=" in line["message"]],
+        timeout=15,
+        what="the hostile request's access line",
+    )
+    assert "api_key=***" in access[0]["message"] and "hunter2" not in Path(web.log_path).read_text()

@@ -179,3 +179,76 @@ def test_a_task_recovering_for_long_shows_its_age_although_the_scanner_re_rings_
     processes.web(port)
     samples = scrape(f"http://127.0.0.1:{port}/metrics")
     assert value(samples, "runtime_tasks_recovering_oldest_age_seconds") >= 20 * 60
+
+
+def _rules() -> list[dict]:
+    import yaml
+
+    from conftest import ROOT
+
+    return [
+        r
+        for g in yaml.safe_load((ROOT / "deploy" / "prometheus" / "alerts.yml").read_text())["groups"]
+        for r in g["rules"]
+    ]
+
+
+def test_each_condition_of_the_issue_has_an_alert_and_the_guide_says_what_to_do():
+    import re
+
+    from conftest import ROOT
+
+    alerts = {r["alert"] for r in _rules()}
+    # dead letters, tasks stuck recovering, queue age, unknown effects, lease churn
+    assert {
+        "RuntimeDeadLetters",
+        "RuntimeTasksStuckRecovering",
+        "RuntimeQueueAge",
+        "RuntimeUnknownEffects",
+        "RuntimeLeaseChurn",
+    } <= alerts
+    guide = (ROOT / "docs" / "operations.md").read_text().split("\n## Alerts\n", 1)[1].split("\n## ", 1)[0]
+    explained = {
+        m.group(1): (m.group(2).strip(), m.group(3).strip())
+        for m in re.finditer(r"^\| `(\w+)` \|([^|]+)\|([^|]+)\|$", guide, re.M)
+    }
+    assert alerts == set(explained), alerts ^ set(explained)
+    assert all(means and do for means, do in explained.values())
+    # ... and the metrics table lists every metric we export.
+    exported = set(re.findall(r'"(runtime_[a-z_]+)"', (ROOT / "runtime_site" / "metrics.py").read_text()))
+    listed = (ROOT / "docs" / "operations.md").read_text().split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
+    missing = exported - set(re.findall(r"runtime_[a-z_]+", listed))
+    assert not missing, missing
+
+
+def test_alert_rules_are_well_formed_without_promtool():
+    """What promtool would catch first, for these rules: a malformed duration, unbalanced
+    brackets, a label in a message that the expression aggregates away (it renders empty),
+    a job that Prometheus does not scrape."""
+    import re
+
+    import yaml
+
+    from conftest import ROOT
+
+    jobs = {
+        job["job_name"]
+        for job in yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())["scrape_configs"]
+    }
+    for rule in _rules():
+        expr, name = rule["expr"], rule["alert"]
+        assert re.fullmatch(r"\d+[smhd]", rule["for"]), name
+        for opening, closing in ("()", "{}", "[]"):
+            depth = 0
+            for char in expr:
+                depth += (char == opening) - (char == closing)
+                assert depth >= 0, (name, expr)
+            assert depth == 0, (name, expr)
+        for window in re.findall(r"\[([^\]]+)\]", expr):
+            assert re.fullmatch(r"\d+[smhd]", window), (name, window)
+        assert set(re.findall(r'job="([^"]+)"', expr)) <= jobs, name
+        kept = re.findall(r"\bby \(([^)]*)\)", expr)
+        aggregated = re.search(r"\b(sum|max|min|avg|count)\b", expr)
+        text = " ".join(rule["annotations"].values())
+        for label in re.findall(r"\$labels\.(\w+)", text):
+            assert not aggregated or any(label in [k.strip() for k in by.split(",")] for by in kept), (name, label)

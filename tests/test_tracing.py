@@ -6,13 +6,23 @@ the receiver of that call got a traceparent of the same trace."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+
 import httpx
 import pytest
 
 from conftest import Processes, free_port, settled, wait_until
+from tasks_app.actions import do_create_task
 from tasks_app.models import Task
 from tests.otlp_receiver import OtlpReceiver, render
 from tests.test_ledger import FAST, Sink
+from tests.test_worker_lifecycle import log_of, worker_on
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -176,3 +186,78 @@ def test_calls_to_a_remote_mcp_server_carry_the_tool_calls_traceparent(alice, pr
     assert tool["attributes"]["runtime.task_id"] == str(task.id)
     seen = remote.stats()["traceparents"]
     assert seen and all(h.split("-")[1:3] == [tool["trace_id"], tool["span_id"]] for h in seen), (seen, tool)
+
+
+# The OTLP exporter's own default time limit for one export (OTEL_EXPORTER_OTLP_TIMEOUT), retries
+# included: what a worker waited at least, per batch, to stop while its collector was unreachable.
+EXPORT_TIMEOUT = 10
+
+
+@contextlib.contextmanager
+def unreachable_collector(how: str) -> Iterator[str]:
+    """An OTLP endpoint that refuses connections (nothing listens on its port) or blackholes
+    them (a socket that listens and never accepts: the request is sent, no answer ever comes)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        if how == "blackholed":
+            sock.listen(64)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+@pytest.mark.parametrize("how", ["refused", "blackholed"])
+def test_a_worker_told_to_stop_exits_promptly_when_its_collector_is_unreachable(alice, processes: Processes, how):
+    with unreachable_collector(how) as endpoint:
+        # Spans stay buffered until the worker stops: its flush at shutdown is what is tested.
+        worker = worker_on(
+            processes, "steps,maintenance", OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, OTEL_BSP_SCHEDULE_DELAY="600000"
+        )
+        task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 3})
+        assert settled(task).status == "completed"
+        started = time.monotonic()
+        os.kill(worker.pid, signal.SIGTERM)  # as a supervisor stops it: its main process only
+        try:
+            worker.wait(timeout=EXPORT_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the worker still ran {EXPORT_TIMEOUT} s after SIGTERM: its span flush is unbounded")
+        print(f"\nworker exited {time.monotonic() - started:.1f} s after SIGTERM (collector {how})")
+        assert worker.returncode == 0, log_of(worker)
+
+
+@pytest.mark.parametrize("how", ["refused", "blackholed"])
+def test_the_web_process_told_to_stop_exits_promptly_when_its_collector_is_unreachable(
+    alice, processes: Processes, how
+):
+    with unreachable_collector(how) as endpoint:
+        port = free_port()
+        web = processes.web(port, OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, OTEL_BSP_SCHEDULE_DELAY="600000")
+        created = httpx.post(
+            f"http://127.0.0.1:{port}/runtime/tasks",
+            timeout=15,
+            headers={"Authorization": f"Bearer {alice.token}"},
+            json={"agent": "noop", "input": {"steps": 1}},
+        )
+        assert created.status_code == 201, created.text  # its spans wait in the buffer
+        os.kill(web.pid, signal.SIGTERM)
+        try:
+            web.wait(timeout=EXPORT_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"uvicorn still ran {EXPORT_TIMEOUT} s after SIGTERM: its span flush at exit is unbounded")
+        assert "spans not exported within" in log_of(web)
+
+
+def test_the_web_process_told_to_stop_exports_the_spans_it_still_holds(alice, processes: Processes, receiver):
+    """uvicorn ends by raising again the SIGTERM it caught, which runs no atexit hook: the
+    spans of a request answered just before a deploy were lost."""
+    port = free_port()
+    web = processes.web(port, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url, OTEL_BSP_SCHEDULE_DELAY="600000")
+    created = httpx.post(
+        f"http://127.0.0.1:{port}/runtime/tasks",
+        timeout=15,
+        headers={"Authorization": f"Bearer {alice.token}"},
+        json={"agent": "noop", "input": {"steps": 1}},
+    )
+    assert created.status_code == 201, created.text
+    assert not receiver.spans  # held in the buffer
+    os.kill(web.pid, signal.SIGTERM)
+    web.wait(timeout=EXPORT_TIMEOUT)
+    assert any(s["attributes"].get("http.route") == "runtime/tasks" for s in receiver.spans), receiver.spans

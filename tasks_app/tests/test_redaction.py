@@ -95,3 +95,20 @@ def test_it_masks_secrets_named_inside_strings():
         ("reviewed 40 of 100 (token budget: 3)", "reviewed 40 of 100 (token budget: 3)"),
     ]:
         assert redact(text) == masked, text
+
+
+@pytest.mark.parametrize(("unit", "times"), [("x", 100_000), ("a-", 50_000), ("1", 100_000), ("%E2%80%AE", 30_000)])
+def test_masking_a_long_line_takes_one_pass_not_one_per_character(unit, times):
+    """A line is masked in time that grows with its length, not with its square: a 100 KB run
+    of name characters took about 30 minutes (5 s for 5 KB, 4x for each doubling). In a
+    process of its own, so that a regression fails at the deadline instead of hanging."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    script = f"from tasks_app.redaction import _mask; _mask({unit!r} * {times} + ' api_key=hunter2 tail')"
+    try:
+        subprocess.run([sys.executable, "-c", script], cwd=ROOT, check=True, timeout=20)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"masking {unit!r} * {times} ran past 20 s: quadratic")
