@@ -38,7 +38,7 @@ from tasks_app.redaction import redact
 logger = logging.getLogger(__name__)
 
 
-class ToolFailed(Exception):
+class ToolFailed(agents.ToolFailure):
     """The call failed for good (permanent error, or retries used up); the step fails with this."""
 
 

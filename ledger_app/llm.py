@@ -186,6 +186,42 @@ def _anthropic(cfg: ModelConfig, args: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+MAX_DEPTH = 32  # tool-call arguments nested deeper are kept as their JSON text (the planner refuses them)
+
+
+def _depth(value: Any) -> int:
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if depth > MAX_DEPTH:
+            break
+        if isinstance(item, dict):
+            stack += [(v, depth + 1) for v in item.values()]
+        elif isinstance(item, list):
+            stack += [(v, depth + 1) for v in item]
+    return deepest
+
+
+def _storable(value: Any) -> Any:
+    """The answer as the ledger can store it: PostgreSQL's jsonb refuses NUL and lone
+    surrogates (both reach us from a JSON body as escapes), so they become U+FFFD; arguments
+    nested past MAX_DEPTH become their JSON text, which the planner then refuses as malformed."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            value = value.replace("\x00", "\ufffd")
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            value = value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+        return value
+    if isinstance(value, dict):
+        return {_storable(k): _storable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_storable(v) for v in value]
+    return value
+
+
 def chat(args: dict[str, Any]) -> dict[str, Any]:
     """One model call; ToolError(retryable=...) when it fails."""
     try:
@@ -197,7 +233,8 @@ def chat(args: dict[str, Any]) -> dict[str, Any]:
     except Exception as exc:
         retryable = _retryable(exc)
         if retryable is None:
-            if isinstance(exc, AttributeError | TypeError | ValueError | KeyError | IndexError):
+            # RecursionError: a body nested too deep for the SDK to parse
+            if isinstance(exc, AttributeError | TypeError | ValueError | KeyError | IndexError | RecursionError):
                 # an answer that is not the wire's shape: the endpoint is not what config says
                 raise tools.ToolError(
                     f"{cfg.name}: malformed answer: {type(exc).__name__}: {exc}", retryable=False
@@ -206,6 +243,10 @@ def chat(args: dict[str, Any]) -> dict[str, Any]:
         raise tools.ToolError(
             f"{cfg.name} ({cfg.provider} {cfg.model}): {type(exc).__name__}: {exc}"[:500], retryable=retryable
         ) from exc
+    for call in answer["toolCalls"]:
+        if not isinstance(call["arguments"], str) and _depth(call["arguments"]) > MAX_DEPTH:
+            call["arguments"] = json.dumps(call["arguments"])
+    answer = _storable(answer)
     tokens_in, tokens_out = int(answer.pop("inputTokens") or 0), int(answer.pop("outputTokens") or 0)
     cost = (tokens_in * cfg.input_cost_per_mtok + tokens_out * cfg.output_cost_per_mtok) / 1_000_000
     return {

@@ -20,7 +20,9 @@ from django.http import HttpResponse, JsonResponse
 from runtime_site.blobstore import BlobNotFound, blob_store
 from tasks_app.models import Task
 
-NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}\Z")
+# One path segment, and never "." or ".." (nor any name starting with a dot): the blob store
+# would refuse such a key, and a refusal is a 500, not a "no such artifact".
+NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}\Z")
 TYPES = {
     ".md": "text/markdown; charset=utf-8",
     ".json": "application/json",

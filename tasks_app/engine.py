@@ -381,7 +381,16 @@ def _unstorable(ctx: agents.StepContext, new_state: dict[str, Any]) -> str | Non
     ):
         if limit is not None and len(value) > limit:
             return f"its {what} is longer than {limit} characters"
-    stack: list[Any] = [ctx.step_name, ctx.phase, ctx.message, ctx.logs, ctx.artifacts, ctx.summary, new_state]
+    stack: list[Any] = [
+        ctx.step_name,
+        ctx.phase,
+        ctx.message,
+        ctx.logs,
+        ctx.artifacts,
+        ctx.summary,
+        ctx.audits,
+        new_state,
+    ]
     while stack:
         item = stack.pop()
         if isinstance(item, dict):
@@ -519,7 +528,7 @@ def _commit_step(run: _Run, ctx: agents.StepContext, new_state: dict[str, Any], 
         output=ctx.summary,
     )
     fields["event_seq"] = F("event_seq") + len(items)
-    if not (items or due or rerun):
+    if not (items or due or rerun or ctx.audits):
         # The common step: fence, progress and step row in one statement, its own transaction.
         _took_step(run, ctx, new_state, sequence, leases.fenced_write(run.lease, fields, returning=FRESH, insert=step))
         return
@@ -534,6 +543,17 @@ def _commit_step(run: _Run, ctx: agents.StepContext, new_state: dict[str, Any], 
             fresh = leases.fenced_write(run.lease, fields, returning=FRESH, insert=step)
         if items:
             events.store(run.task, fresh["event_seq"] - len(items) + 1, items)
+        if ctx.audits:
+            task = leases.fenced(run.lease)  # locked already by the fenced write above
+            for record in ctx.audits:
+                record_audit(
+                    task,
+                    actor=f"worker:{run.lease.worker_id}",
+                    action=record["action"],
+                    before_version=task.state_version,
+                    reason=record["reason"],
+                    data={"step": sequence, **record["data"]},
+                )
         _took_step(run, ctx, new_state, sequence, fresh)
         if due:
             _checkpoint(run, run.task, "every_steps" if since >= run.every_steps else "interval")

@@ -27,14 +27,16 @@ class ScriptedModel:
     def stats(self) -> dict[str, Any]:
         return httpx.get(f"{self.url}/stats", timeout=5).json()
 
-    def env(self, **overrides: str) -> dict[str, str]:
+    def env(self, wire: str = "openai", **overrides: str) -> dict[str, str]:
         """The worker's llm section pointed here: the default model on the OpenAI wire and
-        `second` on Anthropic's."""
-        second = {"provider": "anthropic", "base_url": self.url, "model": "scripted-claude"}
+        `second` on Anthropic's (wire="anthropic": the other way round)."""
+        claude = {"provider": "anthropic", "base_url": self.url, "model": "scripted-claude"}
+        gpt = {"provider": "openai", "base_url": f"{self.url}/v1", "model": "scripted-gpt"}
+        default, second = (gpt, claude) if wire == "openai" else (claude, gpt)
         return {
-            "LLM_PROVIDER": "openai",
-            "LLM_BASE_URL": f"{self.url}/v1",
-            "LLM_MODEL": "scripted-gpt",
+            "LLM_PROVIDER": default["provider"],
+            "LLM_BASE_URL": default["base_url"],
+            "LLM_MODEL": default["model"],
             "LLM_API_KEY_ENV": "SCRIPTED_MODEL_KEY",
             "SCRIPTED_MODEL_KEY": "sk-test",
             "LLM_BACKOFF_SECONDS": "0.2",

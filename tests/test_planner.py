@@ -141,7 +141,10 @@ def test_a_planner_plans_calls_tools_once_asks_a_person_replans_and_switches_mod
     assert state["models"] == [{"from": "default", "to": "second", "planVersion": 2}]
 
 
-def test_a_worker_killed_mid_plan_resumes_from_the_checkpoint_without_repeating_a_tool_call(alice, processes, tmp_path):
+@pytest.mark.parametrize("wire", ["openai", "anthropic"])
+def test_a_worker_killed_mid_plan_resumes_from_the_checkpoint_without_repeating_a_tool_call(
+    alice, processes, tmp_path, wire
+):
     sink = Sink(processes)
     model = ScriptedModel(
         processes,
@@ -152,7 +155,7 @@ def test_a_worker_killed_mid_plan_resumes_from_the_checkpoint_without_repeating_
             {"toolCalls": [{"name": "finish", "arguments": {"answer": "two records"}}]},
         ],
     )
-    env = {**FAST, **model.env(LLM_TIMEOUT_SECONDS="200")}
+    env = {**FAST, **model.env(wire, LLM_TIMEOUT_SECONDS="200")}
     worker = processes.worker(**env)
     processes.beat(**env)
     task = planner(alice, "Record two things.", checkpoint_policy={"everySteps": 1})
@@ -171,6 +174,7 @@ def test_a_worker_killed_mid_plan_resumes_from_the_checkpoint_without_repeating_
     stats = sink.stats()
     assert stats["effects"] == 2 and set(stats["perKey"].values()) == {1}
     assert model.stats()["requests"] == 4  # only the call in flight was asked again
+    assert model.stats()["byWire"] == {wire: 4}
 
 
 def test_a_token_budget_stops_the_task_before_its_next_step(alice, processes, tmp_path):
@@ -250,7 +254,12 @@ def test_a_pause_lands_between_the_model_call_and_its_tool_calls_and_resume_goes
         tmp_path,
         [
             {"hangOnce": 4, "toolCalls": [post(sink, 1)]},
-            {"toolCalls": [{"name": "finish", "arguments": {"answer": "done on the other model"}}]},
+            {
+                "toolCalls": [  # the new model re-validates the plan first (it must)
+                    {"name": "update_plan", "arguments": {"steps": [{"title": "record one thing", "status": "done"}]}},
+                    {"name": "finish", "arguments": {"answer": "done on the other model"}},
+                ]
+            },
         ],
     )
     processes.worker(**FAST, **model.env(LLM_TIMEOUT_SECONDS="30"))

@@ -34,6 +34,11 @@ class RemoteWait(Exception):  # a signal to the engine, not an error
         self.message, self.poll_after = message, poll_after
 
 
+class ToolFailure(Exception):
+    """A tool call failed for good (a permanent error, or its retries used up): raised by
+    ctx.tool. Uncaught, it fails the step with its reason; an agent may catch it."""
+
+
 class ToolRejected(Exception):
     """An approver said no to a guarded call; the agent may catch it and take its rejection path."""
 
@@ -59,6 +64,7 @@ class StepContext:
     tool_runner: Callable[[str, dict[str, Any], int], Any] | None = None
     calls: int = 0
     cost: float = 0.0  # reported by the step (model tokens, paid APIs); counts against maxCost
+    audits: list[dict[str, Any]] = field(default_factory=list)  # records for the task's audit chain
 
     def progress(self, fraction: float, *, phase: str | None = None, message: str | None = None) -> None:
         self.progress_value = min(max(float(fraction), 0.0), 1.0)
@@ -75,6 +81,11 @@ class StepContext:
 
     def log(self, message: str, **fields: Any) -> None:
         self.logs.append({"message": message, **fields})
+
+    def audit(self, action: str, *, reason: str = "", **data: Any) -> None:
+        """A record for the task's audit chain, written with the step's commit (none if the
+        step fails). For decisions an operator must be able to trace, e.g. a model switch."""
+        self.audits.append({"action": action, "reason": reason[:500], "data": data})
 
     def artifact(self, name: str, content: bytes | str, content_type: str) -> str:
         """Write an artifact to the blob store (same key on a re-run) and return its reference."""

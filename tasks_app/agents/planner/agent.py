@@ -27,12 +27,47 @@ from typing import Any
 from django.conf import settings
 
 from common.schema import SchemaError, validate
-from tasks_app.agents.base import Agent, InputNeeded, StepContext, ToolRejected, register
+from tasks_app.agents.base import Agent, InputNeeded, StepContext, ToolFailure, ToolRejected, register
 from tasks_app.agents.planner import catalog, prompt, screening
 
 MAX_FACTS = 200  # kept in the state; the prompt shows as many of the newest as fit
 BIG_RESULT = 2000  # characters: a larger tool result goes to an artifact, its summary to the facts
 SUMMARY = 600
+# A model's tool call is carried out only within these bounds (else it is sent back as malformed):
+# whatever the endpoint answers, it must fit the state, the checkpoint and the tool's request.
+MAX_ARGUMENT_CHARS = 100_000
+MAX_ARGUMENT_DEPTH = 32
+MAX_ANSWER_CHARS = 100_000  # a longer final answer is cut (the model's max_output_tokens should prevent it)
+
+
+def _unusable(arguments: dict[str, Any]) -> str | None:
+    """Why parsed arguments cannot be carried out, or None: nested past MAX_ARGUMENT_DEPTH
+    (schema validation and the checkpoint's JSON would recurse), larger than
+    MAX_ARGUMENT_CHARS, or holding a NUL or a lone surrogate (which PostgreSQL's text and
+    jsonb refuse: kept in the state, they would fail the step's commit, not the call)."""
+    stack: list[tuple[Any, int]] = [(arguments, 1)]
+    size = 0
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_ARGUMENT_DEPTH:
+            return f"nest deeper than {MAX_ARGUMENT_DEPTH} levels"
+        if isinstance(item, dict):
+            stack += [(k, depth) for k in item] + [(v, depth + 1) for v in item.values()]
+        elif isinstance(item, list):
+            stack += [(v, depth + 1) for v in item]
+        elif isinstance(item, str):
+            size += len(item)
+            if "\x00" in item:
+                return "contain a NUL character"
+            try:
+                item.encode()
+            except UnicodeEncodeError:
+                return "contain a lone surrogate"
+        else:
+            size += 8
+        if size > MAX_ARGUMENT_CHARS:
+            return f"are longer than {MAX_ARGUMENT_CHARS} characters"
+    return None
 
 
 class PlannerError(Exception):
@@ -79,6 +114,25 @@ class PlannerAgent(Agent):
     }
     # A step is one model call (with the ledger's retries) or a few tool calls.
     step_seconds = 3 * 600 + 60
+
+    def step_deadline(self, step_name: str) -> float | None:
+        """Never shorter than one model call with all its retries may take as configured
+        (timeouts, retries, backoff), so a slow endpoint is not taken for a stuck step;
+        act steps may ask the injection classifier too."""
+        from ledger_app import llm
+
+        section = settings.RUNTIME["llm"]
+        timeouts = []
+        for name in llm.model_names():
+            try:
+                timeouts.append(llm.model_config(name).timeout_seconds)
+            except llm.UnknownModel:
+                continue
+        attempts = int(section["retries"]) + 1
+        call = attempts * max(timeouts, default=0.0) + float(section["backoff_seconds"]) * (2**attempts - 1)
+        if step_name.startswith("think-"):
+            return max(float(self.step_seconds), call + 60)
+        return float(self.step_seconds) + (call if section.get("classifier") else 0.0)
 
     @property
     def constraints_schema(self) -> dict[str, Any]:  # type: ignore[override]
@@ -139,15 +193,35 @@ class PlannerAgent(Agent):
             f"The goal or constraints were adjusted (plan version {state['planVersion']}). "
             "Re-plan with update_plan: keep the steps that are done, revise the rest."
         )
+        # A final answer given for the old goal (as text, or a finish not carried out yet,
+        # e.g. from a model call that was in flight when the goal moved) answers what nobody
+        # asks any more: the task is not done, the model is asked again. Tool calls stay
+        # pending: an act step lost in a crash may have made some of them, and the ledger
+        # replays those under their keys instead of calling twice.
+        finishing = [c for c in state["pending"] if c["name"] == "finish"]
+        if state["done"] or finishing:
+            old = state["answer"] or finishing[0]["arguments"].get("answer", "")
+            state["done"], state["answer"] = False, None
+            state["pending"] = [c for c in state["pending"] if c["name"] != "finish"]
+            state["notes"].append(
+                f"Your final answer was given before the goal was adjusted and is not accepted: {str(old)[:500]}"
+            )
         model = constraints.get("model")
         if model and model != state["model"]:
-            state["models"].append({"from": state["model"], "to": model, "planVersion": state["planVersion"]})
-            state["model"] = model
-            state["notes"].append(
-                "You take this task over from another model. First re-validate the plan "
-                "against the facts (update_plan), then go on."
-            )
+            self._switch(state, model, why=f"adjust_goal (plan version {state['planVersion']})")
         return state
+
+    @staticmethod
+    def _switch(state: dict[str, Any], to: str, *, why: str) -> None:
+        """The task goes on on another model: recorded in the state, audited by the new
+        model's first step, and that model's first answer must re-validate the plan."""
+        switch = {"from": state["model"], "to": to, "planVersion": state["planVersion"], "why": why}
+        state["models"].append({k: switch[k] for k in ("from", "to", "planVersion")})
+        state["model"], state["switch"], state["revalidate"] = to, switch, True
+        state["notes"].append(
+            "You take this task over from another model. First re-validate the plan "
+            "against the facts (update_plan), then go on."
+        )
 
     def result(self, state: dict[str, Any]) -> dict[str, Any]:
         usage = {k: v for k, v in state["usage"].items() if k != "perStep"}
@@ -168,20 +242,30 @@ class PlannerAgent(Agent):
         if state["catalog"] is None:
             state["catalog"], notes = catalog.build(state["tools"])
             state["notes"] += notes
+        self._notice_switch(ctx, state)
         args = {
             "model": state["model"],
             "system": prompt.SYSTEM,
             "prompt": prompt.render(state, limit=int(settings.RUNTIME["llm"]["max_context_chars"])),
             "tools": catalog.functions(state["catalog"]),
         }
-        ctx.calls = state["planVersion"] * 1000  # this step's model call has a key per plan version
+        # This step's model call has a key per plan version (and per reconfiguration of its model).
+        ctx.calls = (state["planVersion"] + 1000 * state.get("reconfigured", 0)) * 1000
         answer = ctx.tool("llm.chat", args)
         state["rounds"] += 1
         self._count(ctx, state, answer)
         calls, problems = self._check(state["catalog"], answer.get("toolCalls", []))
+        if state.get("revalidate") and not problems:
+            if any(c["name"] == "update_plan" for c in calls):
+                state["revalidate"] = False
+            else:
+                problems = [
+                    "you took this task over from another model: re-validate the plan against "
+                    "the facts with update_plan first (other calls may follow it in the same answer)"
+                ]
         if not calls and not problems:
             if answer.get("text", "").strip():  # a plain answer is the final one
-                state["answer"], state["done"] = answer["text"].strip(), True
+                state["answer"], state["done"] = self._cut(answer["text"].strip()), True
                 state["notes"] = []
                 return state
             problems = ["the answer had neither tool calls nor text"]
@@ -203,7 +287,35 @@ class PlannerAgent(Agent):
         )
         return state
 
-    def _count(self, ctx: StepContext, state: dict[str, Any], answer: dict[str, Any]) -> None:
+    def _notice_switch(self, ctx: StepContext, state: dict[str, Any]) -> None:
+        """Before a model call: the model this task names may be another one now than the one
+        that answered last (its configuration changed while the task was paused or before a
+        worker recovered it): that is a switch too. A switch is audited here, in the new
+        model's first step."""
+        from ledger_app import llm
+
+        try:
+            cfg = llm.model_config(state["model"])
+        except llm.UnknownModel:
+            return  # the model call fails with the reason
+        endpoint = f"{cfg.provider} {cfg.model} at {cfg.base_url}"
+        last = state.get("endpoint")
+        if last and last != endpoint and not state.get("switch"):
+            self._switch(state, state["model"], why=f"reconfigured: {last} -> {endpoint}")
+            # The call asks afresh, under a key of its own: a stored answer of the old model
+            # (a worker lost after it was stored) is not the new model's validation.
+            state["reconfigured"] = state.get("reconfigured", 0) + 1
+        state["endpoint"] = endpoint
+        if switch := state.get("switch"):
+            ctx.audit("model_switched", reason=f"{switch['from']} -> {switch['to']}: {switch['why']}"[:500], **switch)
+            ctx.log("the task goes on on another model", **switch)
+            state["switch"] = None
+
+    @staticmethod
+    def _cut(text: str) -> str:
+        return text if len(text) <= MAX_ANSWER_CHARS else text[:MAX_ANSWER_CHARS] + " ... (cut)"
+
+    def _count(self, ctx: StepContext, state: dict[str, Any], answer: dict[str, Any], classifier: bool = False) -> None:
         usage = answer.get("usage") or {}
         total = state["usage"]
         total["modelCalls"] += 1
@@ -217,8 +329,13 @@ class PlannerAgent(Agent):
             "inputTokens": int(usage.get("inputTokens", 0)),
             "outputTokens": int(usage.get("outputTokens", 0)),
         }
+        if classifier:
+            row["purpose"] = "injection-classifier"
         total["perStep"] = [*total["perStep"], row][-MAX_FACTS:]
-        ctx.summary = {"modelCall": row, "toolCalls": [c["name"] for c in answer.get("toolCalls", [])]}
+        if classifier:
+            ctx.summary = {**ctx.summary, "classifierCalls": ctx.summary.get("classifierCalls", 0) + 1}
+        else:
+            ctx.summary = {"modelCall": row, "toolCalls": [c["name"] for c in answer.get("toolCalls", [])]}
         if usage.get("cost"):
             ctx.report_cost(float(usage["cost"]))  # charged to the task's maxCost
 
@@ -233,13 +350,19 @@ class PlannerAgent(Agent):
             if name not in by_name:
                 problems.append(f"{name!r} is not one of the offered tools")
                 continue
+            if isinstance(raw, str) and len(raw) > MAX_ARGUMENT_CHARS:
+                problems.append(f"the arguments of {name} are longer than {MAX_ARGUMENT_CHARS} characters")
+                continue
             try:
                 arguments = json.loads(raw) if isinstance(raw, str) else raw
-            except ValueError as exc:
-                problems.append(f"the arguments of {name} are not JSON ({exc})")
+            except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep to parse
+                problems.append(f"the arguments of {name} are not JSON ({type(exc).__name__}: {str(exc)[:200]})")
                 continue
             if not isinstance(arguments, dict):
                 problems.append(f"the arguments of {name} are not a JSON object")
+                continue
+            if why := _unusable(arguments):
+                problems.append(f"the arguments of {name} {why}")
                 continue
             try:
                 validate(arguments, by_name[name]["parameters"], f"{name} arguments")
@@ -258,7 +381,7 @@ class PlannerAgent(Agent):
             if entry["kind"] == "plan":
                 state["plan"] = self._merge_plan(state["plan"], arguments["steps"])
             elif entry["kind"] == "finish":
-                state["answer"], state["done"] = arguments["answer"], True
+                state["answer"], state["done"] = self._cut(arguments["answer"]), True
             elif entry["kind"] == "ask":
                 answer = ctx.ask(f"ask-{ctx.sequence}-{i + 1}", arguments["question"], {"type": "string"})
                 self._fact(state, ctx, "ask_person", f"Q: {arguments['question'][:300]} A: {answer}")
@@ -315,14 +438,16 @@ class PlannerAgent(Agent):
     def _fact(
         self, state: dict[str, Any], ctx: StepContext, source: str, result: Any, *, artifact: str | None = None
     ) -> None:
-        text = result if isinstance(result, str) else json.dumps(result, default=str, sort_keys=True)
+        text = (
+            result if isinstance(result, str) else json.dumps(result, default=str, sort_keys=True, ensure_ascii=False)
+        )
         fact: dict[str, Any] = {"step": ctx.sequence, "source": source}
         if artifact and len(text) > BIG_RESULT:
             fact["ref"] = ctx.artifact(artifact, text, "application/json")
             fact["summary"] = f"{text[:SUMMARY]}... ({len(text)} characters in all: see the artifact)"
         else:
             fact["summary"] = text[:BIG_RESULT]
-        if source != "ask_person" and (reasons := screening.screen(text)):
+        if source != "ask_person" and (reasons := self._screen(ctx, state, result)):
             fact["suspect"] = reasons
             state["suspected"] = {"step": ctx.sequence, "source": source, "reasons": reasons}
             ctx.log("suspected prompt injection in a tool result", source=source, reasons=reasons)
@@ -331,6 +456,32 @@ class PlannerAgent(Agent):
         if len(state["facts"]) > MAX_FACTS:
             state["facts"].pop(0)
             state["factsDropped"] += 1
+
+    def _screen(self, ctx: StepContext, state: dict[str, Any], result: Any) -> list[str]:
+        """Heuristics first; what they let through goes to the classifier model, if one is
+        configured (llm.classifier). A classifier that fails or answers unclearly counts as
+        a suspicion: screening fails closed (an approver sees the next side effect)."""
+        if reasons := screening.screen_result(result):
+            return reasons
+        classifier = settings.RUNTIME["llm"].get("classifier")
+        if not classifier:
+            return []
+        text = result if isinstance(result, str) else screening.texts(result)
+        limit = int(settings.RUNTIME["llm"]["max_context_chars"])
+        try:
+            answer = ctx.tool(
+                "llm.chat",
+                {
+                    "model": classifier,
+                    "system": screening.CLASSIFIER_SYSTEM,
+                    "prompt": screening.classifier_prompt(text, limit),
+                },
+            )
+        except ToolFailure as exc:
+            ctx.log("the injection classifier failed; the text counts as suspect", error=str(exc)[:300])
+            return ["classifier-failed"]
+        self._count(ctx, state, answer, classifier=True)
+        return screening.verdict(answer.get("text", ""))
 
     @staticmethod
     def _progress(state: dict[str, Any]) -> float:

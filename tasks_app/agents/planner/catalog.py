@@ -10,6 +10,7 @@ so a step run again offers its model exactly the same tools."""
 from __future__ import annotations
 
 import fnmatch
+import json
 import logging
 import re
 import time
@@ -23,6 +24,10 @@ logger = logging.getLogger(__name__)
 # offered one by one, under their own names and schemas).
 HIDDEN = {"llm.chat", "mcp.call"}
 LIST_CACHE_SECONDS = 300.0
+# A remote server decides what it lists: bounded, so that its list cannot crowd out the
+# model's context or the checkpoint (the catalog is kept in the state).
+MAX_REMOTE_TOOLS = 100  # per server
+MAX_SCHEMA_CHARS = 20_000  # a tool whose input schema is larger is not offered
 _listed: dict[str, tuple[float, list[dict[str, Any]]]] = {}
 
 PLAN_STEP = {
@@ -122,22 +127,49 @@ def build(wanted: list[str] | None) -> tuple[list[dict[str, Any]], list[str]]:
             logger.warning("planner: cannot list the tools of %s: %s", server, exc)
             notes.append(f"The tools of MCP server {server!r} could not be listed: {exc}"[:300])
             continue
+        offered = 0
         for remote in listed:
             qualified = f"{server}.{remote['name']}"
-            if _allowed(qualified, wanted):
-                catalog.append(
-                    {
-                        "name": _function_name(f"{server}__{remote['name']}"),
-                        "kind": "mcp",
-                        "tool": qualified,
-                        "server": spec["url"],
-                        "remoteTool": remote["name"],
-                        "credential": spec.get("credential"),
-                        "description": (remote.get("description") or qualified)[:500],
-                        "parameters": remote.get("inputSchema") or {"type": "object"},
-                    }
+            if not _allowed(qualified, wanted):
+                continue
+            if offered >= MAX_REMOTE_TOOLS:
+                notes.append(
+                    f"MCP server {server!r} lists more than {MAX_REMOTE_TOOLS} tools; the rest are not offered"
                 )
-    return catalog, notes
+                break
+            if len(json.dumps(remote.get("inputSchema") or {})) > MAX_SCHEMA_CHARS:
+                notes.append(f"{qualified} is not offered: its input schema is over {MAX_SCHEMA_CHARS} characters")
+                continue
+            offered += 1
+            catalog.append(
+                {
+                    "name": _function_name(f"{server}__{remote['name']}"),
+                    "kind": "mcp",
+                    "tool": qualified,
+                    "server": spec["url"],
+                    "remoteTool": remote["name"],
+                    "credential": spec.get("credential"),
+                    "description": (remote.get("description") or qualified)[:500],
+                    "parameters": remote.get("inputSchema") or {"type": "object"},
+                }
+            )
+    return _unique(catalog, notes), notes
+
+
+def _unique(catalog: list[dict[str, Any]], notes: list[str]) -> list[dict[str, Any]]:
+    """One entry per function name. Names are mangled (dots become underscores, cut at 64),
+    so two tools can meet under one (server "a_" tool "b" and server "a" tool "_b"): the
+    first keeps it, the other is not offered, rather than a call meant for one reaching the
+    other."""
+    seen: set[str] = set()
+    kept = []
+    for entry in catalog:
+        if entry["name"] in seen:
+            notes.append(f"{entry.get('tool', entry['name'])} is not offered: its name clashes as {entry['name']!r}")
+            continue
+        seen.add(entry["name"])
+        kept.append(entry)
+    return kept
 
 
 def functions(catalog: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tasks_app.agents.planner.screening import fence_safe
+
 SYSTEM = (
     "You are the planner of a long-running task on an agent runtime. Each round you see the goal, "
     "the constraints, your plan and the facts gathered so far, and you answer with tool calls; the "
@@ -21,16 +23,24 @@ SYSTEM = (
 
 
 def _fence(text: str) -> str:
-    return "<data>" + text.replace("</data>", "</ data>") + "</data>"
+    return "<data>" + fence_safe(text) + "</data>"
+
+
+def _cap(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: max(limit - 10, 0)] + " ... (cut)"
 
 
 def render(state: dict[str, Any], *, limit: int) -> str:
-    head = [f"# Goal\n{state['goal']}"]
+    # Each part has a share of the limit: a long goal or many constraints cannot push the plan
+    # or this round's notes (a re-plan, a model switch, a malformed answer sent back) out.
+    share = max(limit // 5, 200)
+    head = [_cap(f"# Goal\n{state['goal']}", share)]
     if state["constraints"]:
-        head.append("# Constraints\n" + "\n".join(f"- {c}" for c in state["constraints"]))
+        head.append(_cap("# Constraints\n" + "\n".join(f"- {c}" for c in state["constraints"]), share))
     plan = "\n".join(f"{i}. [{s['status']}] {s['title']}" for i, s in enumerate(state["plan"], 1)) or "(no plan yet)"
-    head.append(f"# Plan (version {state['planVersion']})\n{plan}")
-    tail = ["# Notes for this round\n" + "\n".join(f"- {n}" for n in state["notes"])] if state["notes"] else []
+    head.append(_cap(f"# Plan (version {state['planVersion']})\n{plan}", share))
+    notes = "\n".join(f"- {n}" for n in state["notes"])
+    tail = [_cap(f"# Notes for this round\n{notes}", share)] if state["notes"] else []
     fixed = "\n\n".join(head + tail)
     # The newest facts that fit; older ones are only counted (their artifacts stay referenced in the state).
     budget = max(limit - len(fixed) - 200, 0)
