@@ -20,6 +20,7 @@ from rest_framework.request import Request
 
 from common.canonical import sha256_hex
 from runtime_site import ratelimit
+from tasks_app import oauth
 from tasks_app.models import ROLE_RANK, ROLE_SCOPES, ApiKey, Membership, Role, Scope, Tenant, scopes_within
 
 KEY_PREFIX = "rt_"
@@ -194,7 +195,14 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise exceptions.AuthenticationFailed("Authorization header must be 'Bearer <api key>'")
-        user, who = authenticate_key(token)
+        token = token.strip()
+        if not token.startswith(KEY_PREFIX) and oauth.enabled() and oauth.looks_like_jwt(token):
+            grant = oauth.authenticate_jwt(token)  # the configured issuer's bearer JWT (tasks_app/oauth.py)
+            user = grant.user
+            # key: what rate limits count by, per token subject (never the token, which is renewed)
+            who = Principal(grant.tenant, grant.role, f"user:{user.pk}", grant.scopes, key=f"oauth-{user.pk}")
+        else:
+            user, who = authenticate_key(token)
         # Counted once the key is proven: a stranger who knows a key's (public) prefix
         # cannot spend its owner's allowance. RateLimited is DRF's 429 with Retry-After;
         # /mcp and the SSE view turn it into their own 429s.
@@ -202,7 +210,7 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         return user, who
 
     def authenticate_header(self, request: Request) -> str:
-        return 'Bearer realm="runtime"'  # makes DRF answer 401, not 403
+        return oauth.challenge(request)  # makes DRF answer 401, not 403
 
 
 def principal(request: Request) -> Principal:

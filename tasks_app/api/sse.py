@@ -17,7 +17,7 @@ from django.http.response import HttpResponseBase
 from django_eventstream.eventrequest import EventRequest
 from django_eventstream.utils import add_default_headers, sse_encode_event
 from django_eventstream.views import Listener, stream
-from rest_framework.exceptions import AuthenticationFailed
+from rest_framework.exceptions import AuthenticationFailed, PermissionDenied
 
 from common.json_safety import UnsafeInput, check
 from runtime_site.errors import DATABASE_UNAVAILABLE, error_body, unsafe_input_body
@@ -54,6 +54,8 @@ def task_events(request: HttpRequest, task_id: str) -> HttpResponseBase:
         authenticated = ApiKeyAuthentication().authenticate(request)  # only reads headers
     except AuthenticationFailed as exc:
         return JsonResponse(error_body("authentication_failed", str(exc.detail)), status=401)
+    except PermissionDenied as exc:  # an access token that grants nothing here (tasks_app/oauth.py)
+        return JsonResponse(error_body("permission_denied", str(exc.detail)), status=403)
     except RateLimited as exc:
         return JsonResponse(
             error_body("throttled", str(exc.detail)), status=429, headers={"Retry-After": str(exc.wait)}
