@@ -186,23 +186,35 @@ def authenticate_key(token: str) -> tuple[Any, Principal]:
     )
 
 
+def bearer_token(request: Request | HttpRequest) -> str | None:
+    """The request's bearer credential; None without an Authorization header."""
+    header = request.META.get("HTTP_AUTHORIZATION", "")
+    if not header:
+        return None
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise exceptions.AuthenticationFailed("Authorization header must be 'Bearer <api key>'")
+    return token.strip()
+
+
+def authenticate_token(token: str) -> tuple[Any, Principal]:
+    """An API key, or the configured issuer's bearer JWT (tasks_app/oauth.py). Also what a
+    long-lived stream asks again while it is open: a key revoked since closes it."""
+    if not token.startswith(KEY_PREFIX) and oauth.enabled() and oauth.looks_like_jwt(token):
+        grant = oauth.authenticate_jwt(token)
+        # key: what rate limits count by, per token subject (never the token, which is renewed)
+        key = f"oauth-{grant.user.pk}"
+        return grant.user, Principal(grant.tenant, grant.role, f"user:{grant.user.pk}", grant.scopes, key=key)
+    return authenticate_key(token)
+
+
 class ApiKeyAuthentication(authentication.BaseAuthentication):
     def authenticate(self, request: Request | HttpRequest) -> tuple[Any, Principal] | None:
         # Reads only headers, so the SSE and /mcp views call it with their plain Django request.
-        header = request.META.get("HTTP_AUTHORIZATION", "")
-        if not header:
+        token = bearer_token(request)
+        if token is None:
             return None
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            raise exceptions.AuthenticationFailed("Authorization header must be 'Bearer <api key>'")
-        token = token.strip()
-        if not token.startswith(KEY_PREFIX) and oauth.enabled() and oauth.looks_like_jwt(token):
-            grant = oauth.authenticate_jwt(token)  # the configured issuer's bearer JWT (tasks_app/oauth.py)
-            user = grant.user
-            # key: what rate limits count by, per token subject (never the token, which is renewed)
-            who = Principal(grant.tenant, grant.role, f"user:{user.pk}", grant.scopes, key=f"oauth-{user.pk}")
-        else:
-            user, who = authenticate_key(token)
+        user, who = authenticate_token(token)
         # Counted once the key is proven: a stranger who knows a key's (public) prefix
         # cannot spend its owner's allowance. RateLimited is DRF's 429 with Retry-After;
         # /mcp and the SSE view turn it into their own 429s.
