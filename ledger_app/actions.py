@@ -13,11 +13,13 @@ pending          → the remote answered with a task of its own, whose id (remot
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,7 @@ from common.canonical import canonical_json, sha256_hex
 from common.schema import validate
 from ledger_app import llm
 from ledger_app.models import EffectStatus, LedgerEntry
-from tasks_app import kills, leases, policy
+from tasks_app import kills, leases, policy, quotas
 from tasks_app.agents import base as agents
 from tasks_app.agents import tools
 from tasks_app.models import Task
@@ -40,6 +42,14 @@ logger = logging.getLogger(__name__)
 
 class ToolFailed(agents.ToolFailure):
     """The call failed for good (permanent error, or retries used up); the step fails with this."""
+
+    code = "tool_failed"  # the task's error code
+
+
+class QuotaExhausted(ToolFailed):
+    """The tenant's daily quota is used up and limits.on_quota is fail: the task fails."""
+
+    code = "quota_exceeded"
 
 
 def _crash_here(point: str) -> None:
@@ -126,8 +136,10 @@ def _execute_once(
             LedgerEntry.objects.filter(id=entry.id).update(status=EffectStatus.STARTED, lease_epoch=lease.epoch)
     else:
         _guard(lease, tool, key, args, answers)
-        with transaction.atomic(durable=True):
+        with _quota_refusal(), transaction.atomic(durable=True):
             leases.fenced_update(lease)  # a zombie commits no ledger row either
+            # Counted with the row, in its transaction: exactly once, whatever crashes when.
+            quotas.take_tool_call(tenant_id)
             entry = LedgerEntry.objects.create(
                 tenant_id=tenant_id,
                 task_id=lease.task_id,
@@ -141,6 +153,18 @@ def _execute_once(
             )
     _crash_here("ledger:before_call")
     return _call_and_settle(lease, entry, tool, args)
+
+
+@contextlib.contextmanager
+def _quota_refusal() -> Iterator[None]:
+    """A used-up daily quota (tasks_app/quotas.py), as limits.on_quota says: wait (the slice
+    yields and a later one tries the call again, as for a remote task) or fail the task."""
+    try:
+        yield
+    except quotas.QuotaReached as exc:
+        if quotas.on_quota() == quotas.WAIT:
+            raise agents.RemoteWait(f"{exc}; waiting (limits.on_quota: wait)") from exc
+        raise QuotaExhausted(str(exc)) from exc
 
 
 def _guard(lease: leases.Lease, tool: tools.Tool, key: str, args: dict[str, Any], answers: dict[str, Any]) -> None:

@@ -191,7 +191,8 @@ def modern_tasks_update(call: Call) -> dict[str, Any]:
     responses = call.params.get("inputResponses")
     if not isinstance(responses, dict):
         raise RpcError(INVALID_PARAMS, "Invalid params: inputResponses must be an object")
-    require(call, Role.OPERATOR)
+    # No role check here: an approval needs the approve scope, not operate (an approve-only
+    # key must be able to answer it); provide_answers asks answer_refusal per question.
     provide_answers(call, task, responses)
     return {"resultType": "complete"}
 

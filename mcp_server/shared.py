@@ -308,13 +308,22 @@ def may_answer(who: Principal, task: Task, request: InputRequest) -> bool:
 
 
 def provide_answers(call: Call, task: Task, responses: dict[str, Any]) -> None:
-    """Each usable answer becomes a provide_input steering command (as REST's inputs
-    endpoint does: the same command id, so the same answer twice is a replay)."""
+    """Each usable answer becomes a provide_input command (as REST's inputs endpoint does:
+    the same command id, so the same answer twice is a replay). An open question the caller
+    may not answer (an approval without the approve scope, say) refuses the whole update
+    with 403, as REST does: acking it would say "accepted" while nothing happens."""
     who = call.principal
+    open_requests = {
+        r.key: r for r in InputRequest.objects.filter(task=task, key__in=list(responses), status=InputStatus.OPEN)
+    }
+    refused = {key: why for key, r in open_requests.items() if (why := answer_refusal(who, task, r.kind))}
+    if refused:
+        reasons = "; ".join(f"{key}: {why}" for key, why in sorted(refused.items()))
+        raise RpcError(INVALID_REQUEST, f"Forbidden: {reasons}"[:500], {"refused": sorted(refused)}, http_status=403)
     for key, response in responses.items():
-        request = InputRequest.objects.filter(task=task, key=key, status=InputStatus.OPEN).first()
-        if request is None or not may_answer(who, task, request):
-            continue  # unknown, already answered, superseded or not this caller's to answer: ignored
+        request = open_requests.get(key)
+        if request is None:
+            continue  # unknown, already answered or superseded: ignored (the extension's SHOULD)
         usable, answer = answer_from(response, request)
         if not usable:
             continue

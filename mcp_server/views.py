@@ -45,9 +45,10 @@ from mcp_server.protocol import (
     validate_modern,
 )
 from mcp_server.shared import Call, Wait, ping
-from runtime_site.errors import DATABASE_UNAVAILABLE, RETRY_AFTER_SECONDS
+from runtime_site.errors import DATABASE_UNAVAILABLE, RETRY_AFTER_SECONDS, error_body
 from runtime_site.middleware import request_texts
 from runtime_site.ratelimit import RateLimited
+from tasks_app import oauth
 from tasks_app.auth import ApiKeyAuthentication, Principal
 from tasks_app.models import Task
 
@@ -293,8 +294,16 @@ async def _endpoint(request: HttpRequest) -> HttpResponseBase:
         return _error(RpcError(INVALID_REQUEST, "Request body too large"), status=413)
     try:
         principal = await sync_to_async(_authenticate)(request)
+    except oauth.TokenForbidden as exc:  # a good token that grants nothing here
+        return _error(
+            RpcError(SERVER_ERROR, f"Forbidden: {exc.detail}"),
+            request_id_of(request.body),
+            status=403,
+            headers={"WWW-Authenticate": oauth.challenge(request, "insufficient_scope", str(exc.detail))},
+        )
     except exceptions.AuthenticationFailed as exc:
         principal, reason = None, str(exc.detail)
+        challenge = oauth.challenge(request, "invalid_token", reason)
     except RateLimited as exc:  # the JSON-RPC twin of REST's 429
         return _error(
             RpcError(RATE_LIMITED, f"Too Many Requests: {exc.detail}"),
@@ -303,13 +312,16 @@ async def _endpoint(request: HttpRequest) -> HttpResponseBase:
             headers={"Retry-After": str(exc.wait)},
         )
     else:
-        reason = "Authorization: Bearer <api key> is required"
+        reason = "Authorization: Bearer <api key or access token> is required"
+        challenge = oauth.challenge(request)
     if principal is None:
+        # WWW-Authenticate names the protected resource metadata (RFC 9728): where an MCP
+        # client learns which authorization server issues tokens for this server.
         return _error(
             RpcError(SERVER_ERROR, f"Unauthorized: {reason}"),
             request_id_of(request.body),
             status=401,
-            headers={"WWW-Authenticate": 'Bearer realm="runtime"'},
+            headers={"WWW-Authenticate": challenge},
         )
     headers = {key.lower(): value for key, value in request.headers.items()}
     try:
@@ -323,6 +335,8 @@ async def _endpoint(request: HttpRequest) -> HttpResponseBase:
     if message.is_response:  # the answer to an elicitation/create sent on a tasks/result stream
         try:
             known = await sync_to_async(_answer)(principal, message)
+        except RpcError as exc:  # not this caller's to answer (an approval without the approve scope)
+            return _error(exc, status=exc.http_status)
         except DATABASE_UNAVAILABLE:
             raise
         except Exception:
@@ -363,4 +377,19 @@ async def _endpoint(request: HttpRequest) -> HttpResponseBase:
     if not message.modern and message.method == "initialize":
         # Signed, never stored: carries the client's capabilities to later requests.
         response[SESSION_HEADER] = await sync_to_async(legacy.legacy_session)(Call(principal, message))
+    return response
+
+
+@csrf_exempt  # a public read: no session, nothing to forge; any other method is a clean 405
+def protected_resource_metadata(request: HttpRequest) -> HttpResponse:
+    """GET /.well-known/oauth-protected-resource[/mcp] (RFC 9728): this server's resource
+    identifier, the issuer whose tokens it takes, its scopes. Public, as the RFC wants."""
+    if request.method not in ("GET", "HEAD"):
+        return JsonResponse(
+            error_body("method_not_allowed", f"{request.method} is not allowed here; use GET"),
+            status=405,
+            headers={"Allow": "GET, HEAD"},
+        )
+    response = JsonResponse(oauth.metadata(request))
+    response["Cache-Control"] = "public, max-age=300"
     return response

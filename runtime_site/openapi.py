@@ -37,8 +37,11 @@ class BearerApiKey(OpenApiAuthenticationExtension):
         return {
             "type": "http",
             "scheme": "bearer",
-            "bearerFormat": "rt_<prefix>_<secret>",
-            "description": "An API key, bound to one tenant and role: `Authorization: Bearer rt_...`.",
+            "bearerFormat": "rt_<prefix>_<secret> or JWT",
+            "description": "An API key, bound to one tenant and role: `Authorization: Bearer rt_...`; or, "
+            "with `oauth` configured, an access token (JWT) of the configured issuer for this server "
+            "(its audience), naming the user and the tenant, its scopes mapped to a role "
+            "(`/.well-known/oauth-protected-resource`).",
         }
 
 
@@ -75,8 +78,8 @@ def _error(description: str) -> OpenApiResponse:
 RATE_LIMITED = "the key's or the tenant's request rate limit is reached (throttled); retry after Retry-After"
 COMMON = {
     400: _error("invalid request (the error names the field)"),
-    401: _error("no or an invalid API key"),
-    403: _error("the key's role does not allow this"),
+    401: _error("no or an invalid API key or access token (WWW-Authenticate names the resource metadata)"),
+    403: _error("the key's role does not allow this, or the access token grants nothing here"),
     429: _error(RATE_LIMITED),
     503: _error("the database is unavailable; retry"),
 }
@@ -546,7 +549,8 @@ SSE_OPERATION = {
                 }
                 for code, description in (
                     (400, "a malformed Last-Event-ID"),
-                    (401, "no or an invalid API key"),
+                    (401, "no or an invalid API key or access token"),
+                    (403, "an access token that grants nothing here (unknown tenant or user)"),
                     (404, "no such task in the key's tenant"),
                     (429, RATE_LIMITED),
                     (503, "the database is unavailable; retry"),
@@ -554,6 +558,43 @@ SSE_OPERATION = {
             },
         },
     },
+}
+
+
+# --- MCP authorization: the protected resource metadata (RFC 9728, a plain Django view) ----------
+
+METADATA_PATH = "/.well-known/oauth-protected-resource"
+METADATA_OPERATION = {
+    "get": {
+        "operationId": "getProtectedResourceMetadata",
+        "summary": "Which authorization server issues tokens for this server (RFC 9728)",
+        "description": "Public. `/mcp` answers a request without valid credentials with 401 and "
+        '`WWW-Authenticate: Bearer resource_metadata="<this URL>"`. The same document is served at '
+        "`/.well-known/oauth-protected-resource/mcp`. `authorization_servers` is present once `oauth` "
+        "is configured (config/runtime.yaml).",
+        "tags": ["auth"],
+        "security": [],
+        "responses": {
+            "200": {
+                "description": "the metadata",
+                "content": {
+                    "application/json": {
+                        "schema": {
+                            "type": "object",
+                            "required": ["resource", "bearer_methods_supported", "scopes_supported"],
+                            "properties": {
+                                "resource": {"type": "string", "description": "this server's resource identifier"},
+                                "authorization_servers": {"type": "array", "items": {"type": "string"}},
+                                "bearer_methods_supported": {"type": "array", "items": {"type": "string"}},
+                                "scopes_supported": {"type": "array", "items": {"type": "string"}},
+                                "resource_name": {"type": "string"},
+                            },
+                        }
+                    }
+                },
+            }
+        },
+    }
 }
 
 
@@ -607,9 +648,10 @@ def postprocess(result: dict[str, Any], generator: Any, request: Any, public: bo
     """The stream beside the other operations; request bodies as what is accepted (free-form JSON
     that json_safety lets through, numbers within 64 bits, strings not blank once trimmed)."""
     result["paths"]["/runtime/tasks/{task_id}/events"] = SSE_OPERATION
+    result["paths"][METADATA_PATH] = METADATA_OPERATION
     for item in result["paths"].values():
         for operation in item.values():
-            if "429" in operation["responses"]:
+            if "429" in operation.get("responses", {}):
                 # DRF's Throttled (and the SSE view) set it; a quota_exceeded create does not.
                 operation["responses"]["429"]["headers"] = {
                     "Retry-After": {

@@ -4,7 +4,7 @@ from django.urls import include, path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView
 
-from mcp_server.views import mcp_endpoint
+from mcp_server.views import mcp_endpoint, protected_resource_metadata
 from runtime_site import openapi  # noqa: F401 (registers the API's schema extensions)
 from runtime_site.health import healthz, read_only, readyz
 from runtime_site.metrics import metrics_view
@@ -17,6 +17,9 @@ urlpatterns = [
     path("readyz", readyz),
     path("metrics", read_only(metrics_view)),
     path("mcp", mcp_endpoint, name="mcp"),
+    # MCP authorization (RFC 9728): at the root, and at the path-inserted form for /mcp
+    path(".well-known/oauth-protected-resource", protected_resource_metadata),
+    path(".well-known/oauth-protected-resource/mcp", protected_resource_metadata),
     path("dashboard/", include("dashboard.urls")),
     # Browsers ask every site for one; a JSON 404 shows as a console error on every first page load.
     path("favicon.ico", RedirectView.as_view(url=static("dashboard/favicon.svg"), permanent=True)),

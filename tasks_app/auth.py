@@ -20,6 +20,7 @@ from rest_framework.request import Request
 
 from common.canonical import sha256_hex
 from runtime_site import ratelimit
+from tasks_app import oauth
 from tasks_app.models import ROLE_RANK, ROLE_SCOPES, ApiKey, Membership, Role, Scope, Tenant, scopes_within
 
 KEY_PREFIX = "rt_"
@@ -185,16 +186,35 @@ def authenticate_key(token: str) -> tuple[Any, Principal]:
     )
 
 
+def bearer_token(request: Request | HttpRequest) -> str | None:
+    """The request's bearer credential; None without an Authorization header."""
+    header = request.META.get("HTTP_AUTHORIZATION", "")
+    if not header:
+        return None
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise exceptions.AuthenticationFailed("Authorization header must be 'Bearer <api key>'")
+    return token.strip()
+
+
+def authenticate_token(token: str) -> tuple[Any, Principal]:
+    """An API key, or the configured issuer's bearer JWT (tasks_app/oauth.py). Also what a
+    long-lived stream asks again while it is open: a key revoked since closes it."""
+    if not token.startswith(KEY_PREFIX) and oauth.enabled() and oauth.looks_like_jwt(token):
+        grant = oauth.authenticate_jwt(token)
+        # key: what rate limits count by, per token subject (never the token, which is renewed)
+        key = f"oauth-{grant.user.pk}"
+        return grant.user, Principal(grant.tenant, grant.role, f"user:{grant.user.pk}", grant.scopes, key=key)
+    return authenticate_key(token)
+
+
 class ApiKeyAuthentication(authentication.BaseAuthentication):
     def authenticate(self, request: Request | HttpRequest) -> tuple[Any, Principal] | None:
         # Reads only headers, so the SSE and /mcp views call it with their plain Django request.
-        header = request.META.get("HTTP_AUTHORIZATION", "")
-        if not header:
+        token = bearer_token(request)
+        if token is None:
             return None
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            raise exceptions.AuthenticationFailed("Authorization header must be 'Bearer <api key>'")
-        user, who = authenticate_key(token)
+        user, who = authenticate_token(token)
         # Counted once the key is proven: a stranger who knows a key's (public) prefix
         # cannot spend its owner's allowance. RateLimited is DRF's 429 with Retry-After;
         # /mcp and the SSE view turn it into their own 429s.
@@ -202,7 +222,7 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         return user, who
 
     def authenticate_header(self, request: Request) -> str:
-        return 'Bearer realm="runtime"'  # makes DRF answer 401, not 403
+        return oauth.challenge(request)  # makes DRF answer 401, not 403
 
 
 def principal(request: Request) -> Principal:

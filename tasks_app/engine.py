@@ -34,7 +34,7 @@ from ledger_app import llm
 from runtime_site.blobstore import blob_store
 from runtime_site.metrics import LEASE_TAKEOVERS
 from steering_app import actions as steering
-from tasks_app import events, faults, kills, leases, operators, policy, shutdown, telemetry
+from tasks_app import events, faults, kills, leases, operators, policy, quotas, shutdown, telemetry
 from tasks_app.actions import TRANSITION_FIELDS, transition
 from tasks_app.agents import base as agents
 from tasks_app.agents import tools
@@ -243,6 +243,12 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
                 return SliceOutcome.DONE
             _stop(run.lease, Status.FAILED, reason=reason, error={"code": "budget_exhausted", "message": reason})
             return SliceOutcome.DONE
+        if reason := quotas.cost_reached(run.task.tenant_id):  # the tenant's day (limits.cost_per_tenant_day)
+            if quotas.on_quota() == quotas.WAIT:
+                _yield(run, message=f"{reason}; waiting (limits.on_quota: wait)")
+                return SliceOutcome.POLL
+            _stop(run.lease, Status.FAILED, reason=reason, error={"code": "quota_exceeded", "message": reason})
+            return SliceOutcome.DONE
         if (
             steps >= settings.RUNTIME_SLICE_STEPS
             or time.monotonic() - started >= settings.RUNTIME_SLICE_SECONDS
@@ -312,7 +318,7 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
                 Status.FAILED,
                 reason=f"step {step_name}: {exc}"[:500],
                 error={
-                    "code": "tool_failed",
+                    "code": getattr(exc, "code", "tool_failed"),
                     "step": step_name,
                     "sequence": run.sequence + 1,
                     "message": str(exc)[:1000],
@@ -528,7 +534,9 @@ def _commit_step(run: _Run, ctx: agents.StepContext, new_state: dict[str, Any], 
         output=ctx.summary,
     )
     fields["event_seq"] = F("event_seq") + len(items)
-    if not (items or due or rerun or ctx.audits):
+    # A rerun's cost was counted when the step first committed (the tenant's day, not the task's).
+    counts_cost = bool(ctx.cost) and not rerun and quotas.enabled()
+    if not (items or due or rerun or ctx.audits or counts_cost):
         # The common step: fence, progress and step row in one statement, its own transaction.
         _took_step(run, ctx, new_state, sequence, leases.fenced_write(run.lease, fields, returning=FRESH, insert=step))
         return
@@ -541,6 +549,8 @@ def _commit_step(run: _Run, ctx: agents.StepContext, new_state: dict[str, Any], 
             step.save(force_insert=True)
         else:
             fresh = leases.fenced_write(run.lease, fields, returning=FRESH, insert=step)
+        if counts_cost:
+            quotas.add_cost(run.task.tenant_id, ctx.cost)
         if items:
             events.store(run.task, fresh["event_seq"] - len(items) + 1, items)
         if ctx.audits:

@@ -288,3 +288,18 @@ class TaskEvent(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["task", "seq"], name="event_unique_seq")]
+
+
+class TenantDailyUsage(models.Model):
+    """What a tenant used on one UTC day, against limits.tool_calls_per_tenant_day and
+    limits.cost_per_tenant_day (tasks_app/quotas.py). Written in the transaction that makes
+    the use durable (the ledger row of a call, the commit of a step's cost), so a crash
+    neither loses nor doubles a count."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="daily_usage")
+    day = models.DateField()
+    tool_calls = models.IntegerField(default=0)
+    cost = models.FloatField(default=0.0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "day"], name="tenant_daily_usage_unique")]

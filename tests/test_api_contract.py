@@ -48,7 +48,12 @@ def test_the_served_schema_documents_every_operation(processes: Processes):
     error = schema["components"]["schemas"]["Error"]
     assert error["required"] == ["error"]
     operations = {(path, method): op for path, item in schema["paths"].items() for method, op in item.items()}
-    assert len(operations) == 18
+    assert len(operations) == 19
+    metadata = operations.pop(("/.well-known/oauth-protected-resource", "get"))
+    assert (
+        metadata["security"] == []
+        and "resource" in metadata["responses"]["200"]["content"]["application/json"]["schema"]["required"]
+    )
     for (path, method), op in operations.items():
         assert op["security"] == [{"bearerAuth": []}], (method, path)
         ok = [code for code in op["responses"] if code.startswith("2")]
@@ -142,7 +147,7 @@ def test_schemathesis_with_every_check_finds_no_server_error_and_no_schema_viola
     assert run.returncode == 0, run.stdout[-8000:]
     suite = ElementTree.parse(report).getroot()  # noqa: S314 (schemathesis's own report, written just now)
     # Sixteen operations (all but the stream and revokeKey) and the stateful scenarios, each with every check.
-    assert (suite.get("tests"), suite.get("failures"), suite.get("errors")) == ("17", "0", "0")
+    assert (suite.get("tests"), suite.get("failures"), suite.get("errors")) == ("18", "0", "0")
 
 
 @pytest.mark.parametrize(

@@ -6,23 +6,27 @@ is tasks_app/streams/; this module is only the view a client talks to.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from uuid import UUID
 
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.contrib.auth.models import User
 from django.db import connection
 from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
 from django.http.response import HttpResponseBase
 from django_eventstream.eventrequest import EventRequest
 from django_eventstream.utils import add_default_headers, sse_encode_event
 from django_eventstream.views import Listener, stream
-from rest_framework.exceptions import AuthenticationFailed
+from rest_framework.exceptions import AuthenticationFailed, PermissionDenied
 
 from common.json_safety import UnsafeInput, check
 from runtime_site.errors import DATABASE_UNAVAILABLE, error_body, unsafe_input_body
 from runtime_site.ratelimit import RateLimited
-from tasks_app.auth import ApiKeyAuthentication
+from tasks_app.auth import ApiKeyAuthentication, authenticate_token, bearer_token
 from tasks_app.models import Membership, Task
 from tasks_app.selectors import task_snapshot
 from tasks_app.streams.publish import channel_for
@@ -44,6 +48,64 @@ def check_last_event_id(request: HttpRequest) -> None:
             raise UnsafeInput(name, "not an event id this stream sent (<channel>:<seq>)")
 
 
+def _allowed_still(token: str | None, user_id: int | None, tenant_id: int) -> Callable[[], bool]:
+    """Whether the stream's caller may still read it: its key is still good (not revoked or
+    expired, its user active and a member: authenticate_token, no rate limit), or for a
+    dashboard session, its user is active and still a member of the task's tenant."""
+
+    def check() -> bool:
+        try:
+            if token is not None:
+                try:
+                    return authenticate_token(token)[1].tenant.pk == tenant_id
+                except (AuthenticationFailed, PermissionDenied):
+                    return False
+            return user_id is not None and (
+                User.objects.filter(pk=user_id, is_active=True, memberships__tenant_id=tenant_id).exists()
+            )
+        finally:
+            connection.close()
+
+    return check
+
+
+async def _guarded(chunks: AsyncIterator[str], allowed: Callable[[], bool], every: float) -> AsyncIterator[str]:
+    """The chunks of `chunks` while allowed() holds, asked every `every` seconds whether
+    events flow or not: a stream outlives its request's authentication by hours, and a key
+    revoked or a user deactivated meanwhile must stop reading within that bound. The stream
+    is pumped by its own task so the check never waits for the next event."""
+    queue: asyncio.Queue[str] = asyncio.Queue(maxsize=64)
+
+    async def pump() -> None:
+        async for chunk in chunks:
+            await queue.put(chunk)
+
+    loop = asyncio.get_running_loop()
+    producer = asyncio.ensure_future(pump())
+    next_check = loop.time() + every
+    try:
+        while True:
+            getter = asyncio.ensure_future(queue.get())
+            await asyncio.wait(
+                {getter, producer}, timeout=max(0.0, next_check - loop.time()), return_when=asyncio.FIRST_COMPLETED
+            )
+            if not getter.done():
+                getter.cancel()
+            if getter.done() and not getter.cancelled():
+                yield getter.result()
+            elif producer.done() and queue.empty():
+                producer.result()  # the stream's own error (the database went away), or its end
+                return
+            if loop.time() >= next_check:
+                if not await sync_to_async(allowed)():
+                    # The client reconnects, as SSE does, and gets the 401 that says why.
+                    logger.info("an event stream ended: its key or user may no longer read it")
+                    return
+                next_check = loop.time() + every
+    finally:
+        producer.cancel()
+
+
 def task_events(request: HttpRequest, task_id: str) -> HttpResponseBase:
     """GET /runtime/tasks/{id}/events: task.snapshot first, then every event after it."""
     try:
@@ -54,6 +116,8 @@ def task_events(request: HttpRequest, task_id: str) -> HttpResponseBase:
         authenticated = ApiKeyAuthentication().authenticate(request)  # only reads headers
     except AuthenticationFailed as exc:
         return JsonResponse(error_body("authentication_failed", str(exc.detail)), status=401)
+    except PermissionDenied as exc:  # an access token that grants nothing here (tasks_app/oauth.py)
+        return JsonResponse(error_body("permission_denied", str(exc.detail)), status=403)
     except RateLimited as exc:
         return JsonResponse(
             error_body("throttled", str(exc.detail)), status=429, headers={"Retry-After": str(exc.wait)}
@@ -86,11 +150,13 @@ def task_events(request: HttpRequest, task_id: str) -> HttpResponseBase:
     listener.user_id = request.user.pk
     listener.channels = event_request.channels
     first = sse_encode_event("task.snapshot", snapshot, event_id=f"{channel}:{task.event_seq}", json_encode=True)
+    allowed = _allowed_still(bearer_token(request), request.user.pk, task.tenant_id)
+    every = float(settings.RUNTIME["stream"].get("auth_recheck_seconds", 5))
 
     async def body() -> AsyncIterator[str]:
         yield first
         try:
-            async for chunk in stream(event_request, listener):
+            async for chunk in _guarded(stream(event_request, listener), allowed, every):
                 yield chunk
         except DATABASE_UNAVAILABLE:  # the client reconnects, as SSE does, and gets 503 until it is back
             logger.warning("the stream of task %s ended: the database is unavailable", task.id)

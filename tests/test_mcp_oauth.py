@@ -1,0 +1,217 @@
+"""MCP authorization (2026-07-28, issue 16): the protected resource metadata (RFC 9728), a
+401 whose WWW-Authenticate points at it, and bearer JWTs of a configured issuer beside API
+keys. The issuer is tests/oauth_issuer.py: keys generated here, its JWKS served over
+loopback HTTP. The end-to-end test runs the official SDK client against uvicorn and a
+worker; the others drive the views in-process against the same issuer."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import hmac
+import json
+import time
+from collections.abc import Iterator
+
+import jwt
+import pytest
+from cryptography.hazmat.primitives import serialization
+from django.contrib.auth import get_user_model
+from django.test import Client
+
+from conftest import Processes, free_port
+from mcp_server.protocol import MODERN, TASKS_EXT
+from tasks_app.models import Task
+from tests import mcp_client as mc
+from tests.oauth_issuer import Issuer, ec_key, rsa_key
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+AUDIENCE = "http://testserver/mcp"  # the Django test client's host
+
+
+@pytest.fixture
+def issuer() -> Iterator[Issuer]:
+    made = Issuer()
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def configured(issuer: Issuer, settings) -> Issuer:
+    settings.RUNTIME = {**settings.RUNTIME, "oauth": issuer.settings(AUDIENCE)}
+    return issuer
+
+
+def mcp(token: str | None, method: str = "tools/list", params: dict | None = None, name: str | None = None):
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": MODERN,
+        "io.modelcontextprotocol/clientCapabilities": {"extensions": {TASKS_EXT: {}}},
+    }
+    headers = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": MODERN, "Mcp-Method": method}
+    if name:
+        headers["Mcp-Name"] = name
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    body = {"jsonrpc": "2.0", "id": 5, "method": method, "params": {"_meta": meta, **(params or {})}}
+    return Client().post("/mcp", data=json.dumps(body), content_type="application/json", headers=headers)
+
+
+def test_the_metadata_names_the_issuer_and_a_401_points_at_it(configured):
+    metadata = Client().get("/.well-known/oauth-protected-resource")
+    assert metadata.status_code == 200
+    body = metadata.json()
+    assert body["resource"] == AUDIENCE and body["authorization_servers"] == [configured.url]
+    assert body["bearer_methods_supported"] == ["header"] and "runtime:operate" in body["scopes_supported"]
+    assert Client().get("/.well-known/oauth-protected-resource/mcp").json() == body  # the path-inserted form
+
+    refused = mcp(None)
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == -32000
+    challenge = refused["WWW-Authenticate"]
+    assert challenge.startswith("Bearer ")
+    assert 'resource_metadata="http://testserver/.well-known/oauth-protected-resource"' in challenge
+    bad = mcp("a.b.c")
+    assert bad.status_code == 401 and 'error="invalid_token"' in bad["WWW-Authenticate"]
+    assert "resource_metadata=" in bad["WWW-Authenticate"]
+
+
+def test_a_token_of_the_issuer_acts_for_its_user_tenant_and_scopes(configured, alice, victor):
+    token = configured.sign(configured.claims(AUDIENCE))
+    listed = mcp(token)
+    assert listed.status_code == 200, listed.content
+    assert "noop" in {t["name"] for t in listed.json()["result"]["tools"]}
+    started = mcp(token, "tools/call", {"name": "noop", "arguments": {"steps": 1}}, name="noop").json()["result"]
+    task = Task.objects.get(id=started["taskId"])
+    assert task.tenant == alice.tenant and task.created_by == f"user:{alice.user.pk}"
+    # EC keys too; and the same token on REST
+    ec_token = configured.sign(configured.claims(AUDIENCE), kid="ec-1")
+    assert mcp(ec_token).status_code == 200
+    rest = Client(headers={"Authorization": f"Bearer {ec_token}"}).get("/runtime/tasks")
+    assert rest.status_code == 200 and str(task.id) in rest.content.decode()
+    # read alone: may list, may not start
+    reader = configured.sign(configured.claims(AUDIENCE, scope="runtime:read"))
+    refused = mcp(reader, "tools/call", {"name": "noop", "arguments": {"steps": 1}}, name="noop").json()["result"]
+    assert refused["isError"] and "operator" in refused["content"][0]["text"]
+    # the membership caps the token: victor is a viewer, whatever the token says
+    capped = configured.sign(configured.claims(AUDIENCE, sub="victor", scope="runtime:admin"))
+    refused = mcp(capped, "tools/call", {"name": "noop", "arguments": {"steps": 1}}, name="noop").json()["result"]
+    assert refused["isError"] and "operator" in refused["content"][0]["text"]
+    # API keys keep working beside tokens
+    assert mcp(alice.token).status_code == 200
+
+
+def test_a_good_token_for_an_unknown_tenant_or_user_or_scope_is_forbidden(configured, alice, mallory):
+    get_user_model().objects.create(username="nobody-here")
+    for claims in (
+        {"tenant": "initech"},  # no such tenant
+        {"sub": "ghost"},  # no such user
+        {"sub": "nobody-here"},  # a user, but not a member of acme
+        {"sub": "mallory"},  # a member of globex, not of acme
+        {"scope": "openid profile"},  # none of this server's scopes
+    ):
+        response = mcp(configured.sign(configured.claims(AUDIENCE, **claims)))
+        assert response.status_code == 403, (claims, response.content)
+        assert 'error="insufficient_scope"' in response["WWW-Authenticate"]
+    alice.user.is_active = False
+    alice.user.save()
+    assert mcp(configured.sign(configured.claims(AUDIENCE))).status_code == 403
+
+
+def b64(data: dict | bytes) -> str:
+    raw = data if isinstance(data, bytes) else json.dumps(data).encode()
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def hs256(claims: dict, secret: bytes) -> str:
+    """The algorithm-confusion forgery: an HMAC keyed with the issuer's public key."""
+    signing_input = f"{b64({'alg': 'HS256', 'typ': 'JWT', 'kid': 'rsa-1'})}.{b64(claims)}"
+    return f"{signing_input}.{b64(hmac.new(secret, signing_input.encode(), hashlib.sha256).digest())}"
+
+
+def test_hostile_tokens_are_401_never_500(configured, alice):
+    now = int(time.time())
+    claims = configured.claims(AUDIENCE)
+    public_pem = (
+        configured.private["rsa-1"][0]
+        .public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    hostile = {
+        "alg none": f"{b64({'alg': 'none', 'kid': 'rsa-1'})}.{b64(claims)}.",
+        "alg none, signed part kept": f"{b64({'alg': 'none', 'kid': 'rsa-1'})}.{b64(claims)}.c2ln",
+        "wrong key, same kid": configured.sign(claims, key=rsa_key()),
+        "wrong EC key": configured.sign(claims, kid="ec-1", key=ec_key()),
+        "unknown kid": jwt.encode(claims, rsa_key(), algorithm="RS256", headers={"kid": "made-up"}),
+        "no kid": jwt.encode(claims, configured.private["rsa-1"][0], algorithm="RS256"),
+        "HS256 with the public key as secret": hs256(claims, public_pem),
+        "expired": configured.sign({**claims, "exp": now - 60}),
+        "not yet valid": configured.sign({**claims, "nbf": now + 600}),
+        "wrong aud": configured.sign({**claims, "aud": "https://elsewhere.example/mcp"}),
+        "no aud": configured.sign({k: v for k, v in claims.items() if k != "aud"}),
+        "wrong iss": configured.sign({**claims, "iss": "https://evil.example"}),
+        "no exp": configured.sign({k: v for k, v in claims.items() if k != "exp"}),
+        "no tenant claim": configured.sign({k: v for k, v in claims.items() if k != "tenant"}),
+        "tenant not a string": configured.sign({**claims, "tenant": {"$ne": 1}}),
+        "garbage": "not-a-token-at-all.really.no",
+        "three dots of nothing": "..",
+        "binary header": "\u00ff\u00fe.e30.e30",
+        "huge": "a" * 20_000 + ".b.c",
+        "truncated": configured.sign(claims)[:-20],
+        "tampered claims": ".".join(
+            [
+                configured.sign(claims).split(".")[0],
+                b64({**claims, "sub": "mallory"}),
+                configured.sign(claims).split(".")[2],
+            ]
+        ),
+    }
+    for what, token in hostile.items():
+        for response in (mcp(token), Client(headers={"Authorization": f"Bearer {token}"}).get("/runtime/tasks")):
+            assert response.status_code == 401, (what, response.status_code, response.content[:300])
+    assert mcp(configured.sign(claims)).status_code == 200  # and a good one still works
+
+
+def test_a_new_key_of_the_issuer_is_fetched_on_its_first_token(configured, alice):
+    assert mcp(configured.sign(configured.claims(AUDIENCE))).status_code == 200
+    fetched = configured.fetches
+    assert mcp(configured.sign(configured.claims(AUDIENCE))).status_code == 200
+    assert configured.fetches == fetched  # cached
+    configured.add("rsa-2", rsa_key(), "PS256")  # the issuer rotates in a new key
+    assert mcp(configured.sign(configured.claims(AUDIENCE), kid="rsa-2")).status_code == 200
+    assert configured.fetches == fetched + 1
+
+
+def test_an_sdk_client_completes_a_task_with_a_jwt(issuer, alice, processes: Processes):
+    """The official SDK (mcp 2.x) against uvicorn and a worker, authenticated only by the
+    issuer's token: discovery, tools/list, a task created, polled and completed."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/mcp"
+    processes.web(port, **issuer.env(url))
+    processes.worker(concurrency=1)
+    token = issuer.sign(issuer.claims(url), kid="ec-1")
+
+    async def scenario() -> tuple[str, str]:
+        async with mc.client(url, token) as c:
+            tools = {t.name for t in (await c.list_tools()).tools}
+            assert "slow_compute" in tools
+            created = await c.session.call_tool("slow_compute", {"seconds": 0.2, "label": "jwt"}, allow_claimed=True)
+            assert isinstance(created, mc.CreateTaskResult)
+            final = await mc.poll(c.session, created.task_id)
+            assert final["status"] == "completed", final
+            greeting = await c.call_tool("greet", {"name": "jwt"})
+            return created.task_id, greeting.content[0].text
+
+    task_id, greeting = asyncio.run(asyncio.wait_for(scenario(), timeout=120))
+    task = Task.objects.get(id=task_id)
+    assert task.status == "completed" and task.tenant == alice.tenant and task.created_by == f"user:{alice.user.pk}"
+    assert greeting == "Hello, jwt!"
+
+    async def refused() -> int:
+        import httpx2
+
+        async with httpx2.AsyncClient() as http:
+            wrong = issuer.sign(issuer.claims("https://elsewhere.example/mcp"))
+            return (await http.post(url, headers={"Authorization": f"Bearer {wrong}"}, json={})).status_code
+
+    assert asyncio.run(refused()) == 401
