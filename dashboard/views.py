@@ -22,13 +22,12 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import BadRequest
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.shortcuts import render, resolve_url
 from django.urls import Resolver404, resolve, reverse
 from django.utils.html import format_html
 from django.views.csrf import csrf_failure as django_csrf_failure
 from django.views.decorators.http import require_GET, require_POST
-from rest_framework.exceptions import PermissionDenied
 
 from checkpoints_app.models import Checkpoint
 from common.json_safety import UnsafeInput
@@ -36,11 +35,19 @@ from common.schema import SchemaError
 from dashboard import access
 from dashboard.forms import AnswerForm, StartReviewForm, SteerForm
 from runtime_site.errors import error_body
-from steering_app.actions import CommandRefused, InvalidCommand, VersionConflict, do_enqueue_command, refusal
-from steering_app.api.views import answer_input
+from steering_app.actions import (
+    CommandRefused,
+    InvalidCommand,
+    VersionConflict,
+    answer_input,
+    do_enqueue_command,
+    refusal,
+)
 from steering_app.models import CommandType, InputRequest, InputStatus, SteeringCommand
 from tasks_app import artifacts
+from tasks_app.access import principal_for, task_for, visible_tasks
 from tasks_app.actions import IdempotencyConflict, QuotaExceeded, do_create_task
+from tasks_app.errors import Forbidden, TaskNotFound
 from tasks_app.models import ROLE_RANK, Role, Task, TaskEvent
 from tasks_app.selectors import task_snapshot
 from tasks_app.states import Status
@@ -75,8 +82,8 @@ def with_task(view: Callable[..., HttpResponse] | None = None, *, for_script: bo
             if not request.user.is_authenticated:
                 return signed_out(back_to=reverse("dashboard:task", args=[task_id]), for_script=for_script)
             try:
-                task = access.task_for(access.person(request), task_id)
-            except Http404:
+                task = task_for(access.person(request), task_id)
+            except TaskNotFound:
                 return render(request, "dashboard/not_found.html", status=404)
             return view(request, task, *args, **kwargs)
 
@@ -102,7 +109,7 @@ def list_row(task: Task) -> dict[str, Any]:
 
 
 def _tasks(request: HttpRequest) -> list[Task]:
-    tasks = access.visible_tasks(access.person(request)).select_related("tenant").order_by("-created_at", "-id")
+    tasks = visible_tasks(access.person(request)).select_related("tenant").order_by("-created_at", "-id")
     if wanted := request.GET.get("status"):
         if wanted not in Status.values:
             raise BadRequest(f"status: unknown status {wanted!r}; one of {', '.join(Status.values)}")
@@ -199,7 +206,7 @@ def _start_posted(request: HttpRequest, tenants: list[tuple[str, str]]) -> HttpR
 
 
 def task_context(request: HttpRequest, task: Task) -> dict[str, Any]:
-    who = access.principal_for(access.person(request), task)
+    who = principal_for(access.person(request), task)
     logs = log_tail(task)
     # A finished task's artifacts, linked to the route that serves them (a file:// ref is no link).
     listed = artifacts.listing(task, f"/dashboard/tasks/{task.id}/artifacts") if task.is_terminal else []
@@ -282,7 +289,7 @@ def steer(request: HttpRequest, task: Task) -> HttpResponse:
     form = SteerForm(request.POST)
     if not form.is_valid():
         return _refused(request, task, f"That command was not understood: {form.errors.as_text()}")
-    who = access.principal_for(access.person(request), task)
+    who = principal_for(access.person(request), task)
     if not who.has_role(Role.OPERATOR):
         return _refused(request, task, "Steering needs the operator role or above.")
     data = form.cleaned_data
@@ -329,14 +336,14 @@ def answer(request: HttpRequest, task: Task, key: str) -> HttpResponse:
         return _refused(request, task, "Answer approve or reject.")
     try:
         answer_input(
-            access.principal_for(access.person(request), task),
+            principal_for(access.person(request), task),
             task,
             key,
             form.cleaned_data["answer"],
             reason=form.cleaned_data["reason"],
         )
-    except PermissionDenied as exc:
-        return _refused(request, task, str(exc.detail))
+    except Forbidden as exc:
+        return _refused(request, task, str(exc))
     except (CommandRefused, InvalidCommand) as exc:
         return _refused(request, task, f"{form.cleaned_data['answer']} was not accepted: {exc}")
     messages.success(request, f"{key}: {form.cleaned_data['answer']} sent.")

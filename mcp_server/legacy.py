@@ -42,6 +42,7 @@ from mcp_server.shared import (
     wait_for_call,
 )
 from steering_app.actions import do_cancel_task
+from tasks_app import access
 from tasks_app.actions import IllegalTransition
 from tasks_app.models import Role, Task
 from tasks_app.states import Status
@@ -165,7 +166,7 @@ def legacy_input_response(call: Call) -> bool:
     if found is None:
         return False
     task_id, key = found
-    task = Task.objects.filter(tenant=call.principal.tenant, id=task_id).first()
+    task = access.visible_tasks(call.principal).filter(id=task_id).first()
     result = call.message.raw.get("result")
     if task is not None and isinstance(result, dict):
         provide_answers(call, task, {key: result})
@@ -188,9 +189,9 @@ def legacy_tasks_list(call: Call) -> dict[str, Any]:
     """Only the caller's own tasks (its API key's user, in its tenant), newest first."""
     start = _cursor(call.params.get("cursor"))
     rows = list(
-        Task.objects.filter(tenant=call.principal.tenant, created_by=call.principal.actor).order_by(
-            "-created_at", "-id"
-        )[start : start + PAGE_SIZE + 1]
+        access.visible_tasks(call.principal)
+        .filter(created_by=call.principal.actor)
+        .order_by("-created_at", "-id")[start : start + PAGE_SIZE + 1]
     )
     answer: dict[str, Any] = {"tasks": [legacy_task(t) for t in rows[:PAGE_SIZE]]}
     if len(rows) > PAGE_SIZE:

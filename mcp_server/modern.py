@@ -33,6 +33,7 @@ from mcp_server.shared import (
     wait_for_call,
 )
 from steering_app.actions import do_cancel_task
+from tasks_app import access
 from tasks_app.actions import IllegalTransition
 from tasks_app.agents import base as agents
 from tasks_app.models import Role, Task
@@ -52,7 +53,7 @@ class Listen:
 
     def tasks(self) -> list[dict[str, Any]]:
         """Each task's DetailedTask now, as tasks/get would answer (a purged task drops out)."""
-        rows = Task.objects.filter(tenant_id=self.tenant_id, id__in=self.task_ids).order_by("created_at", "id")
+        rows = Task.objects.for_tenant(self.tenant_id).filter(id__in=self.task_ids).order_by("created_at", "id")
         return [modern_task(task) for task in rows]
 
 
@@ -232,7 +233,7 @@ def subscriptions_listen(call: Call) -> Listen:
                 wanted.setdefault(UUID(raw), raw)
             except ValueError:
                 continue  # not one of ours: left out of the ack, like another tenant's id
-        known = set(Task.objects.filter(tenant=call.principal.tenant, id__in=wanted).values_list("id", flat=True))
+        known = set(access.visible_tasks(call.principal).filter(id__in=wanted).values_list("id", flat=True))
         found = {task_id: raw for task_id, raw in wanted.items() if task_id in known}
         acknowledged["taskIds"] = list(found.values())
     return Listen(call.principal.tenant.pk, list(found), acknowledged)

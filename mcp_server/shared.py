@@ -39,10 +39,11 @@ from steering_app.actions import (
     do_enqueue_command,
 )
 from steering_app.models import InputRequest, InputStatus
-from tasks_app import kills
+from tasks_app import access, kills
 from tasks_app.actions import IdempotencyConflict, QuotaExceeded, do_create_task
 from tasks_app.agents import base as agents
 from tasks_app.auth import Principal
+from tasks_app.errors import TaskNotFound
 from tasks_app.models import Role, Task
 from tasks_app.states import Status
 
@@ -93,12 +94,9 @@ def find_task(call: Call) -> Task:
     if not isinstance(raw, str):
         raise RpcError(INVALID_PARAMS, "Invalid params: taskId must be a string")
     try:
-        task_id = UUID(raw)
-    except ValueError:
+        task = access.task_for(call.principal, raw)
+    except TaskNotFound:
         raise RpcError(INVALID_PARAMS, "Failed to retrieve task: Task not found") from None
-    task = Task.objects.filter(tenant=call.principal.tenant, id=task_id).first()
-    if task is None:
-        raise RpcError(INVALID_PARAMS, "Failed to retrieve task: Task not found")
     if task.expires_at is not None and task.expires_at <= timezone.now() and task.is_terminal:
         raise RpcError(INVALID_PARAMS, "Failed to retrieve task: Task has expired")
     return task

@@ -20,6 +20,7 @@ from common.schema import SchemaError
 from steering_app.actions import AnswerConflict, CommandRefused, InvalidCommand, VersionConflict
 from tasks_app.actions import IdempotencyConflict, IllegalTransition, QuotaExceeded
 from tasks_app.agents.base import UnknownAgent
+from tasks_app.errors import Forbidden, TaskNotFound
 from tasks_app.operators import NoLease
 from tasks_app.selectors import task_snapshot
 
@@ -45,6 +46,8 @@ def _first_message(detail: Any) -> str:
 
 
 DOMAIN: dict[type[Exception], tuple[int, str]] = {
+    TaskNotFound: (status.HTTP_404_NOT_FOUND, "not_found"),
+    Forbidden: (status.HTTP_403_FORBIDDEN, "permission_denied"),
     UnknownAgent: (status.HTTP_422_UNPROCESSABLE_ENTITY, "unknown_agent"),
     SchemaError: (status.HTTP_422_UNPROCESSABLE_ENTITY, "invalid_input"),
     IdempotencyConflict: (status.HTTP_422_UNPROCESSABLE_ENTITY, "idempotency_key_reused"),

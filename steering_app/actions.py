@@ -27,6 +27,8 @@ from tasks_app import events, kills
 from tasks_app.actions import TRANSITION_FIELDS, IllegalTransition, transition
 from tasks_app.agents import base as agents
 from tasks_app.audit import record_audit
+from tasks_app.auth import Principal
+from tasks_app.errors import Forbidden
 from tasks_app.models import Role, Task, Tenant
 from tasks_app.queue import enqueue_slice_on_commit
 from tasks_app.states import TERMINAL, Status
@@ -455,7 +457,7 @@ def answers_for(task: Task) -> dict[str, Any]:
     return dict(InputRequest.objects.filter(task=task, status=InputStatus.ANSWERED).values_list("key", "answer"))
 
 
-def answer_refusal(who: Any, task: Task, kind: str) -> str | None:
+def answer_refusal(who: Principal, task: Task, kind: str) -> str | None:
     """Why `who` (a Principal) may not answer an input request of this kind, or None. One
     rule for every edge (REST, dashboard, MCP): approvals need the approver role (and, if
     configured, someone other than the task's creator); other questions an operator."""
@@ -468,6 +470,19 @@ def answer_refusal(who: Any, task: Task, kind: str) -> str | None:
     elif not who.has_role(Role.OPERATOR):
         return f"this needs the {Role.OPERATOR} role or above"
     return None
+
+
+def check_may_answer(who: Principal, task: Task, key: str) -> None:
+    """answer_refusal for the input request `key` (a question if there is none yet), as Forbidden."""
+    kind = InputRequest.objects.filter(task=task, key=key).values_list("kind", flat=True).first()
+    if reason := answer_refusal(who, task, kind or "question"):
+        raise Forbidden(reason)
+
+
+def answer_input(who: Principal, task: Task, key: str, answer: Any, *, reason: str = "") -> SteeringCommand:
+    """Answer an open input request as `who`: checked, then do_answer_input."""
+    check_may_answer(who, task, key)
+    return do_answer_input(task.id, tenant=who.tenant, key=key, answer=answer, requested_by=who.actor, reason=reason)
 
 
 def do_answer_input(

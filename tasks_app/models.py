@@ -1,13 +1,18 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import models
 from django.db.models import F, Q
 
 from tasks_app.states import TERMINAL, Status, to_mcp_status
+
+if TYPE_CHECKING:
+    from django.contrib.auth.base_user import AbstractBaseUser
+
+    from tasks_app.auth import Principal
 
 
 class Tenant(models.Model):
@@ -91,7 +96,16 @@ class ApiKey(models.Model):
 
 class TaskQuerySet(models.QuerySet["Task"]):
     def for_tenant(self, tenant: Tenant | int) -> TaskQuerySet:
+        """The one tenant filter: every "this tenant's tasks" goes through here."""
         return self.filter(tenant=tenant)
+
+    def visible_to(self, who: Principal | AbstractBaseUser) -> TaskQuerySet:
+        """A principal's tenant's tasks; for a signed-in person, those of every tenant they
+        are a member of (tasks_app.access)."""
+        tenant = getattr(who, "tenant", None)
+        if tenant is not None:
+            return self.for_tenant(tenant)
+        return self.filter(tenant__memberships__user=who)
 
 
 class Task(models.Model):
