@@ -1,7 +1,7 @@
 """The dashboard: server-rendered pages for people, signed in with a Django session.
 
 An edge like the REST API (STYLE §2.0 "thin edges"): each view decodes a form, calls the
-one domain function the API calls (do_create_task, do_enqueue_command, answer_input) as
+one domain function the API calls (do_create_task, do_enqueue_command, do_answer_input) as
 the person's Principal, and renders. Live updates come from the task's one SSE stream
 (GET /runtime/tasks/{id}/events), which accepts this session as well as API keys.
 
@@ -39,7 +39,7 @@ from steering_app.actions import (
     CommandRefused,
     InvalidCommand,
     VersionConflict,
-    answer_input,
+    do_answer_input,
     do_enqueue_command,
     refusal,
 )
@@ -290,20 +290,19 @@ def steer(request: HttpRequest, task: Task) -> HttpResponse:
     if not form.is_valid():
         return _refused(request, task, f"That command was not understood: {form.errors.as_text()}")
     who = principal_for(access.person(request), task)
-    if not who.has_role(Role.OPERATOR):
-        return _refused(request, task, "Steering needs the operator role or above.")
     data = form.cleaned_data
     try:
         command, _ = do_enqueue_command(
             task.id,
-            tenant=who.tenant,
+            who=who,
             command_id=data["command_id"],
             type=data["type"],
             payload=form.payload(),
             expected_version=data["expected_version"],
-            requested_by=who.actor,
             reason=data["reason"],
         )
+    except Forbidden as exc:
+        return _refused(request, task, f"Steering needs the {exc.role} role or above." if exc.role else str(exc))
     except VersionConflict:
         # The person acted on a state that is no longer current (the API's 409): say so, and
         # the page they land on shows the task as it is now, with forms carrying its version.
@@ -335,11 +334,11 @@ def answer(request: HttpRequest, task: Task, key: str) -> HttpResponse:
     if not form.is_valid():
         return _refused(request, task, "Answer approve or reject.")
     try:
-        answer_input(
-            principal_for(access.person(request), task),
-            task,
-            key,
-            form.cleaned_data["answer"],
+        do_answer_input(
+            task.id,
+            who=principal_for(access.person(request), task),
+            key=key,
+            answer=form.cleaned_data["answer"],
             reason=form.cleaned_data["reason"],
         )
     except Forbidden as exc:

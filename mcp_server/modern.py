@@ -22,10 +22,10 @@ from mcp_server.shared import (
     create,
     find_agent,
     find_task,
+    forbidden,
     input_requests,
     iso,
     provide_answers,
-    require,
     status_message,
     steer,
     tool_error,
@@ -34,8 +34,10 @@ from mcp_server.shared import (
 )
 from steering_app.actions import do_cancel_task
 from tasks_app import access
+from tasks_app.access import check_role
 from tasks_app.actions import IllegalTransition
 from tasks_app.agents import base as agents
+from tasks_app.errors import Forbidden
 from tasks_app.models import Role, Task
 from tasks_app.states import Status
 
@@ -192,7 +194,12 @@ def modern_tasks_update(call: Call) -> dict[str, Any]:
     responses = call.params.get("inputResponses")
     if not isinstance(responses, dict):
         raise RpcError(INVALID_PARAMS, "Invalid params: inputResponses must be an object")
-    require(call, Role.OPERATOR)
+    # tasks/update is a steering method: operator, as a steering command (each answer is
+    # then the answer rule's: the questions this caller may not answer are left open).
+    try:
+        check_role(call.principal, Role.OPERATOR)
+    except Forbidden as exc:
+        raise forbidden(exc) from None
     provide_answers(call, task, responses)
     return {"resultType": "complete"}
 
@@ -200,12 +207,12 @@ def modern_tasks_update(call: Call) -> dict[str, Any]:
 def modern_tasks_cancel(call: Call) -> dict[str, Any]:
     _require_extension(call)
     task = find_task(call)
-    require(call, Role.OPERATOR)
     # Already terminal: terminal states never change, and the ack is the same.
-    with contextlib.suppress(IllegalTransition):
-        do_cancel_task(
-            task.id, tenant=call.principal.tenant, actor=call.principal.actor, reason="cancelled over MCP tasks/cancel"
-        )
+    try:
+        with contextlib.suppress(IllegalTransition):
+            do_cancel_task(task.id, who=call.principal, reason="cancelled over MCP tasks/cancel")
+    except Forbidden as exc:
+        raise forbidden(exc) from None
     return {"resultType": "complete"}
 
 

@@ -43,8 +43,8 @@ from tasks_app import access, kills
 from tasks_app.actions import IdempotencyConflict, QuotaExceeded, do_create_task
 from tasks_app.agents import base as agents
 from tasks_app.auth import Principal
-from tasks_app.errors import TaskNotFound
-from tasks_app.models import Role, Task
+from tasks_app.errors import Forbidden, TaskNotFound
+from tasks_app.models import Task
 from tasks_app.states import Status
 
 POLL_INTERVAL_MS = 500
@@ -83,9 +83,9 @@ def iso(value: datetime) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
-def require(call: Call, role: str) -> None:
-    if not call.principal.has_role(role):
-        raise RpcError(INVALID_REQUEST, f"Forbidden: this needs the {role} role or above", http_status=403)
+def forbidden(exc: Forbidden) -> RpcError:
+    """An action's Forbidden as this edge's refusal of the request."""
+    return RpcError(INVALID_REQUEST, f"Forbidden: {exc}", http_status=403)
 
 
 def find_task(call: Call) -> Task:
@@ -247,8 +247,6 @@ def steer(call: Call, tool: tools.SteeringTool, arguments: dict[str, Any]) -> di
     # required reason would be audited as "None" or as half of what the operator wrote.
     if not isinstance(reason, str) or len(reason) > 500:
         return tools.error_result("reason must be a string of at most 500 characters")
-    if not call.principal.has_role(Role.OPERATOR):
-        return tools.error_result("steering needs the operator role")
     try:
         task = find_task(Call(call.principal, Message(None, "tasks/get", {"taskId": task_id}, modern=True)))
     except RpcError:
@@ -257,14 +255,15 @@ def steer(call: Call, tool: tools.SteeringTool, arguments: dict[str, Any]) -> di
     try:
         command, _ = do_enqueue_command(
             task.id,
-            tenant=call.principal.tenant,
+            who=call.principal,
             command_id=str(command_id)[:64],
             type=tool.command,
             payload=tool.payload(arguments),
             expected_version=expected,
-            requested_by=call.principal.actor,
             reason=reason,
         )
+    except Forbidden as exc:
+        return tools.error_result(f"steering: {exc}")
     except VersionConflict as exc:
         return tools.error_result(
             f"version conflict: {exc}; read the task again (currentVersion "
@@ -317,10 +316,8 @@ def provide_answers(call: Call, task: Task, responses: dict[str, Any]) -> None:
         if not usable:
             continue
         try:
-            do_answer_input(
-                task.id, tenant=who.tenant, key=key, answer=answer, requested_by=who.actor, reason="answered over MCP"
-            )
-        except (VersionConflict, CommandRefused, InvalidCommand):
+            do_answer_input(task.id, who=who, key=key, answer=answer, reason="answered over MCP")
+        except (VersionConflict, CommandRefused, InvalidCommand, Forbidden):
             continue
 
 

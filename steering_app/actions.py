@@ -23,7 +23,8 @@ from common.schema import SchemaError, validate
 from ledger_app.actions import settle_interrupted
 from ledger_app.models import EffectStatus, LedgerEntry
 from steering_app.models import CommandStatus, CommandType, InputRequest, InputStatus, SteeringCommand
-from tasks_app import events, kills
+from tasks_app import access, events, kills
+from tasks_app.access import check_role
 from tasks_app.actions import TRANSITION_FIELDS, IllegalTransition, transition
 from tasks_app.agents import base as agents
 from tasks_app.audit import record_audit
@@ -175,8 +176,38 @@ def _idle(task: Task) -> bool:
     return not Task.objects.filter(id=task.id, lease_owner__isnull=False, lease_expires_at__gt=Now()).exists()
 
 
-@transaction.atomic(durable=True)
 def do_enqueue_command(
+    task_id: UUID,
+    *,
+    who: Principal,
+    command_id: str,
+    type: str,
+    payload: dict[str, Any],
+    expected_version: int,
+    reason: str = "",
+) -> tuple[SteeringCommand, bool]:
+    """Accept a command from `who` (compare-and-set on state_version) and apply it at once
+    when the task is at a safe point. Returns (command, created); a known command_id returns
+    the original command whatever happened since. Steering needs the operator role, and an
+    answer (provide_input) also the answer rule (answer_refusal): Forbidden otherwise."""
+    check_role(who, Role.OPERATOR)
+    if type == CommandType.PROVIDE_INPUT and isinstance(payload.get("key"), str):
+        json_safety.check({"payload": payload})  # before the key reaches a query
+        check_may_answer(who, access.task_for(who, task_id), payload["key"])
+    return _enqueue_command(
+        task_id,
+        tenant=who.tenant,
+        command_id=command_id,
+        type=type,
+        payload=payload,
+        expected_version=expected_version,
+        requested_by=who.actor,
+        reason=reason,
+    )
+
+
+@transaction.atomic(durable=True)
+def _enqueue_command(
     task_id: UUID,
     *,
     tenant: Tenant,
@@ -187,9 +218,6 @@ def do_enqueue_command(
     requested_by: str,
     reason: str = "",
 ) -> tuple[SteeringCommand, bool]:
-    """Accept a command (compare-and-set on state_version) and apply it at once when the
-    task is at a safe point. Returns (command, created); a known command_id returns the
-    original command whatever happened since."""
     json_safety.check(
         {
             "commandId": command_id,
@@ -381,10 +409,15 @@ def _cancel(task: Task, *, actor: str, by_worker: bool) -> None:
         task.lease_epoch += 1  # fences any worker that still believes it holds the task
 
 
-@transaction.atomic(durable=True)
-def do_cancel_task(task_id: UUID, *, tenant: Tenant, actor: str, reason: str = "") -> Task:
+def do_cancel_task(task_id: UUID, *, who: Principal, reason: str = "") -> Task:
     """Cancel now if no worker holds the task; otherwise ask the worker to stop at its
-    next safe point (a running step always finishes and commits first)."""
+    next safe point (a running step always finishes and commits first). Operator role."""
+    check_role(who, Role.OPERATOR)
+    return _cancel_task(task_id, tenant=who.tenant, actor=who.actor, reason=reason)
+
+
+@transaction.atomic(durable=True)
+def _cancel_task(task_id: UUID, *, tenant: Tenant, actor: str, reason: str) -> Task:
     json_safety.check({"reason": reason, "actor": actor})  # the last line, whatever the edge
     task = Task.objects.select_for_update().get(id=task_id, tenant=tenant)
     if task.status in TERMINAL:
@@ -479,27 +512,21 @@ def check_may_answer(who: Principal, task: Task, key: str) -> None:
         raise Forbidden(reason)
 
 
-def answer_input(who: Principal, task: Task, key: str, answer: Any, *, reason: str = "") -> SteeringCommand:
-    """Answer an open input request as `who`: checked, then do_answer_input."""
-    check_may_answer(who, task, key)
-    return do_answer_input(task.id, tenant=who.tenant, key=key, answer=answer, requested_by=who.actor, reason=reason)
-
-
-def do_answer_input(
-    task_id: UUID, *, tenant: Tenant, key: str, answer: Any, requested_by: str, reason: str = ""
-) -> SteeringCommand:
+def do_answer_input(task_id: UUID, *, who: Principal, key: str, answer: Any, reason: str = "") -> SteeringCommand:
     """The one way every edge answers (REST, dashboard, MCP): a provide_input command keyed
-    by the request. The same answer again is a replay and returns the command that stands;
-    a different one raises AnswerConflict carrying it. Its precondition is the open request
-    (checked when it is applied), not the version the person saw: a worker moving the task
-    meanwhile must not bounce the answer, so a version conflict is retried against the
-    version now."""
+    by the request, from `who` if the answer rule lets them (Forbidden otherwise). The same
+    answer again is a replay and returns the command that stands; a different one raises
+    AnswerConflict carrying it. Its precondition is the open request (checked when it is
+    applied), not the version the person saw: a worker moving the task meanwhile must not
+    bounce the answer, so a version conflict is retried against the version now."""
     json_safety.check({"key": key, "answer": answer})  # before the key is hashed into the command id
+    check_may_answer(who, access.task_for(who, task_id), key)
+    tenant, requested_by = who.tenant, who.actor
     command_id = "input:" + hashlib.sha1(key.encode(), usedforsecurity=False).hexdigest()  # a name, not a secret
     for attempt in range(5):
         version = Task.objects.values_list("state_version", flat=True).get(id=task_id)
         try:
-            command = do_enqueue_command(
+            command = _enqueue_command(
                 task_id,
                 tenant=tenant,
                 command_id=command_id,

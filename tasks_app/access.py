@@ -42,7 +42,7 @@ def task_for(who: Principal | User, task_id: str | UUID, tasks: QuerySet[Task] |
 def check_role(who: Principal, minimum: str) -> None:
     """Forbidden unless `who` has `minimum` (and, for a key, the scope its power needs)."""
     if not who.has_role(minimum):
-        raise Forbidden(f"this needs the {minimum} role or above")
+        raise Forbidden(f"this needs the {minimum} role or above", role=minimum)
 
 
 def principal_for(user: User, task: Task) -> Principal:

@@ -12,4 +12,9 @@ class TaskNotFound(Exception):
 
 
 class Forbidden(Exception):
-    """The caller's role (or its key's scopes) does not allow this; the message says why."""
+    """The caller's role (or its key's scopes) does not allow this; the message says why,
+    and `role` names the role it needs when that is the reason."""
+
+    def __init__(self, message: str, *, role: str | None = None) -> None:
+        super().__init__(message)
+        self.role = role

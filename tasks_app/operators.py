@@ -22,10 +22,12 @@ from ledger_app.models import EffectStatus, LedgerEntry
 from steering_app.actions import STEERING_FIELDS, CommandRefused, VersionConflict, apply_pending, do_enqueue_command
 from steering_app.models import CommandType, InputRequest, InputStatus
 from tasks_app import events
+from tasks_app.access import check_role
 from tasks_app.actions import TRANSITION_FIELDS, IllegalTransition, transition
 from tasks_app.agents import tools
 from tasks_app.audit import record_audit
-from tasks_app.models import Task
+from tasks_app.auth import Principal
+from tasks_app.models import Role, Task
 from tasks_app.queue import enqueue_slice_on_commit
 from tasks_app.states import CLAIMABLE, TERMINAL, Status
 
@@ -160,20 +162,20 @@ def do_expire_task(task_id: UUID, *, actor: str) -> Task | None:
     return task
 
 
-def _locked(task_id: UUID, tenant: Any | None) -> Task:
-    query = Task.objects.select_for_update().filter(id=task_id)
-    if tenant is not None:
-        query = query.filter(tenant=tenant)
-    return query.get()
+def _locked(task_id: UUID, who: Principal) -> Task:
+    """The operator actions' task, locked, once `who` is allowed them (operator role)."""
+    check_role(who, Role.OPERATOR)
+    return Task.objects.select_for_update().for_tenant(who.tenant).get(id=task_id)
 
 
 @transaction.atomic(durable=True)
-def do_redrive_task(task_id: UUID, *, actor: str, reason: str, tenant: Any | None = None) -> Task:
+def do_redrive_task(task_id: UUID, *, who: Principal, reason: str) -> Task:
     """Operator: run a dead-lettered task again from its last good checkpoint (or from the
     start when none verifies). Newer, failing checkpoints are discarded, never loaded.
     A killed task too, if the kill was a mistake (issue 18): its effects cut mid-call are
     unknown in the ledger and are reconciled before its step can call them again."""
-    task = _locked(task_id, tenant)
+    task = _locked(task_id, who)
+    actor = who.actor
     killed = task.status == Status.CANCELLED and task.kill_requested
     if task.status != Status.DEAD_LETTERED and not killed:
         raise IllegalTransition(task.status, Status.RECOVERING)
@@ -205,9 +207,10 @@ def do_redrive_task(task_id: UUID, *, actor: str, reason: str, tenant: Any | Non
 
 
 @transaction.atomic(durable=True)
-def do_close_task(task_id: UUID, *, actor: str, reason: str, tenant: Any | None = None) -> Task:
+def do_close_task(task_id: UUID, *, who: Principal, reason: str) -> Task:
     """Operator: give up on a dead-lettered task; it becomes failed for good."""
-    task = _locked(task_id, tenant)
+    task = _locked(task_id, who)
+    actor = who.actor
     if task.status != Status.DEAD_LETTERED:
         raise IllegalTransition(task.status, Status.FAILED)
     transition(task, Status.FAILED, actor=actor, reason=reason)
@@ -216,10 +219,11 @@ def do_close_task(task_id: UUID, *, actor: str, reason: str, tenant: Any | None 
 
 
 @transaction.atomic(durable=True)
-def do_release_lease(task_id: UUID, *, actor: str, reason: str, tenant: Any | None = None) -> Task:
+def do_release_lease(task_id: UUID, *, who: Principal, reason: str) -> Task:
     """Operator: take a lease away from a worker believed gone, without waiting for it to
     expire. Safe even if the worker lives: the epoch moves, so its next write fails."""
-    task = _locked(task_id, tenant)
+    task = _locked(task_id, who)
+    actor = who.actor
     if task.lease_owner is None:
         raise NoLease(task.id)
     owner = _drop_lease(task)
@@ -237,12 +241,14 @@ def do_release_lease(task_id: UUID, *, actor: str, reason: str, tenant: Any | No
     return task
 
 
-def do_resolve_unknown(entry_id: int, *, succeeded: bool, actor: str, reason: str) -> LedgerEntry:
+def do_resolve_unknown(entry_id: int, *, succeeded: bool, who: Principal, reason: str) -> LedgerEntry:
     """Operator, after checking the remote by hand: an unknown effect did (or did not)
     happen. Audited on the task's chain; a task waiting for this confirmation then gets
     the answer as an ordinary provide_input command (accepted, audited, applied)."""
+    check_role(who, Role.OPERATOR)
+    actor = who.actor
     with transaction.atomic(durable=True):
-        entry = LedgerEntry.objects.select_for_update().get(id=entry_id)
+        entry = LedgerEntry.objects.select_for_update().get(id=entry_id, task__tenant=who.tenant)
         if entry.status not in (EffectStatus.UNKNOWN, EffectStatus.STARTED):
             raise ToolFailed(f"ledger entry {entry.key} is {entry.status}, not unknown")
         task = Task.objects.select_for_update().get(id=entry.task_id)
@@ -265,12 +271,11 @@ def do_resolve_unknown(entry_id: int, *, succeeded: bool, actor: str, reason: st
         try:
             do_enqueue_command(
                 task.id,
-                tenant=task.tenant,
+                who=who,
                 command_id=f"resolve-{entry.id}",
                 type=CommandType.PROVIDE_INPUT,
                 payload={"key": key, "answer": tools.DONE if succeeded else tools.NOT_DONE},
                 expected_version=Task.objects.values_list("state_version", flat=True).get(id=task.id),
-                requested_by=actor,
                 reason=reason,
             )
         except (VersionConflict, CommandRefused) as exc:

@@ -16,6 +16,7 @@ from django.test import Client
 
 from mcp_server.protocol import MODERN, TASKS_EXT
 from steering_app.models import InputRequest, SteeringCommand
+from tasks_app.access import console
 from tasks_app.actions import do_create_task
 from tasks_app.models import AuditRecord, Task, TaskEvent
 
@@ -299,7 +300,7 @@ def test_the_actions_refuse_what_no_edge_may_store(alice, task):
     from common.json_safety import UnsafeInput
     from steering_app.actions import do_answer_input, do_cancel_task, do_enqueue_command
 
-    who = {"tenant": alice.tenant}
+    who = {"who": console(alice.tenant, "user:x")}
     before = written()
     calls = {
         "input with a NUL": lambda: do_create_task(
@@ -318,15 +319,10 @@ def test_the_actions_refuse_what_no_edge_may_store(alice, task):
             type="adjust_goal",
             payload={"goal": "\x00"},
             expected_version=1,
-            requested_by="user:x",
         ),
-        "a reason with a NUL": lambda: do_cancel_task(task.id, **who, actor="user:x", reason="\x00"),
-        "an answer of NaN": lambda: do_answer_input(
-            task.id, **who, key="q", answer=float("nan"), requested_by="user:x"
-        ),
-        "a key with a surrogate": lambda: do_answer_input(
-            task.id, **who, key="\ud800", answer=1, requested_by="user:x"
-        ),
+        "a reason with a NUL": lambda: do_cancel_task(task.id, **who, reason="\x00"),
+        "an answer of NaN": lambda: do_answer_input(task.id, **who, key="q", answer=float("nan")),
+        "a key with a surrogate": lambda: do_answer_input(task.id, **who, key="\ud800", answer=1),
     }
     for name, call in calls.items():
         with pytest.raises(UnsafeInput):

@@ -8,7 +8,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from runtime_site.parsers import IDEMPOTENCY_KEY, StrictCharField, StrictIntegerField, StrictRegexField
-from steering_app.actions import answer_input, check_may_answer, do_enqueue_command
+from steering_app.actions import do_answer_input, do_enqueue_command
 from steering_app.models import CommandType, SteeringCommand
 from tasks_app import access, kills
 from tasks_app.auth import IsPrincipal, principal, require_role
@@ -42,7 +42,8 @@ class TaskSteeringApi(APIView):
         reason = StrictCharField(max_length=500, allow_blank=True, default="")
 
     def get_permissions(self) -> list[Any]:
-        return [require_role(Role.OPERATOR if self.request.method == "POST" else Role.VIEWER)()]
+        # A POST's rules (operator; for an answer, answer_refusal) are do_enqueue_command's.
+        return [IsPrincipal() if self.request.method == "POST" else require_role(Role.VIEWER)()]
 
     def get(self, request: Request, task_id: str) -> Response:
         task = access.task_for(principal(request), task_id)
@@ -54,16 +55,13 @@ class TaskSteeringApi(APIView):
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         body, who = data.validated_data, principal(request)
-        if body["type"] == CommandType.PROVIDE_INPUT and isinstance(body["payload"].get("key"), str):
-            check_may_answer(who, task, body["payload"]["key"])
         command, _ = do_enqueue_command(
             task.id,
-            tenant=who.tenant,
+            who=who,
             command_id=body["commandId"],
             type=body["type"],
             payload=body["payload"],
             expected_version=body["expectedVersion"],
-            requested_by=who.actor,
             reason=body["reason"],
         )
         # A replay gets the original answer: the command as accepted, with its version.
@@ -87,7 +85,11 @@ class TaskInputApi(APIView):
         task = access.task_for(principal(request), task_id)
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        command = answer_input(
-            principal(request), task, key, data.validated_data["answer"], reason=data.validated_data["reason"]
+        command = do_answer_input(
+            task.id,
+            who=principal(request),
+            key=key,
+            answer=data.validated_data["answer"],
+            reason=data.validated_data["reason"],
         )
         return Response(command_body(command), status=status.HTTP_202_ACCEPTED)

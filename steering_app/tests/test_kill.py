@@ -11,6 +11,7 @@ from checkpoints_app.models import Checkpoint
 from steering_app.models import SteeringCommand
 from steering_app.tests.test_steering import steer
 from tasks_app import engine, leases
+from tasks_app.access import console
 from tasks_app.audit import verify_chain
 from tasks_app.models import AuditRecord, Task, TaskEvent
 from tasks_app.selectors import task_snapshot
@@ -117,7 +118,7 @@ def test_a_killed_task_can_be_redriven_by_an_operator_from_its_last_checkpoint(a
     assert engine.run_slice(task.id, worker_id="w1") is engine.SliceOutcome.CONTINUE  # checkpointed as it yields
     done = Checkpoint.objects.filter(task=task).order_by("-sequence").first().sequence
     kill(alice, task)
-    do_redrive_task(task.id, actor="admin:root", reason="the kill was a mistake")
+    do_redrive_task(task.id, who=console(task.tenant, "admin:root"), reason="the kill was a mistake")
     task = Task.objects.get(id=task.id)
     assert task.status == "recovering" and not task.kill_requested and not task.cancel_requested
     while engine.run_slice(task.id, worker_id="w2") is engine.SliceOutcome.CONTINUE:
@@ -149,12 +150,11 @@ def test_a_kill_cuts_a_step_sleeping_in_the_agents_own_code_and_the_slice_return
             )
             do_enqueue_command(
                 task.id,
-                tenant=alice.tenant,
+                who=console(alice.tenant, "user:test"),
                 command_id="k1",
                 type="kill",
                 payload={},
                 expected_version=Task.objects.get(id=task.id).state_version,
-                requested_by="user:test",
                 reason="stuck",
             )
         except BaseException as exc:  # noqa: BLE001 (reported by the test's thread)

@@ -19,7 +19,7 @@ from runtime_site.parsers import IDEMPOTENCY_KEY, StrictCharField, StrictInteger
 from steering_app.actions import do_cancel_task
 from tasks_app import access
 from tasks_app.actions import do_create_task
-from tasks_app.auth import principal, require_role
+from tasks_app.auth import IsPrincipal, principal, require_role
 from tasks_app.models import AuditRecord, Role, Task
 from tasks_app.selectors import task_snapshot, task_urls, with_snapshot
 from tasks_app.states import Status
@@ -121,7 +121,7 @@ class TaskDetailApi(APIView):
 
 
 class TaskCancelApi(APIView):
-    permission_classes = [require_role(Role.OPERATOR)]
+    permission_classes = [IsPrincipal]  # do_cancel_task checks the role
 
     class InputSerializer(serializers.Serializer):
         reason = StrictCharField(max_length=500, allow_blank=True, default="")
@@ -131,7 +131,7 @@ class TaskCancelApi(APIView):
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         who = principal(request)
-        task = do_cancel_task(task.id, tenant=who.tenant, actor=who.actor, reason=data.validated_data["reason"])
+        task = do_cancel_task(task.id, who=who, reason=data.validated_data["reason"])
         return Response(task_snapshot(task), status=status.HTTP_202_ACCEPTED)
 
 

@@ -17,6 +17,7 @@ from django.utils import timezone
 from checkpoints_app.models import Checkpoint
 from steering_app.actions import do_cancel_task
 from tasks_app import engine, leases
+from tasks_app.access import console
 from tasks_app.actions import do_create_task
 from tasks_app.agents.base import Agent, StepContext, register
 from tasks_app.audit import verify_chain
@@ -206,7 +207,7 @@ def test_cancel_requested_under_a_live_lease_lands_at_the_next_safe_point(alice,
     task = new_task(alice, steps=20)
     engine.run_slice(task.id, worker_id="w1")
     held = leases.claim(task.id, worker_id="busy", ttl=30)
-    task = do_cancel_task(task.id, tenant=alice.tenant, actor="user:test", reason="wrong corpus")
+    task = do_cancel_task(task.id, who=console(alice.tenant, "user:test"), reason="wrong corpus")
     assert task.status == "working" and task.cancel_requested  # asked, not yet applied
     assert held is not None
     expire_lease(task)

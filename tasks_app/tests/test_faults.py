@@ -15,6 +15,7 @@ import redis.exceptions
 from django.db import IntegrityError, InterfaceError, OperationalError, connection, transaction
 
 from tasks_app import engine, faults, leases, operators, tasks
+from tasks_app.access import console
 from tasks_app.actions import do_create_task
 from tasks_app.agents.base import Agent, StepContext, register
 from tasks_app.audit import verify_chain
@@ -306,7 +307,7 @@ def test_infrastructure_faults_without_progress_are_held_for_an_operator_not_ret
     assert verify_chain(task) is None
 
     # The operator sees it, fixes the cause (here: nothing), and redrives: the count starts afresh.
-    operators.do_redrive_task(task.id, actor="user:ops", reason="endpoint fixed")
+    operators.do_redrive_task(task.id, who=console(task.tenant, "user:ops"), reason="endpoint fixed")
     tasks.run_task_slice(str(task.id))
     task.refresh_from_db()
     assert task.status == "working" and task.infra_faults == 5  # retried, not held again at once
