@@ -30,24 +30,19 @@ from django.views.csrf import csrf_failure as django_csrf_failure
 from django.views.decorators.http import require_GET, require_POST
 
 from checkpoints_app.models import Checkpoint
-from common.json_safety import UnsafeInput
-from common.schema import SchemaError
 from dashboard import access
 from dashboard.forms import AnswerForm, StartReviewForm, SteerForm
 from runtime_site.errors import error_body
 from steering_app.actions import (
-    CommandRefused,
-    InvalidCommand,
-    VersionConflict,
     do_answer_input,
     do_enqueue_command,
     refusal,
 )
 from steering_app.models import CommandType, InputRequest, InputStatus, SteeringCommand
-from tasks_app import artifacts
+from tasks_app import artifacts, errors
 from tasks_app.access import principal_for, task_for, visible_tasks
-from tasks_app.actions import IdempotencyConflict, QuotaExceeded, do_create_task
-from tasks_app.errors import Forbidden, TaskNotFound
+from tasks_app.actions import do_create_task
+from tasks_app.errors import DomainError, Forbidden, IdempotencyConflict, TaskNotFound, VersionConflict
 from tasks_app.models import ROLE_RANK, Role, Task, TaskEvent
 from tasks_app.selectors import task_snapshot
 from tasks_app.states import Status
@@ -193,10 +188,10 @@ def _start_posted(request: HttpRequest, tenants: list[tuple[str, str]]) -> HttpR
                 priority=form.cleaned_data["priority"],
                 idempotency_key=form.cleaned_data["idempotency_key"],
             )
-        except (SchemaError, UnsafeInput, QuotaExceeded) as exc:
-            error = str(exc)
         except IdempotencyConflict:
             error = "This form already started a task with other values; check them and start again."
+        except DomainError as exc:  # SchemaError, UnsafeInput, QuotaExceeded, ...
+            error = errors.message(exc)
         else:
             return see_other("dashboard:task", task_id=task.id)
     # Nothing was started: show the form again, from a GET, so a reload sends nothing.
@@ -321,8 +316,8 @@ def steer(request: HttpRequest, task: Task) -> HttpResponse:
             extra_tags="conflict",
         )
         return see_other("dashboard:task", task_id=task.id)
-    except (CommandRefused, InvalidCommand, UnsafeInput) as exc:
-        return _refused(request, task, f"{data['type']} was not accepted: {exc}")
+    except DomainError as exc:  # CommandRefused, InvalidCommand, UnsafeInput, ...
+        return _refused(request, task, f"{data['type']} was not accepted: {errors.message(exc)}")
     messages.success(request, f"{command.type} accepted (version {command.version}, {command.status}).")
     return see_other("dashboard:task", task_id=task.id)
 
@@ -343,8 +338,8 @@ def answer(request: HttpRequest, task: Task, key: str) -> HttpResponse:
         )
     except Forbidden as exc:
         return _refused(request, task, str(exc))
-    except (CommandRefused, InvalidCommand) as exc:
-        return _refused(request, task, f"{form.cleaned_data['answer']} was not accepted: {exc}")
+    except DomainError as exc:  # CommandRefused, AnswerConflict, InvalidCommand, ...
+        return _refused(request, task, f"{form.cleaned_data['answer']} was not accepted: {errors.message(exc)}")
     messages.success(request, f"{key}: {form.cleaned_data['answer']} sent.")
     return see_other("dashboard:task", task_id=task.id)
 

@@ -30,7 +30,6 @@ from mcp_server.shared import (
     create,
     find_agent,
     find_task,
-    forbidden,
     input_requests,
     iso,
     provide_answers,
@@ -43,8 +42,7 @@ from mcp_server.shared import (
 )
 from steering_app.actions import do_cancel_task
 from tasks_app import access
-from tasks_app.actions import IllegalTransition
-from tasks_app.errors import Forbidden
+from tasks_app.errors import IllegalTransition
 from tasks_app.models import Role, Task
 from tasks_app.states import Status
 
@@ -206,8 +204,6 @@ def legacy_tasks_cancel(call: Call) -> dict[str, Any] | Wait:
         raise RpcError(INVALID_PARAMS, f"Cannot cancel task: already in terminal status {task.mcp_status!r}")
     try:
         task = do_cancel_task(task.id, who=call.principal, reason="cancelled over MCP tasks/cancel")
-    except Forbidden as exc:
-        raise forbidden(exc) from None
     except IllegalTransition:
         task.refresh_from_db()
         raise RpcError(INVALID_PARAMS, f"Cannot cancel task: already in terminal status {task.mcp_status!r}") from None

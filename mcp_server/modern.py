@@ -22,7 +22,6 @@ from mcp_server.shared import (
     create,
     find_agent,
     find_task,
-    forbidden,
     input_requests,
     iso,
     provide_answers,
@@ -35,9 +34,8 @@ from mcp_server.shared import (
 from steering_app.actions import do_cancel_task
 from tasks_app import access
 from tasks_app.access import check_role
-from tasks_app.actions import IllegalTransition
 from tasks_app.agents import base as agents
-from tasks_app.errors import Forbidden
+from tasks_app.errors import IllegalTransition
 from tasks_app.models import Role, Task
 from tasks_app.states import Status
 
@@ -196,10 +194,7 @@ def modern_tasks_update(call: Call) -> dict[str, Any]:
         raise RpcError(INVALID_PARAMS, "Invalid params: inputResponses must be an object")
     # tasks/update is a steering method: operator, as a steering command (each answer is
     # then the answer rule's: the questions this caller may not answer are left open).
-    try:
-        check_role(call.principal, Role.OPERATOR)
-    except Forbidden as exc:
-        raise forbidden(exc) from None
+    check_role(call.principal, Role.OPERATOR)
     provide_answers(call, task, responses)
     return {"resultType": "complete"}
 
@@ -208,11 +203,8 @@ def modern_tasks_cancel(call: Call) -> dict[str, Any]:
     _require_extension(call)
     task = find_task(call)
     # Already terminal: terminal states never change, and the ack is the same.
-    try:
-        with contextlib.suppress(IllegalTransition):
-            do_cancel_task(task.id, who=call.principal, reason="cancelled over MCP tasks/cancel")
-    except Forbidden as exc:
-        raise forbidden(exc) from None
+    with contextlib.suppress(IllegalTransition):
+        do_cancel_task(task.id, who=call.principal, reason="cancelled over MCP tasks/cancel")
     return {"resultType": "complete"}
 
 

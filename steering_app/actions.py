@@ -25,48 +25,21 @@ from ledger_app.models import EffectStatus, LedgerEntry
 from steering_app.models import CommandStatus, CommandType, InputRequest, InputStatus, SteeringCommand
 from tasks_app import access, events, kills
 from tasks_app.access import check_role
-from tasks_app.actions import TRANSITION_FIELDS, IllegalTransition, transition
+from tasks_app.actions import TRANSITION_FIELDS, transition
 from tasks_app.agents import base as agents
 from tasks_app.audit import record_audit
 from tasks_app.auth import Principal
-from tasks_app.errors import Forbidden
+from tasks_app.errors import (
+    AnswerConflict,
+    CommandRefused,
+    Forbidden,
+    IllegalTransition,
+    InvalidCommand,
+    VersionConflict,
+)
 from tasks_app.models import Role, Task, Tenant
 from tasks_app.queue import enqueue_slice_on_commit
 from tasks_app.states import TERMINAL, Status
-
-
-class VersionConflict(Exception):
-    def __init__(self, task: Task) -> None:
-        super().__init__(f"someone changed this task: its version is now {task.state_version}")
-        self.task = task
-
-
-class CommandRefused(Exception):
-    """The command cannot apply to the task as it is now (HTTP 409, with the task's snapshot)."""
-
-    def __init__(self, message: str, task: Task | None = None) -> None:
-        super().__init__(message)
-        self.task = task
-
-
-class InvalidCommand(Exception):
-    """The payload does not fit the command (HTTP 422)."""
-
-
-class AnswerConflict(CommandRefused):
-    """The input request already has an answer, applied or accepted and pending: it stands,
-    and a different one is refused with it (HTTP 409), on every edge."""
-
-    def __init__(self, key: str, command: SteeringCommand) -> None:
-        shown = json.dumps(command.payload["answer"])
-        super().__init__(
-            f"input request {key!r} already has the answer {shown[:200]} (from {command.requested_by}); it stands"
-        )
-        self.key, self.command = key, command
-
-    @property
-    def answer(self) -> Any:
-        return self.command.payload["answer"]
 
 
 def _same_answer(a: Any, b: Any) -> bool:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from datetime import timedelta
 from typing import Any
-from uuid import UUID
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -17,26 +16,11 @@ from runtime_site.tracing import trace_headers
 from tasks_app import events, policy
 from tasks_app.agents import base as agents
 from tasks_app.audit import record_audit
+from tasks_app.errors import IdempotencyConflict, IllegalTransition, QuotaExceeded
 from tasks_app.models import Task, Tenant
 from tasks_app.queue import enqueue_slice_on_commit
 from tasks_app.selectors import task_snapshot
 from tasks_app.states import TERMINAL, Status, can_transition
-
-
-class IllegalTransition(Exception):
-    def __init__(self, from_status: str, to_status: str) -> None:
-        super().__init__(f"a {from_status} task cannot become {to_status}")
-        self.from_status, self.to_status = from_status, to_status
-
-
-class IdempotencyConflict(Exception):
-    def __init__(self, task_id: UUID) -> None:
-        super().__init__("this Idempotency-Key was already used with a different request body")
-        self.task_id = task_id
-
-
-class QuotaExceeded(Exception):
-    """The tenant is at a configured cap (limits.queued_tasks_per_tenant): HTTP 429."""
 
 
 def _check_queue_cap(tenant: Tenant) -> None:

@@ -14,11 +14,11 @@ from django.utils.html import format_html
 
 from checkpoints_app.models import Checkpoint
 from ledger_app.models import LedgerEntry
-from steering_app.actions import CommandRefused, VersionConflict, do_cancel_task, do_enqueue_command
+from steering_app.actions import do_cancel_task, do_enqueue_command
 from steering_app.models import CommandType, InputRequest, SteeringCommand
 from tasks_app import access, kills, operators
-from tasks_app.actions import IllegalTransition
 from tasks_app.auth import Principal, check_key_grant, issue_api_key, revoke_api_key, rotate_api_key
+from tasks_app.errors import DomainError
 from tasks_app.models import ApiKey, AuditRecord, Membership, Scope, Step, Task, Tenant
 
 
@@ -284,7 +284,7 @@ class TaskAdmin(admin.ModelAdmin):
             try:
                 action(task, access.console(task.tenant, actor))
                 self.message_user(request, f"{task.id}: {verb}")
-            except (IllegalTransition, operators.NoLease, CommandRefused, VersionConflict) as exc:
+            except DomainError as exc:  # IllegalTransition, NoLease, CommandRefused, VersionConflict, ...
                 self.message_user(request, f"{task.id}: {exc}", level=messages.WARNING)
 
     @admin.action(description="Redrive a dead letter from its last good checkpoint")

@@ -19,14 +19,15 @@ from django.db.models.functions import Now
 from checkpoints_app.actions import discard_back_to_last_good
 from ledger_app.actions import ToolFailed
 from ledger_app.models import EffectStatus, LedgerEntry
-from steering_app.actions import STEERING_FIELDS, CommandRefused, VersionConflict, apply_pending, do_enqueue_command
+from steering_app.actions import STEERING_FIELDS, apply_pending, do_enqueue_command
 from steering_app.models import CommandType, InputRequest, InputStatus
 from tasks_app import events
 from tasks_app.access import check_role
-from tasks_app.actions import TRANSITION_FIELDS, IllegalTransition, transition
+from tasks_app.actions import TRANSITION_FIELDS, transition
 from tasks_app.agents import tools
 from tasks_app.audit import record_audit
 from tasks_app.auth import Principal
+from tasks_app.errors import CommandRefused, IllegalTransition, NoLease, VersionConflict
 from tasks_app.models import Role, Task
 from tasks_app.queue import enqueue_slice_on_commit
 from tasks_app.states import CLAIMABLE, TERMINAL, Status
@@ -35,12 +36,6 @@ if TYPE_CHECKING:
     from tasks_app.leases import Lease
 
 logger = logging.getLogger(__name__)
-
-
-class NoLease(Exception):
-    def __init__(self, task_id: UUID) -> None:
-        super().__init__("the task holds no lease")
-        self.task_id = task_id
 
 
 LEASE_FIELDS = ["lease_owner", "lease_expires_at", "lease_epoch"]
