@@ -27,6 +27,7 @@ from tasks_app import access, events, kills
 from tasks_app.access import check_role
 from tasks_app.actions import TRANSITION_FIELDS, transition
 from tasks_app.agents import base as agents
+from tasks_app.agents.questions import APPROVER_KINDS, Answers
 from tasks_app.audit import record_audit
 from tasks_app.auth import Principal
 from tasks_app.errors import (
@@ -459,15 +460,18 @@ def open_input_request(
     return request
 
 
-def answers_for(task: Task) -> dict[str, Any]:
-    return dict(InputRequest.objects.filter(task=task, status=InputStatus.ANSWERED).values_list("key", "answer"))
+def answers_for(task: Task) -> Answers:
+    """The task's answers, each with its kind (ctx.ask reads them by key, the runtime by kind)."""
+    return Answers(
+        InputRequest.objects.filter(task=task, status=InputStatus.ANSWERED).values_list("key", "answer", "kind")
+    )
 
 
 def answer_refusal(who: Principal, task: Task, kind: str) -> str | None:
     """Why `who` (a Principal) may not answer an input request of this kind, or None. One
     rule for every edge (REST, dashboard, MCP): approvals need the approver role (and, if
     configured, someone other than the task's creator); other questions an operator."""
-    if kind == "approval":
+    if kind in APPROVER_KINDS:  # an approval, a budget extension
         # The approver role outranks the operator's; an approve-scoped key needs no operate scope.
         if not who.has_role(Role.APPROVER):
             return "answering an approval needs the approver role"

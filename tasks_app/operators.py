@@ -25,6 +25,7 @@ from tasks_app import events
 from tasks_app.access import check_role
 from tasks_app.actions import TRANSITION_FIELDS, transition
 from tasks_app.agents import tools
+from tasks_app.agents.questions import confirmation_key
 from tasks_app.audit import record_audit
 from tasks_app.auth import Principal
 from tasks_app.errors import CommandRefused, IllegalTransition, NoLease, VersionConflict
@@ -261,8 +262,8 @@ def do_resolve_unknown(entry_id: int, *, succeeded: bool, who: Principal, reason
             reason=reason,
             data={"key": entry.key, "status": entry.status},
         )
-    key = f"confirm-{entry.key}"
-    if InputRequest.objects.filter(task=task, key=key, status=InputStatus.OPEN).exists():
+    key = confirmation_key(entry.key)
+    if InputRequest.objects.filter(task=task, key=key, status=InputStatus.OPEN).exists():  # a reserved key
         try:
             do_enqueue_command(
                 task.id,
