@@ -63,6 +63,38 @@ class Persona:
         return client
 
 
+@contextlib.contextmanager
+def emits(task: Any, *, events: list[str], audit: list[str]) -> Iterator[list[str]]:
+    """Zulip-style event assertions: the block publishes exactly `events` for the task (after
+    its transaction commits) and writes exactly `audit` records to its chain, in this order.
+    `emits(task, events=[], audit=[])` around a call that raises: nothing leaked out."""
+    from unittest import mock
+
+    from django.test import TestCase
+
+    from tasks_app.models import AuditRecord
+
+    published: list[str] = []
+    last = AuditRecord.objects.filter(task_id=task.id).order_by("-seq").values_list("seq", flat=True).first() or 0
+
+    def publish(task_id: Any, event_type: str, data: dict[str, Any]) -> None:
+        if str(task_id) == str(task.id):
+            published.append(event_type)
+
+    try:
+        # A rolled-back action's on-commit callbacks are dropped with it, as in production.
+        with (
+            mock.patch("tasks_app.streams.publish.publish", publish),
+            TestCase.captureOnCommitCallbacks(execute=True),
+        ):
+            yield published
+    finally:
+        written = list(
+            AuditRecord.objects.filter(task_id=task.id, seq__gt=last).order_by("seq").values_list("action", flat=True)
+        )
+        assert (published, written) == (events, audit), f"published {published}, audited {written}"
+
+
 def make_persona(tenant_slug: str, username: str, role: str) -> Persona:
     from django.contrib.auth import get_user_model
 

@@ -75,20 +75,7 @@ PAYLOAD_SCHEMAS: dict[str, dict[str, Any]] = {
 }
 
 # Everything apply_command may change on the task row.
-STEERING_FIELDS = [
-    *TRANSITION_FIELDS,
-    "goal",
-    "constraints",
-    "plan_version",
-    "priority",
-    "cancel_requested",
-    "cancel_reason",
-    "kill_requested",
-    "steering_head",
-    "lease_owner",
-    "lease_expires_at",
-    "lease_epoch",
-]
+STEERING_FIELDS = [*TRANSITION_FIELDS, *Task.CONTROL_FIELDS, *Task.LEASE_FIELDS]
 
 
 def _validate(task: Task, type: str, payload: dict[str, Any], reason: str) -> None:
@@ -315,7 +302,7 @@ def apply_command(task: Task, command: SteeringCommand, *, actor: str, by_worker
             task.status_message = ""
             enqueue = not waiting
         case CommandType.CANCEL:
-            task.cancel_requested, task.cancel_reason = True, (command.reason or "cancelled")[:500]
+            _request_cancel(task, command.reason or "cancelled")
             if not by_worker:  # nobody is mid-step: cancelled now
                 _cancel(task, actor=actor, by_worker=False)
         case CommandType.KILL:
@@ -345,9 +332,16 @@ def apply_command(task: Task, command: SteeringCommand, *, actor: str, by_worker
     return enqueue
 
 
+def _request_cancel(task: Task, reason: str) -> None:
+    """The one way a cancel is asked for (the cancel command, its kill, do_cancel_task):
+    whoever is at the task's next safe point ends it (apply_pending: cancel always wins)."""
+    task.cancel_requested, task.cancel_reason = True, reason[:500]
+
+
 def _request_kill(task: Task, command: SteeringCommand) -> None:
-    task.kill_requested, task.cancel_requested = True, True
-    task.cancel_reason = task.status_message = f"killed: {command.reason}"[:500]
+    task.kill_requested = True
+    _request_cancel(task, f"killed: {command.reason}")
+    task.status_message = task.cancel_reason
     kills.ring_on_commit(task.id)  # the worker holding it cuts its step (its lease also refuses it)
 
 
@@ -379,8 +373,7 @@ def _cancel(task: Task, *, actor: str, by_worker: bool) -> None:
     """End a task whose cancel was asked for (the reason is on the row)."""
     transition(task, Status.CANCELLED, actor=actor, reason=task.cancel_reason or "cancelled")
     if not by_worker:
-        task.lease_owner, task.lease_expires_at = None, None
-        task.lease_epoch += 1  # fences any worker that still believes it holds the task
+        task.drop_lease()  # fences any worker that still believes it holds the task
 
 
 def do_cancel_task(task_id: UUID, *, who: Principal, reason: str = "") -> Task:
@@ -396,11 +389,10 @@ def _cancel_task(task_id: UUID, *, tenant: Tenant, actor: str, reason: str) -> T
     task = Task.objects.select_for_update().get(id=task_id, tenant=tenant)
     if task.status in TERMINAL:
         raise IllegalTransition(task.status, Status.CANCELLED)
-    leased = Task.objects.filter(id=task.id, lease_owner__isnull=False, lease_expires_at__gt=Now()).exists()
-    if leased:
+    if not _idle(task):  # a worker is mid-step: it cancels at its safe point (as for the command)
         if not task.cancel_requested:
             before = task.state_version
-            task.cancel_requested, task.cancel_reason = True, reason[:500]
+            _request_cancel(task, reason)
             task.state_version += 1
             task.save(update_fields=["cancel_requested", "cancel_reason", "state_version", "updated_at"])
             record_audit(task, actor=actor, action="cancel_requested", before_version=before, reason=reason)
@@ -409,7 +401,7 @@ def _cancel_task(task_id: UUID, *, tenant: Tenant, actor: str, reason: str) -> T
     # left pending (a pause accepted while it ran, before it was abandoned or died) settles
     # first, in accepted order, then the cancel wins; it moves the lease epoch, which fences
     # out a worker whose lease expired but that may still be running.
-    task.cancel_requested, task.cancel_reason = True, reason[:500]
+    _request_cancel(task, reason)
     apply_pending(task, actor=actor, by_worker=False)
     task.save(update_fields=STEERING_FIELDS)
     return task

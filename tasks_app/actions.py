@@ -37,9 +37,10 @@ def _check_queue_cap(tenant: Tenant) -> None:
         )
 
 
-def transition(task: Task, to: str, *, actor: str, reason: str = "", data: dict[str, Any] | None = None) -> None:
+def transition(task: Task, to: str, *, actor: str, reason: str = "", data: dict[str, Any] | None = None) -> list[str]:
     """In-transaction helper on a locked or fenced row: status, version, audit, events.
-    The caller saves the row (the fields in TRANSITION_FIELDS and any it changed itself)."""
+    Returns the fields to save (TRANSITION_FIELDS: with the status message, which callers
+    set beside it); the caller saves them with any it changed itself."""
     if not can_transition(task.status, to):
         raise IllegalTransition(task.status, to)
     before, from_status = task.state_version, task.status
@@ -60,6 +61,7 @@ def transition(task: Task, to: str, *, actor: str, reason: str = "", data: dict[
         events.emit(task, "terminal", {"status": task.mcp_status, "runtimeStatus": to, "reason": reason})
     elif to == Status.DEAD_LETTERED:
         events.emit(task, "dead_lettered", {"reason": reason})
+    return list(TRANSITION_FIELDS)
 
 
 TRANSITION_FIELDS = ["status", "state_version", "finished_at", "status_message", "updated_at"]

@@ -262,13 +262,6 @@ def _insert_parts(model: type[models.Model]) -> tuple[str, str, str, list[models
     )
 
 
-def release_fields(task: Task) -> list[str]:
-    """Clear the lease on a fenced row; the caller saves the returned fields."""
-    task.lease_owner = None
-    task.lease_expires_at = None
-    return ["lease_owner", "lease_expires_at"]
-
-
 def stalled(
     *, stall_seconds: float, recovering_seconds: float | None = None, limit: int = 500
 ) -> list[tuple[UUID, int]]:

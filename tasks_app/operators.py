@@ -39,17 +39,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-LEASE_FIELDS = ["lease_owner", "lease_expires_at", "lease_epoch"]
-
-
-def _drop_lease(task: Task) -> str | None:
-    """On a locked row: clear the lease and move the epoch (the fencing token)."""
-    owner = task.lease_owner
-    task.lease_owner, task.lease_expires_at = None, None
-    task.lease_epoch += 1
-    return owner
-
-
 def expired_lease_ids(limit: int = 500) -> list[UUID]:
     return list(
         Task.objects.filter(status__in=CLAIMABLE, lease_owner__isnull=False, lease_expires_at__lt=Now())
@@ -78,7 +67,8 @@ def do_mark_recovering(task_id: UUID, *, actor: str, max_recoveries: int | None 
     )
     if task is None:
         return None  # renewed, released or already handled by another scan: nothing to do
-    lost = _drop_lease(task)
+    lost = task.lease_owner
+    task.drop_lease()
     return _recover(task, actor=actor, lost=f"lease of {lost} expired", max_recoveries=max_recoveries)
 
 
@@ -95,7 +85,7 @@ def do_abandon_step(lease: Lease, *, step: str, seconds: float) -> Task | None:
     )
     if task is None:
         return None
-    _drop_lease(task)
+    task.drop_lease()
     return _recover(
         task,
         actor=f"worker:{lease.worker_id}",
@@ -119,7 +109,7 @@ def _recover(
         return task
     max_recoveries = settings.RUNTIME["runtime"]["max_recoveries"] if max_recoveries is None else max_recoveries
     task.recoveries += 1
-    fields = [*TRANSITION_FIELDS, *LEASE_FIELDS, "recoveries"]
+    fields = [*TRANSITION_FIELDS, *Task.LEASE_FIELDS, "recoveries"]
     data = {"cause": cause} if cause else None
     if task.recoveries > max_recoveries:
         reason = f"{lost}; recovery {task.recoveries} exceeds max_recoveries={max_recoveries}"
@@ -149,12 +139,12 @@ def do_expire_task(task_id: UUID, *, actor: str) -> Task | None:
     )
     if task is None:
         return None
-    _drop_lease(task)
+    task.drop_lease()
     assert task.expires_at is not None  # the filter above
     reason = f"past its TTL/deadline ({task.expires_at.isoformat()})"
     task.error = {"code": "expired", "message": reason}
     transition(task, Status.FAILED, actor=actor, reason=reason)
-    task.save(update_fields=[*TRANSITION_FIELDS, *LEASE_FIELDS, "error"])
+    task.save(update_fields=[*TRANSITION_FIELDS, *Task.LEASE_FIELDS, "error"])
     return task
 
 
@@ -176,7 +166,7 @@ def do_redrive_task(task_id: UUID, *, who: Principal, reason: str) -> Task:
     if task.status != Status.DEAD_LETTERED and not killed:
         raise IllegalTransition(task.status, Status.RECOVERING)
     good, discarded = discard_back_to_last_good(task)
-    _drop_lease(task)
+    task.drop_lease()
     task.recoveries, task.error, task.status_message = 0, None, ""
     task.kill_requested = task.cancel_requested = False
     task.cancel_reason, task.finished_at = "", None
@@ -190,7 +180,7 @@ def do_redrive_task(task_id: UUID, *, who: Principal, reason: str) -> Task:
     task.save(
         update_fields=[
             *TRANSITION_FIELDS,
-            *LEASE_FIELDS,
+            *Task.LEASE_FIELDS,
             "recoveries",
             "error",
             "kill_requested",
@@ -222,7 +212,8 @@ def do_release_lease(task_id: UUID, *, who: Principal, reason: str) -> Task:
     actor = who.actor
     if task.lease_owner is None:
         raise NoLease(task.id)
-    owner = _drop_lease(task)
+    owner = task.lease_owner
+    task.drop_lease()
     record_audit(
         task,
         actor=actor,
@@ -231,7 +222,7 @@ def do_release_lease(task_id: UUID, *, who: Principal, reason: str) -> Task:
         reason=reason,
         data={"owner": owner},
     )
-    task.save(update_fields=[*LEASE_FIELDS, "updated_at"])
+    task.save(update_fields=[*Task.LEASE_FIELDS, "updated_at"])
     if task.status in CLAIMABLE:
         enqueue_slice_on_commit(task.id, task.priority)
     return task
