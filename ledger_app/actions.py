@@ -67,8 +67,16 @@ def _crash_here(point: str) -> None:
 
 
 def settle_interrupted(task_id: Any) -> int:
-    """At a new lease: rows a lost worker left started are unknown now (it may have called)."""
-    return LedgerEntry.objects.filter(task_id=task_id, status=EffectStatus.STARTED).update(status=EffectStatus.UNKNOWN)
+    """At a new lease, or a kill: rows a lost or cut call left started are unknown now (it
+    may have called). Not a tool without side effects (Tool.side_effect, e.g. llm.chat):
+    whatever it did changed nothing outside, so its row stays started and the re-run step
+    simply sends it again, with nothing to reconcile and nobody to ask."""
+    harmless = [name for name in tools.tool_names() if not tools.get_tool(name).side_effect]
+    return (
+        LedgerEntry.objects.filter(task_id=task_id, status=EffectStatus.STARTED)
+        .exclude(tool__in=harmless)
+        .update(status=EffectStatus.UNKNOWN)
+    )
 
 
 def execute_once(
@@ -185,6 +193,8 @@ def _reconciled(
 ) -> bool:
     """True: settled as succeeded (the remote, or a person, says it happened). False: it did
     not happen. Raises InputNeeded when nobody can tell."""
+    if not tool.side_effect:
+        return False  # it changed nothing outside: send it again, nobody need tell
     verdict = None
     if tool.reconcile is not None:
         try:

@@ -30,7 +30,7 @@ def _check_queue_cap(tenant: Tenant) -> None:
     if not cap:
         return
     list(Tenant.objects.select_for_update(no_key=True).filter(pk=tenant.pk).values_list("pk", flat=True))
-    if Task.objects.filter(tenant=tenant, status=Status.QUEUED).count() >= cap:
+    if Task.objects.for_tenant(tenant).filter(status=Status.QUEUED).count() >= cap:
         raise QuotaExceeded(
             f"this tenant already has {cap} queued tasks (limits.queued_tasks_per_tenant); "
             "start more once some have started"
@@ -163,7 +163,7 @@ def do_create_task(
 
 
 def _replay(tenant: Tenant, key: str, fingerprint: str) -> Task | None:
-    existing = Task.objects.filter(tenant=tenant, idempotency_key=key).first()
+    existing = Task.objects.for_tenant(tenant).filter(idempotency_key=key).first()
     if existing is not None and existing.request_fingerprint != fingerprint:
         raise IdempotencyConflict(existing.id)
     return existing
