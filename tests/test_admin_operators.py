@@ -18,7 +18,7 @@ from tasks_app.models import AuditRecord, Task
 from tasks_app.tests.test_engine import new_task, run_to_end
 from tasks_app.tests.test_recovery import crash_mid_slice
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture

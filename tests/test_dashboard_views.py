@@ -15,7 +15,7 @@ from steering_app.models import InputRequest, SteeringCommand
 from tasks_app.models import AuditRecord, Task
 from tasks_app.tests.test_engine import new_task
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 def signed_in(client, persona):

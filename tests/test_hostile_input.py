@@ -20,7 +20,7 @@ from tasks_app.access import console
 from tasks_app.actions import do_create_task
 from tasks_app.models import AuditRecord, Task, TaskEvent
 
-pytestmark = pytest.mark.django_db(transaction=True)  # the SSE and MCP views close their connections
+pytestmark = pytest.mark.django_db
 
 # Raw JSON values a client can send and PostgreSQL (or the parser) cannot take.
 HOSTILE = {
@@ -200,6 +200,8 @@ def test_a_dashboard_form_with_a_number_beyond_bigint_starts_and_steers_nothing(
     assert written() == before
 
 
+# the SSE view closes its connection, which would end a test transaction
+@pytest.mark.django_db(transaction=True)
 def test_the_event_stream_refuses_malformed_last_event_ids(alice, task):
     def stream(query: str = "", **headers: str) -> Any:
         return client().get(
@@ -253,6 +255,8 @@ def tools_call(arguments: str, *, modern: bool) -> str:
     )
 
 
+# the MCP view closes its connection, which would end a test transaction
+@pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("modern", [True, False], ids=["2026-07-28", "2025-11-25"])
 def test_mcp_refuses_each_hostile_value_echoing_the_request_id(alice, task, modern):
     before = written()
@@ -283,6 +287,8 @@ def test_mcp_refuses_each_hostile_value_echoing_the_request_id(alice, task, mode
     assert Task.objects.count() == before[0] + 1
 
 
+# the MCP view closes its connection, which would end a test transaction
+@pytest.mark.django_db(transaction=True)
 def test_a_legacy_tasks_list_cursor_beyond_bigint_is_invalid_params(alice, task):
     for offset in ("9" * 30, str(2**63), "-1", "x"):
         cursor = base64.urlsafe_b64encode(offset.encode()).decode()

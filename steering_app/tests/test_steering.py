@@ -15,7 +15,7 @@ from tasks_app.audit import verify_chain
 from tasks_app.models import AuditRecord, Step, Task
 from tasks_app.tests.test_engine import new_task, run_to_end
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 def steer(persona, task, type, payload=None, *, version=None, command_id=None, reason=""):

@@ -23,7 +23,7 @@ from tasks_app.agents.base import Agent, StepContext, register
 from tasks_app.audit import verify_chain
 from tasks_app.models import AuditRecord, Step, Task
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 @register
@@ -63,6 +63,7 @@ def expire_lease(task: Task) -> None:
     Task.objects.filter(id=task.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
 
 
+@pytest.mark.django_db(transaction=True)  # two threads, two connections: each must see the other's commits
 def test_exactly_one_of_two_racing_claims_wins(alice):
     task = new_task(alice)
     barrier, results = threading.Barrier(2), []

@@ -19,7 +19,7 @@ from tasks_app.audit import verify_chain
 from tasks_app.models import AuditRecord, Step, Task
 from tasks_app.tests.test_engine import expire_lease, new_task, run_to_end
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 def crash_mid_slice(task: Task, worker: str = "doomed") -> leases.Lease:
