@@ -63,6 +63,16 @@ class Persona:
         return client
 
 
+@pytest.fixture(autouse=True)
+def fast_password_hashing(request: pytest.FixtureRequest, settings: Any) -> None:
+    """In-process tests sign people in with a fast hasher: the product's (PBKDF2, ~0.5 s a
+    password by design) made every persona that signs in cost that, and no test is about the
+    hashing. Tests with processes keep it: those verify what this process hashed, and their
+    timing is the product's."""
+    if "processes" not in request.fixturenames:
+        settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 @contextlib.contextmanager
 def emits(task: Any, *, events: list[str], audit: list[str]) -> Iterator[list[str]]:
     """Zulip-style event assertions: the block publishes exactly `events` for the task (after

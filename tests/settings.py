@@ -8,7 +8,3 @@ The product never imports tests/: nothing test-only ships or runs in a deploymen
 from runtime_site.settings import *  # noqa: F403
 
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.fixtures"]  # noqa: F405
-
-# Test sign-ins hash with a fast hasher: the product's (PBKDF2, ~0.5 s a password by design)
-# would make every fixture that signs someone in cost that. No test is about the hashing.
-PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
