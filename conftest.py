@@ -63,6 +63,48 @@ class Persona:
         return client
 
 
+@pytest.fixture(autouse=True)
+def fast_password_hashing(request: pytest.FixtureRequest, settings: Any) -> None:
+    """In-process tests sign people in with a fast hasher: the product's (PBKDF2, ~0.5 s a
+    password by design) made every persona that signs in cost that, and no test is about the
+    hashing. Tests with processes keep it: those verify what this process hashed, and their
+    timing is the product's."""
+    if "processes" not in request.fixturenames:
+        settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@contextlib.contextmanager
+def emits(task: Any, *, events: list[str], audit: list[str]) -> Iterator[list[str]]:
+    """Zulip-style event assertions: the block publishes exactly `events` for the task (after
+    its transaction commits) and writes exactly `audit` records to its chain, in this order.
+    `emits(task, events=[], audit=[])` around a call that raises: nothing leaked out."""
+    from unittest import mock
+
+    from django.test import TestCase
+
+    from tasks_app.models import AuditRecord
+
+    published: list[str] = []
+    last = AuditRecord.objects.filter(task_id=task.id).order_by("-seq").values_list("seq", flat=True).first() or 0
+
+    def publish(task_id: Any, event_type: str, data: dict[str, Any]) -> None:
+        if str(task_id) == str(task.id):
+            published.append(event_type)
+
+    try:
+        # A rolled-back action's on-commit callbacks are dropped with it, as in production.
+        with (
+            mock.patch("tasks_app.streams.publish.publish", publish),
+            TestCase.captureOnCommitCallbacks(execute=True),
+        ):
+            yield published
+    finally:
+        written = list(
+            AuditRecord.objects.filter(task_id=task.id, seq__gt=last).order_by("seq").values_list("action", flat=True)
+        )
+        assert (published, written) == (events, audit), f"published {published}, audited {written}"
+
+
 def make_persona(tenant_slug: str, username: str, role: str) -> Persona:
     from django.contrib.auth import get_user_model
 

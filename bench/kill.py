@@ -42,6 +42,7 @@ def main() -> None:
 
     from steering_app.actions import do_enqueue_command
     from steering_app.models import CommandType
+    from tasks_app.access import console
     from tasks_app.actions import do_create_task
     from tasks_app.models import Task, Tenant
 
@@ -84,12 +85,11 @@ def main() -> None:
             t0 = time.monotonic()
             do_enqueue_command(
                 task.id,
-                tenant=tenant,
+                who=console(tenant, "user:bench"),
                 command_id=f"kill-{n}",
                 type=CommandType.KILL,
                 payload={},
                 expected_version=version,
-                requested_by="user:bench",
                 reason="bench",
             )
             accepted.append(time.monotonic() - t0)

@@ -1,7 +1,7 @@
 """The dashboard: server-rendered pages for people, signed in with a Django session.
 
 An edge like the REST API (STYLE §2.0 "thin edges"): each view decodes a form, calls the
-one domain function the API calls (do_create_task, do_enqueue_command, answer_input) as
+one domain function the API calls (do_create_task, do_enqueue_command, do_answer_input) as
 the person's Principal, and renders. Live updates come from the task's one SSE stream
 (GET /runtime/tasks/{id}/events), which accepts this session as well as API keys.
 
@@ -22,25 +22,27 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import BadRequest
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.shortcuts import render, resolve_url
 from django.urls import Resolver404, resolve, reverse
 from django.utils.html import format_html
 from django.views.csrf import csrf_failure as django_csrf_failure
 from django.views.decorators.http import require_GET, require_POST
-from rest_framework.exceptions import PermissionDenied
 
 from checkpoints_app.models import Checkpoint
-from common.json_safety import UnsafeInput
-from common.schema import SchemaError
 from dashboard import access
 from dashboard.forms import AnswerForm, StartReviewForm, SteerForm
 from runtime_site.errors import error_body
-from steering_app.actions import CommandRefused, InvalidCommand, VersionConflict, do_enqueue_command, refusal
-from steering_app.api.views import answer_input
+from steering_app.actions import (
+    do_answer_input,
+    do_enqueue_command,
+    refusal,
+)
 from steering_app.models import CommandType, InputRequest, InputStatus, SteeringCommand
-from tasks_app import artifacts
-from tasks_app.actions import IdempotencyConflict, QuotaExceeded, do_create_task
+from tasks_app import artifacts, errors
+from tasks_app.access import principal_for, task_for, visible_tasks
+from tasks_app.actions import do_create_task
+from tasks_app.errors import DomainError, Forbidden, IdempotencyConflict, TaskNotFound, VersionConflict
 from tasks_app.models import ROLE_RANK, Role, Task, TaskEvent
 from tasks_app.selectors import task_snapshot
 from tasks_app.states import Status
@@ -75,8 +77,8 @@ def with_task(view: Callable[..., HttpResponse] | None = None, *, for_script: bo
             if not request.user.is_authenticated:
                 return signed_out(back_to=reverse("dashboard:task", args=[task_id]), for_script=for_script)
             try:
-                task = access.task_for(access.person(request), task_id)
-            except Http404:
+                task = task_for(access.person(request), task_id)
+            except TaskNotFound:
                 return render(request, "dashboard/not_found.html", status=404)
             return view(request, task, *args, **kwargs)
 
@@ -102,7 +104,7 @@ def list_row(task: Task) -> dict[str, Any]:
 
 
 def _tasks(request: HttpRequest) -> list[Task]:
-    tasks = access.visible_tasks(access.person(request)).select_related("tenant").order_by("-created_at", "-id")
+    tasks = visible_tasks(access.person(request)).select_related("tenant").order_by("-created_at", "-id")
     if wanted := request.GET.get("status"):
         if wanted not in Status.values:
             raise BadRequest(f"status: unknown status {wanted!r}; one of {', '.join(Status.values)}")
@@ -186,10 +188,10 @@ def _start_posted(request: HttpRequest, tenants: list[tuple[str, str]]) -> HttpR
                 priority=form.cleaned_data["priority"],
                 idempotency_key=form.cleaned_data["idempotency_key"],
             )
-        except (SchemaError, UnsafeInput, QuotaExceeded) as exc:
-            error = str(exc)
         except IdempotencyConflict:
             error = "This form already started a task with other values; check them and start again."
+        except DomainError as exc:  # SchemaError, UnsafeInput, QuotaExceeded, ...
+            error = errors.message(exc)
         else:
             return see_other("dashboard:task", task_id=task.id)
     # Nothing was started: show the form again, from a GET, so a reload sends nothing.
@@ -199,7 +201,7 @@ def _start_posted(request: HttpRequest, tenants: list[tuple[str, str]]) -> HttpR
 
 
 def task_context(request: HttpRequest, task: Task) -> dict[str, Any]:
-    who = access.principal_for(access.person(request), task)
+    who = principal_for(access.person(request), task)
     logs = log_tail(task)
     # A finished task's artifacts, linked to the route that serves them (a file:// ref is no link).
     listed = artifacts.listing(task, f"/dashboard/tasks/{task.id}/artifacts") if task.is_terminal else []
@@ -282,21 +284,20 @@ def steer(request: HttpRequest, task: Task) -> HttpResponse:
     form = SteerForm(request.POST)
     if not form.is_valid():
         return _refused(request, task, f"That command was not understood: {form.errors.as_text()}")
-    who = access.principal_for(access.person(request), task)
-    if not who.has_role(Role.OPERATOR):
-        return _refused(request, task, "Steering needs the operator role or above.")
+    who = principal_for(access.person(request), task)
     data = form.cleaned_data
     try:
         command, _ = do_enqueue_command(
             task.id,
-            tenant=who.tenant,
+            who=who,
             command_id=data["command_id"],
             type=data["type"],
             payload=form.payload(),
             expected_version=data["expected_version"],
-            requested_by=who.actor,
             reason=data["reason"],
         )
+    except Forbidden as exc:
+        return _refused(request, task, f"Steering needs the {exc.role} role or above." if exc.role else str(exc))
     except VersionConflict:
         # The person acted on a state that is no longer current (the API's 409): say so, and
         # the page they land on shows the task as it is now, with forms carrying its version.
@@ -315,8 +316,8 @@ def steer(request: HttpRequest, task: Task) -> HttpResponse:
             extra_tags="conflict",
         )
         return see_other("dashboard:task", task_id=task.id)
-    except (CommandRefused, InvalidCommand, UnsafeInput) as exc:
-        return _refused(request, task, f"{data['type']} was not accepted: {exc}")
+    except DomainError as exc:  # CommandRefused, InvalidCommand, UnsafeInput, ...
+        return _refused(request, task, f"{data['type']} was not accepted: {errors.message(exc)}")
     messages.success(request, f"{command.type} accepted (version {command.version}, {command.status}).")
     return see_other("dashboard:task", task_id=task.id)
 
@@ -328,17 +329,17 @@ def answer(request: HttpRequest, task: Task, key: str) -> HttpResponse:
     if not form.is_valid():
         return _refused(request, task, "Answer approve or reject.")
     try:
-        answer_input(
-            access.principal_for(access.person(request), task),
-            task,
-            key,
-            form.cleaned_data["answer"],
+        do_answer_input(
+            task.id,
+            who=principal_for(access.person(request), task),
+            key=key,
+            answer=form.cleaned_data["answer"],
             reason=form.cleaned_data["reason"],
         )
-    except PermissionDenied as exc:
-        return _refused(request, task, str(exc.detail))
-    except (CommandRefused, InvalidCommand) as exc:
-        return _refused(request, task, f"{form.cleaned_data['answer']} was not accepted: {exc}")
+    except Forbidden as exc:
+        return _refused(request, task, str(exc))
+    except DomainError as exc:  # CommandRefused, AnswerConflict, InvalidCommand, ...
+        return _refused(request, task, f"{form.cleaned_data['answer']} was not accepted: {errors.message(exc)}")
     messages.success(request, f"{key}: {form.cleaned_data['answer']} sent.")
     return see_other("dashboard:task", task_id=task.id)
 

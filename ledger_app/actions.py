@@ -34,6 +34,7 @@ from ledger_app.models import EffectStatus, LedgerEntry
 from tasks_app import kills, leases, policy, quotas
 from tasks_app.agents import base as agents
 from tasks_app.agents import tools
+from tasks_app.agents.questions import Answers, QuestionKind, approval_key, confirmation_key
 from tasks_app.models import Task
 from tasks_app.redaction import redact
 
@@ -76,8 +77,16 @@ def _crash_here(point: str) -> None:
 
 
 def settle_interrupted(task_id: Any) -> int:
-    """At a new lease: rows a lost worker left started are unknown now (it may have called)."""
-    return LedgerEntry.objects.filter(task_id=task_id, status=EffectStatus.STARTED).update(status=EffectStatus.UNKNOWN)
+    """At a new lease, or a kill: rows a lost or cut call left started are unknown now (it
+    may have called). Not a tool without side effects (Tool.side_effect, e.g. llm.chat):
+    whatever it did changed nothing outside, so its row stays started and the re-run step
+    simply sends it again, with nothing to reconcile and nobody to ask."""
+    harmless = [name for name in tools.tool_names() if not tools.get_tool(name).side_effect]
+    return (
+        LedgerEntry.objects.filter(task_id=task_id, status=EffectStatus.STARTED)
+        .exclude(tool__in=harmless)
+        .update(status=EffectStatus.UNKNOWN)
+    )
 
 
 def execute_once(
@@ -190,16 +199,16 @@ def _guard(lease: leases.Lease, tool: tools.Tool, key: str, args: dict[str, Any]
     if decision.verdict == policy.DENY:
         raise ToolFailed(decision.reason)
     if decision.verdict == policy.NEEDS_APPROVAL:
-        answer = answers.get(f"approve-{key}")
+        answer = Answers.of(answers).approval(key)
         if answer == "reject":
             raise agents.ToolRejected(f"{tool.name} was rejected by an approver")
         if answer != "approve":
             summary = canonical_json(redact(args))
             raise agents.InputNeeded(
-                f"approve-{key}",
+                approval_key(key),
                 f"Approve {tool.name} with {summary[:400]}{'...' if len(summary) > 400 else ''}?",
                 {"enum": ["approve", "reject"]},
-                kind="approval",
+                kind=QuestionKind.APPROVAL,
             )
 
 
@@ -208,14 +217,16 @@ def _reconciled(
 ) -> bool:
     """True: settled as succeeded (the remote, or a person, says it happened). False: it did
     not happen. Raises InputNeeded when nobody can tell."""
+    if not tool.side_effect:
+        return False  # it changed nothing outside: send it again, nobody need tell
     verdict = None
     if tool.reconcile is not None:
         try:
             verdict = tool.reconcile(args, entry.key)
         except Exception as exc:  # noqa: BLE001 (a tool's own hook: whatever it raises, we cannot tell, as without one)
             logger.warning("reconcile of %s failed: %s", entry.key, exc)
-    confirm_key = f"confirm-{entry.key}"
-    if verdict is None and confirm_key in answers:
+    confirm_key = confirmation_key(entry.key)
+    if verdict is None and Answers.of(answers).answered(confirm_key, QuestionKind.CONFIRMATION):
         verdict = (tools.DONE, tools.ANSWER_LOST) if answers[confirm_key] == "done" else (tools.NOT_DONE, None)
     if verdict is None:
         with transaction.atomic(durable=True):
@@ -226,6 +237,7 @@ def _reconciled(
             f"A {entry.tool} call (key {entry.key}) may or may not have taken effect before a worker was lost, "
             "and the remote cannot be asked. Check it, then answer 'done' or 'not_done'.",
             {"enum": [tools.DONE, tools.NOT_DONE]},
+            kind=QuestionKind.CONFIRMATION,
         )
     if verdict[0] == tools.DONE:
         _settle(lease, entry, EffectStatus.SUCCEEDED, result=verdict[1])

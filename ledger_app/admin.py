@@ -2,6 +2,7 @@ from django.contrib import admin, messages
 
 from ledger_app.actions import ToolFailed
 from ledger_app.models import LedgerEntry
+from tasks_app import access
 from tasks_app.operators import do_resolve_unknown
 
 
@@ -22,7 +23,7 @@ class LedgerEntryAdmin(admin.ModelAdmin):
                 do_resolve_unknown(
                     entry.id,
                     succeeded=succeeded,
-                    actor=f"admin:{request.user.username}",
+                    who=access.console(entry.task.tenant, f"admin:{request.user.username}"),
                     reason="reconciled by hand in admin",
                 )
                 self.message_user(request, f"{entry.key}: resolved as {'succeeded' if succeeded else 'failed'}")

@@ -277,10 +277,6 @@ def _chat_call(args: dict[str, Any], key: str, timeout: float) -> Any:
     return chat(args)
 
 
-def _not_done(args: dict[str, Any], key: str) -> tuple[str, Any]:
-    return tools.NOT_DONE, None  # a model call changes nothing outside: ask again
-
-
 _section = settings.RUNTIME["llm"]
 tools.register(
     tools.Tool(
@@ -308,11 +304,10 @@ tools.register(
             "additionalProperties": False,
         },
         call=_chat_call,
-        side_effect=False,
+        side_effect=False,  # a model call changes nothing outside: a cut or lost one is sent again
         timeout=float(_section["timeout_seconds"]),
         retries=int(_section["retries"]),
         backoff=float(_section["backoff_seconds"]),
-        reconcile=_not_done,
     )
 )
 

@@ -6,7 +6,7 @@ from tasks_app.models import Task, Tenant
 
 
 class EffectStatus(models.TextChoices):
-    STARTED = "started"  # committed before the call; after a crash it means "unknown"
+    STARTED = "started"  # committed before the call; after a crash "unknown" (unless Tool.side_effect is False)
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     UNKNOWN = "unknown"  # a previous run may or may not have made the call; never re-run blindly

@@ -33,7 +33,6 @@ from mcp_server.shared import (
     input_requests,
     iso,
     provide_answers,
-    require,
     status_message,
     steer,
     terminal,
@@ -42,7 +41,8 @@ from mcp_server.shared import (
     wait_for_call,
 )
 from steering_app.actions import do_cancel_task
-from tasks_app.actions import IllegalTransition
+from tasks_app import access
+from tasks_app.errors import IllegalTransition
 from tasks_app.models import Role, Task
 from tasks_app.states import Status
 
@@ -165,7 +165,7 @@ def legacy_input_response(call: Call) -> bool:
     if found is None:
         return False
     task_id, key = found
-    task = Task.objects.filter(tenant=call.principal.tenant, id=task_id).first()
+    task = access.visible_tasks(call.principal).filter(id=task_id).first()
     result = call.message.raw.get("result")
     if task is not None and isinstance(result, dict):
         provide_answers(call, task, {key: result})
@@ -188,9 +188,9 @@ def legacy_tasks_list(call: Call) -> dict[str, Any]:
     """Only the caller's own tasks (its API key's user, in its tenant), newest first."""
     start = _cursor(call.params.get("cursor"))
     rows = list(
-        Task.objects.filter(tenant=call.principal.tenant, created_by=call.principal.actor).order_by(
-            "-created_at", "-id"
-        )[start : start + PAGE_SIZE + 1]
+        access.visible_tasks(call.principal)
+        .filter(created_by=call.principal.actor)
+        .order_by("-created_at", "-id")[start : start + PAGE_SIZE + 1]
     )
     answer: dict[str, Any] = {"tasks": [legacy_task(t) for t in rows[:PAGE_SIZE]]}
     if len(rows) > PAGE_SIZE:
@@ -200,13 +200,10 @@ def legacy_tasks_list(call: Call) -> dict[str, Any]:
 
 def legacy_tasks_cancel(call: Call) -> dict[str, Any] | Wait:
     task = find_task(call)
-    require(call, Role.OPERATOR)
     if task.is_terminal:
         raise RpcError(INVALID_PARAMS, f"Cannot cancel task: already in terminal status {task.mcp_status!r}")
     try:
-        task = do_cancel_task(
-            task.id, tenant=call.principal.tenant, actor=call.principal.actor, reason="cancelled over MCP tasks/cancel"
-        )
+        task = do_cancel_task(task.id, who=call.principal, reason="cancelled over MCP tasks/cancel")
     except IllegalTransition:
         task.refresh_from_db()
         raise RpcError(INVALID_PARAMS, f"Cannot cancel task: already in terminal status {task.mcp_status!r}") from None

@@ -25,7 +25,6 @@ from mcp_server.shared import (
     input_requests,
     iso,
     provide_answers,
-    require,
     status_message,
     steer,
     tool_error,
@@ -33,8 +32,9 @@ from mcp_server.shared import (
     wait_for_call,
 )
 from steering_app.actions import do_cancel_task
-from tasks_app.actions import IllegalTransition
+from tasks_app import access
 from tasks_app.agents import base as agents
+from tasks_app.errors import IllegalTransition
 from tasks_app.models import Role, Task
 from tasks_app.states import Status
 
@@ -52,7 +52,7 @@ class Listen:
 
     def tasks(self) -> list[dict[str, Any]]:
         """Each task's DetailedTask now, as tasks/get would answer (a purged task drops out)."""
-        rows = Task.objects.filter(tenant_id=self.tenant_id, id__in=self.task_ids).order_by("created_at", "id")
+        rows = Task.objects.for_tenant(self.tenant_id).filter(id__in=self.task_ids).order_by("created_at", "id")
         return [modern_task(task) for task in rows]
 
 
@@ -200,12 +200,9 @@ def modern_tasks_update(call: Call) -> dict[str, Any]:
 def modern_tasks_cancel(call: Call) -> dict[str, Any]:
     _require_extension(call)
     task = find_task(call)
-    require(call, Role.OPERATOR)
     # Already terminal: terminal states never change, and the ack is the same.
     with contextlib.suppress(IllegalTransition):
-        do_cancel_task(
-            task.id, tenant=call.principal.tenant, actor=call.principal.actor, reason="cancelled over MCP tasks/cancel"
-        )
+        do_cancel_task(task.id, who=call.principal, reason="cancelled over MCP tasks/cancel")
     return {"resultType": "complete"}
 
 
@@ -233,7 +230,7 @@ def subscriptions_listen(call: Call) -> Listen:
                 wanted.setdefault(UUID(raw), raw)
             except ValueError:
                 continue  # not one of ours: left out of the ack, like another tenant's id
-        known = set(Task.objects.filter(tenant=call.principal.tenant, id__in=wanted).values_list("id", flat=True))
+        known = set(access.visible_tasks(call.principal).filter(id__in=wanted).values_list("id", flat=True))
         found = {task_id: raw for task_id, raw in wanted.items() if task_id in known}
         acknowledged["taskIds"] = list(found.values())
     return Listen(call.principal.tenant.pk, list(found), acknowledged)

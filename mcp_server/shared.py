@@ -30,20 +30,22 @@ from mcp_server.protocol import (
     Message,
     RpcError,
 )
-from steering_app.actions import (
-    CommandRefused,
-    InvalidCommand,
-    VersionConflict,
-    answer_refusal,
-    do_answer_input,
-    do_enqueue_command,
-)
+from steering_app.actions import answer_refusal, do_answer_input, do_enqueue_command
 from steering_app.models import InputRequest, InputStatus
-from tasks_app import kills
-from tasks_app.actions import IdempotencyConflict, QuotaExceeded, do_create_task
+from tasks_app import access, errors, kills
+from tasks_app.actions import do_create_task
 from tasks_app.agents import base as agents
 from tasks_app.auth import Principal
-from tasks_app.models import Role, Task
+from tasks_app.errors import (
+    CommandRefused,
+    Forbidden,
+    IdempotencyConflict,
+    InvalidCommand,
+    QuotaExceeded,
+    TaskNotFound,
+    VersionConflict,
+)
+from tasks_app.models import Task
 from tasks_app.states import Status
 
 POLL_INTERVAL_MS = 500
@@ -82,23 +84,20 @@ def iso(value: datetime) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
-def require(call: Call, role: str) -> None:
-    if not call.principal.has_role(role):
-        raise RpcError(INVALID_REQUEST, f"Forbidden: this needs the {role} role or above", http_status=403)
+def rpc_error(exc: Exception) -> RpcError:
+    """A domain error a handler let through, as tasks_app.errors.DOMAIN_ERRORS says MCP answers it."""
+    answer = errors.answer_for(exc)
+    assert answer is not None, exc
+    return RpcError(answer.rpc_code, errors.rpc_message(exc, answer), http_status=answer.rpc_http_status)
 
 
 def find_task(call: Call) -> Task:
-    """The caller's tenant's task; another tenant's, a malformed or an expired id is not found."""
+    """The caller's tenant's task; another tenant's, a malformed or an expired id is not found
+    (TaskNotFound: views.py answers it through the table)."""
     raw = call.params.get("taskId")
     if not isinstance(raw, str):
         raise RpcError(INVALID_PARAMS, "Invalid params: taskId must be a string")
-    try:
-        task_id = UUID(raw)
-    except ValueError:
-        raise RpcError(INVALID_PARAMS, "Failed to retrieve task: Task not found") from None
-    task = Task.objects.filter(tenant=call.principal.tenant, id=task_id).first()
-    if task is None:
-        raise RpcError(INVALID_PARAMS, "Failed to retrieve task: Task not found")
+    task = access.task_for(call.principal, raw)
     if task.expires_at is not None and task.expires_at <= timezone.now() and task.is_terminal:
         raise RpcError(INVALID_PARAMS, "Failed to retrieve task: Task has expired")
     return task
@@ -171,10 +170,8 @@ def create(
             ttl_seconds=ttl_seconds,
             priority=INTERACTIVE_PRIORITY if waiting else 5,
         )
-    except SchemaError as exc:
-        return tools.error_result(f"invalid arguments: {exc}")
-    except (IdempotencyConflict, QuotaExceeded) as exc:  # the first not reachable without a key
-        return tools.error_result(str(exc))
+    except (SchemaError, IdempotencyConflict, QuotaExceeded) as exc:  # the second not reachable without a key
+        return tools.error_result(errors.tool_message(exc))
     return task
 
 
@@ -249,31 +246,23 @@ def steer(call: Call, tool: tools.SteeringTool, arguments: dict[str, Any]) -> di
     # required reason would be audited as "None" or as half of what the operator wrote.
     if not isinstance(reason, str) or len(reason) > 500:
         return tools.error_result("reason must be a string of at most 500 characters")
-    if not call.principal.has_role(Role.OPERATOR):
-        return tools.error_result("steering needs the operator role")
     try:
         task = find_task(Call(call.principal, Message(None, "tasks/get", {"taskId": task_id}, modern=True)))
-    except RpcError:
+    except (RpcError, TaskNotFound):
         return tools.error_result(f"task {task_id} not found")
     command_id = arguments.get("commandId") or f"mcp-{tool.command}-{secrets.token_hex(8)}"
     try:
         command, _ = do_enqueue_command(
             task.id,
-            tenant=call.principal.tenant,
+            who=call.principal,
             command_id=str(command_id)[:64],
             type=tool.command,
             payload=tool.payload(arguments),
             expected_version=expected,
-            requested_by=call.principal.actor,
             reason=reason,
         )
-    except VersionConflict as exc:
-        return tools.error_result(
-            f"version conflict: {exc}; read the task again (currentVersion "
-            f"{exc.task.state_version}) and retry with that expectedVersion"
-        )
-    except (CommandRefused, InvalidCommand) as exc:
-        return tools.error_result(f"refused: {exc}")
+    except (Forbidden, VersionConflict, CommandRefused, InvalidCommand) as exc:
+        return tools.error_result(errors.tool_message(exc))
     task.refresh_from_db()
     body = {
         "commandId": command.command_id,
@@ -328,10 +317,8 @@ def provide_answers(call: Call, task: Task, responses: dict[str, Any]) -> None:
         if not usable:
             continue
         try:
-            do_answer_input(
-                task.id, tenant=who.tenant, key=key, answer=answer, requested_by=who.actor, reason="answered over MCP"
-            )
-        except (VersionConflict, CommandRefused, InvalidCommand):
+            do_answer_input(task.id, who=who, key=key, answer=answer, reason="answered over MCP")
+        except (VersionConflict, CommandRefused, InvalidCommand, Forbidden):
             continue
 
 

@@ -31,7 +31,6 @@ from common import json_safety
 from mcp_server import legacy, modern
 from mcp_server.protocol import (
     INTERNAL_ERROR,
-    INVALID_PARAMS,
     INVALID_REQUEST,
     META_SERVER,
     METHOD_NOT_FOUND,
@@ -44,12 +43,13 @@ from mcp_server.protocol import (
     result_body,
     validate_modern,
 )
-from mcp_server.shared import Call, Wait, ping
+from mcp_server.shared import Call, Wait, ping, rpc_error
 from runtime_site.errors import DATABASE_UNAVAILABLE, RETRY_AFTER_SECONDS, error_body
 from runtime_site.middleware import request_texts
 from runtime_site.ratelimit import RateLimited
 from tasks_app import oauth
 from tasks_app.auth import ApiKeyAuthentication, Principal
+from tasks_app.errors import DomainError
 from tasks_app.models import Task
 
 logger = logging.getLogger(__name__)
@@ -361,7 +361,9 @@ async def _endpoint(request: HttpRequest) -> HttpResponseBase:
         # On the 2025 wire a handler's error is an ordinary JSON-RPC answer (HTTP 200).
         return _error(exc, message.id, status=None if message.modern else 200)
     except json_safety.UnsafeInput as exc:  # an action's last check (parse() already refused the body's)
-        return _error(RpcError(INVALID_PARAMS, f"Invalid params: {exc}"), message.id)
+        return _error(rpc_error(exc), message.id)
+    except DomainError as exc:  # an action refused (tasks_app.errors): as a handler's own error
+        return _error(rpc_error(exc), message.id, status=None if message.modern else 200)
     except DATABASE_UNAVAILABLE:
         raise
     except Exception:

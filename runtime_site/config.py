@@ -16,6 +16,12 @@ from django.core.exceptions import ImproperlyConfigured
 
 DEFAULT_PATH = Path(__file__).resolve().parent.parent / "config" / "runtime.yaml"
 
+# The seed's keys that state how the runtime always works rather than switch it: steering
+# applies at safe points and accepts commands by compare-and-set on the task's version
+# (steering_app/actions.py). Read here, so a deployment that sets another value is refused
+# instead of silently running as if it had not.
+INVARIANTS = {("steering", "apply_at_safe_point"): True, ("steering", "optimistic_concurrency"): True}
+
 
 def _coerce(name: str, raw: str, like: Any) -> Any:
     """Parse an environment string into the type of the YAML default it replaces."""
@@ -52,4 +58,9 @@ def load(path: Path | None = None) -> dict[str, dict[str, Any]]:
             env_name = f"{section}_{key}".upper()
             if (raw := os.getenv(env_name)) not in (None, ""):
                 values[key] = _coerce(env_name, raw, default)
+    for (section, key), value in INVARIANTS.items():
+        if data.get(section, {}).get(key, value) != value:
+            raise ImproperlyConfigured(
+                f"{section}.{key} must be {str(value).lower()}: the runtime always works this way (no other mode exists)"
+            )
     return data

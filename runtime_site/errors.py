@@ -1,6 +1,7 @@
 """One error shape everywhere: {"error": {"code", "message", "fields"?}}.
 
-Domain exceptions are mapped to HTTP here and only here; actions never build responses.
+Domain exceptions are mapped to HTTP here, by the one table every edge reads
+(tasks_app.errors.DOMAIN_ERRORS); actions never build responses.
 """
 
 from __future__ import annotations
@@ -16,11 +17,8 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 
 from common import json_safety
-from common.schema import SchemaError
-from steering_app.actions import AnswerConflict, CommandRefused, InvalidCommand, VersionConflict
-from tasks_app.actions import IdempotencyConflict, IllegalTransition, QuotaExceeded
-from tasks_app.agents.base import UnknownAgent
-from tasks_app.operators import NoLease
+from tasks_app import errors
+from tasks_app.errors import AnswerConflict, CommandRefused, VersionConflict
 from tasks_app.selectors import task_snapshot
 
 
@@ -44,51 +42,31 @@ def _first_message(detail: Any) -> str:
     return str(detail)
 
 
-DOMAIN: dict[type[Exception], tuple[int, str]] = {
-    UnknownAgent: (status.HTTP_422_UNPROCESSABLE_ENTITY, "unknown_agent"),
-    SchemaError: (status.HTTP_422_UNPROCESSABLE_ENTITY, "invalid_input"),
-    IdempotencyConflict: (status.HTTP_422_UNPROCESSABLE_ENTITY, "idempotency_key_reused"),
-    IllegalTransition: (status.HTTP_409_CONFLICT, "illegal_transition"),
-    CommandRefused: (status.HTTP_409_CONFLICT, "command_refused"),
-    InvalidCommand: (status.HTTP_422_UNPROCESSABLE_ENTITY, "invalid_payload"),
-    NoLease: (status.HTTP_409_CONFLICT, "no_lease"),
-    QuotaExceeded: (status.HTTP_429_TOO_MANY_REQUESTS, "quota_exceeded"),
-}
+def _details(exc: Exception) -> dict[str, Any]:
+    """What REST adds to a domain error's body beside the code and message."""
+    if isinstance(exc, VersionConflict):
+        # The person's view is stale: here is the task as it is now (DESIGN §5).
+        return {"currentVersion": exc.task.state_version, "snapshot": task_snapshot(exc.task)}
+    if isinstance(exc, AnswerConflict):
+        # The answer that stands, so the client can tell "mine won" from "someone else's did".
+        return {
+            "key": exc.key,
+            "answer": exc.answer,
+            "answeredBy": exc.command.requested_by,
+            "commandId": exc.command.command_id,
+        }
+    if isinstance(exc, CommandRefused) and exc.task is not None:
+        # As for a conflict: the task as it is now, so the caller sees why (finished, held).
+        return {"snapshot": task_snapshot(exc.task)}
+    return {}
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, json_safety.UnsafeInput):  # from the body parser, or an action's last check
         return Response(unsafe_input_body(exc), status=status.HTTP_400_BAD_REQUEST)
-    if isinstance(exc, VersionConflict):
-        # The person's view is stale: here is the task as it is now (DESIGN §5).
-        return Response(
-            error_body(
-                "version_conflict", str(exc), currentVersion=exc.task.state_version, snapshot=task_snapshot(exc.task)
-            ),
-            status=status.HTTP_409_CONFLICT,
-        )
-    if isinstance(exc, CommandRefused) and exc.task is not None:
-        # As for a conflict: the task as it is now, so the caller sees why (finished, held).
-        return Response(
-            error_body("command_refused", str(exc), snapshot=task_snapshot(exc.task)), status=status.HTTP_409_CONFLICT
-        )
-    if isinstance(exc, AnswerConflict):
-        # The answer that stands, so the client can tell "mine won" from "someone else's did".
-        return Response(
-            error_body(
-                "answer_conflict",
-                str(exc),
-                key=exc.key,
-                answer=exc.answer,
-                answeredBy=exc.command.requested_by,
-                commandId=exc.command.command_id,
-            ),
-            status=status.HTTP_409_CONFLICT,
-        )
-    for kind, (http_status, code) in DOMAIN.items():
-        if isinstance(exc, kind):
-            message = f"unknown agent {exc.args[0]!r}" if isinstance(exc, UnknownAgent) else str(exc)
-            return Response(error_body(code, message), status=http_status)
+    if (answer := errors.answer_for(exc)) is not None:
+        body = error_body(answer.code, errors.message(exc), **_details(exc))
+        return Response(body, status=answer.http_status)
     response = drf_handler(exc, context)
     if response is None:
         return None  # a real bug: let Django log it and answer 500

@@ -3,6 +3,7 @@ and request fields that take only the JSON type they are documented with."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,6 +13,9 @@ from rest_framework import serializers
 from rest_framework.parsers import JSONParser, get_encoding  # type: ignore[attr-defined]
 
 from common import json_safety
+
+# An Idempotency-Key header (POST /runtime/tasks) or a steering commandId.
+IDEMPOTENCY_KEY = re.compile(r"^[A-Za-z0-9._:\-]{1,200}\Z")  # \Z: "$" would let a trailing newline in
 
 
 class SafeJSONParser(JSONParser):

@@ -23,47 +23,24 @@ from common.schema import SchemaError, validate
 from ledger_app.actions import settle_interrupted
 from ledger_app.models import EffectStatus, LedgerEntry
 from steering_app.models import CommandStatus, CommandType, InputRequest, InputStatus, SteeringCommand
-from tasks_app import events, kills
-from tasks_app.actions import TRANSITION_FIELDS, IllegalTransition, transition
+from tasks_app import access, events, kills
+from tasks_app.access import check_role
+from tasks_app.actions import TRANSITION_FIELDS, transition
 from tasks_app.agents import base as agents
+from tasks_app.agents.questions import APPROVER_KINDS, Answers
 from tasks_app.audit import record_audit
+from tasks_app.auth import Principal
+from tasks_app.errors import (
+    AnswerConflict,
+    CommandRefused,
+    Forbidden,
+    IllegalTransition,
+    InvalidCommand,
+    VersionConflict,
+)
 from tasks_app.models import Role, Task, Tenant
 from tasks_app.queue import enqueue_slice_on_commit
 from tasks_app.states import TERMINAL, Status
-
-
-class VersionConflict(Exception):
-    def __init__(self, task: Task) -> None:
-        super().__init__(f"someone changed this task: its version is now {task.state_version}")
-        self.task = task
-
-
-class CommandRefused(Exception):
-    """The command cannot apply to the task as it is now (HTTP 409, with the task's snapshot)."""
-
-    def __init__(self, message: str, task: Task | None = None) -> None:
-        super().__init__(message)
-        self.task = task
-
-
-class InvalidCommand(Exception):
-    """The payload does not fit the command (HTTP 422)."""
-
-
-class AnswerConflict(CommandRefused):
-    """The input request already has an answer, applied or accepted and pending: it stands,
-    and a different one is refused with it (HTTP 409), on every edge."""
-
-    def __init__(self, key: str, command: SteeringCommand) -> None:
-        shown = json.dumps(command.payload["answer"])
-        super().__init__(
-            f"input request {key!r} already has the answer {shown[:200]} (from {command.requested_by}); it stands"
-        )
-        self.key, self.command = key, command
-
-    @property
-    def answer(self) -> Any:
-        return self.command.payload["answer"]
 
 
 def _same_answer(a: Any, b: Any) -> bool:
@@ -98,20 +75,7 @@ PAYLOAD_SCHEMAS: dict[str, dict[str, Any]] = {
 }
 
 # Everything apply_command may change on the task row.
-STEERING_FIELDS = [
-    *TRANSITION_FIELDS,
-    "goal",
-    "constraints",
-    "plan_version",
-    "priority",
-    "cancel_requested",
-    "cancel_reason",
-    "kill_requested",
-    "steering_head",
-    "lease_owner",
-    "lease_expires_at",
-    "lease_epoch",
-]
+STEERING_FIELDS = [*TRANSITION_FIELDS, *Task.CONTROL_FIELDS, *Task.LEASE_FIELDS]
 
 
 def _validate(task: Task, type: str, payload: dict[str, Any], reason: str) -> None:
@@ -173,8 +137,38 @@ def _idle(task: Task) -> bool:
     return not Task.objects.filter(id=task.id, lease_owner__isnull=False, lease_expires_at__gt=Now()).exists()
 
 
-@transaction.atomic(durable=True)
 def do_enqueue_command(
+    task_id: UUID,
+    *,
+    who: Principal,
+    command_id: str,
+    type: str,
+    payload: dict[str, Any],
+    expected_version: int,
+    reason: str = "",
+) -> tuple[SteeringCommand, bool]:
+    """Accept a command from `who` (compare-and-set on state_version) and apply it at once
+    when the task is at a safe point. Returns (command, created); a known command_id returns
+    the original command whatever happened since. Steering needs the operator role, and an
+    answer (provide_input) also the answer rule (answer_refusal): Forbidden otherwise."""
+    check_role(who, Role.OPERATOR)
+    if type == CommandType.PROVIDE_INPUT and isinstance(payload.get("key"), str):
+        json_safety.check({"payload": payload})  # before the key reaches a query
+        check_may_answer(who, access.task_for(who, task_id), payload["key"])
+    return _enqueue_command(
+        task_id,
+        tenant=who.tenant,
+        command_id=command_id,
+        type=type,
+        payload=payload,
+        expected_version=expected_version,
+        requested_by=who.actor,
+        reason=reason,
+    )
+
+
+@transaction.atomic(durable=True)
+def _enqueue_command(
     task_id: UUID,
     *,
     tenant: Tenant,
@@ -185,9 +179,6 @@ def do_enqueue_command(
     requested_by: str,
     reason: str = "",
 ) -> tuple[SteeringCommand, bool]:
-    """Accept a command (compare-and-set on state_version) and apply it at once when the
-    task is at a safe point. Returns (command, created); a known command_id returns the
-    original command whatever happened since."""
     json_safety.check(
         {
             "commandId": command_id,
@@ -311,7 +302,7 @@ def apply_command(task: Task, command: SteeringCommand, *, actor: str, by_worker
             task.status_message = ""
             enqueue = not waiting
         case CommandType.CANCEL:
-            task.cancel_requested, task.cancel_reason = True, (command.reason or "cancelled")[:500]
+            _request_cancel(task, command.reason or "cancelled")
             if not by_worker:  # nobody is mid-step: cancelled now
                 _cancel(task, actor=actor, by_worker=False)
         case CommandType.KILL:
@@ -341,9 +332,16 @@ def apply_command(task: Task, command: SteeringCommand, *, actor: str, by_worker
     return enqueue
 
 
+def _request_cancel(task: Task, reason: str) -> None:
+    """The one way a cancel is asked for (the cancel command, its kill, do_cancel_task):
+    whoever is at the task's next safe point ends it (apply_pending: cancel always wins)."""
+    task.cancel_requested, task.cancel_reason = True, reason[:500]
+
+
 def _request_kill(task: Task, command: SteeringCommand) -> None:
-    task.kill_requested, task.cancel_requested = True, True
-    task.cancel_reason = task.status_message = f"killed: {command.reason}"[:500]
+    task.kill_requested = True
+    _request_cancel(task, f"killed: {command.reason}")
+    task.status_message = task.cancel_reason
     kills.ring_on_commit(task.id)  # the worker holding it cuts its step (its lease also refuses it)
 
 
@@ -375,23 +373,26 @@ def _cancel(task: Task, *, actor: str, by_worker: bool) -> None:
     """End a task whose cancel was asked for (the reason is on the row)."""
     transition(task, Status.CANCELLED, actor=actor, reason=task.cancel_reason or "cancelled")
     if not by_worker:
-        task.lease_owner, task.lease_expires_at = None, None
-        task.lease_epoch += 1  # fences any worker that still believes it holds the task
+        task.drop_lease()  # fences any worker that still believes it holds the task
+
+
+def do_cancel_task(task_id: UUID, *, who: Principal, reason: str = "") -> Task:
+    """Cancel now if no worker holds the task; otherwise ask the worker to stop at its
+    next safe point (a running step always finishes and commits first). Operator role."""
+    check_role(who, Role.OPERATOR)
+    return _cancel_task(task_id, tenant=who.tenant, actor=who.actor, reason=reason)
 
 
 @transaction.atomic(durable=True)
-def do_cancel_task(task_id: UUID, *, tenant: Tenant, actor: str, reason: str = "") -> Task:
-    """Cancel now if no worker holds the task; otherwise ask the worker to stop at its
-    next safe point (a running step always finishes and commits first)."""
+def _cancel_task(task_id: UUID, *, tenant: Tenant, actor: str, reason: str) -> Task:
     json_safety.check({"reason": reason, "actor": actor})  # the last line, whatever the edge
     task = Task.objects.select_for_update().get(id=task_id, tenant=tenant)
     if task.status in TERMINAL:
         raise IllegalTransition(task.status, Status.CANCELLED)
-    leased = Task.objects.filter(id=task.id, lease_owner__isnull=False, lease_expires_at__gt=Now()).exists()
-    if leased:
+    if not _idle(task):  # a worker is mid-step: it cancels at its safe point (as for the command)
         if not task.cancel_requested:
             before = task.state_version
-            task.cancel_requested, task.cancel_reason = True, reason[:500]
+            _request_cancel(task, reason)
             task.state_version += 1
             task.save(update_fields=["cancel_requested", "cancel_reason", "state_version", "updated_at"])
             record_audit(task, actor=actor, action="cancel_requested", before_version=before, reason=reason)
@@ -400,7 +401,7 @@ def do_cancel_task(task_id: UUID, *, tenant: Tenant, actor: str, reason: str = "
     # left pending (a pause accepted while it ran, before it was abandoned or died) settles
     # first, in accepted order, then the cancel wins; it moves the lease epoch, which fences
     # out a worker whose lease expired but that may still be running.
-    task.cancel_requested, task.cancel_reason = True, reason[:500]
+    _request_cancel(task, reason)
     apply_pending(task, actor=actor, by_worker=False)
     task.save(update_fields=STEERING_FIELDS)
     return task
@@ -451,15 +452,18 @@ def open_input_request(
     return request
 
 
-def answers_for(task: Task) -> dict[str, Any]:
-    return dict(InputRequest.objects.filter(task=task, status=InputStatus.ANSWERED).values_list("key", "answer"))
+def answers_for(task: Task) -> Answers:
+    """The task's answers, each with its kind (ctx.ask reads them by key, the runtime by kind)."""
+    return Answers(
+        InputRequest.objects.filter(task=task, status=InputStatus.ANSWERED).values_list("key", "answer", "kind")
+    )
 
 
-def answer_refusal(who: Any, task: Task, kind: str) -> str | None:
+def answer_refusal(who: Principal, task: Task, kind: str) -> str | None:
     """Why `who` (a Principal) may not answer an input request of this kind, or None. One
     rule for every edge (REST, dashboard, MCP): approvals need the approver role (and, if
     configured, someone other than the task's creator); other questions an operator."""
-    if kind == "approval":
+    if kind in APPROVER_KINDS:  # an approval, a budget extension
         # The approver role outranks the operator's; an approve-scoped key needs no operate scope.
         if not who.has_role(Role.APPROVER):
             return "answering an approval needs the approver role"
@@ -470,21 +474,28 @@ def answer_refusal(who: Any, task: Task, kind: str) -> str | None:
     return None
 
 
-def do_answer_input(
-    task_id: UUID, *, tenant: Tenant, key: str, answer: Any, requested_by: str, reason: str = ""
-) -> SteeringCommand:
+def check_may_answer(who: Principal, task: Task, key: str) -> None:
+    """answer_refusal for the input request `key` (a question if there is none yet), as Forbidden."""
+    kind = InputRequest.objects.filter(task=task, key=key).values_list("kind", flat=True).first()
+    if reason := answer_refusal(who, task, kind or "question"):
+        raise Forbidden(reason)
+
+
+def do_answer_input(task_id: UUID, *, who: Principal, key: str, answer: Any, reason: str = "") -> SteeringCommand:
     """The one way every edge answers (REST, dashboard, MCP): a provide_input command keyed
-    by the request. The same answer again is a replay and returns the command that stands;
-    a different one raises AnswerConflict carrying it. Its precondition is the open request
-    (checked when it is applied), not the version the person saw: a worker moving the task
-    meanwhile must not bounce the answer, so a version conflict is retried against the
-    version now."""
+    by the request, from `who` if the answer rule lets them (Forbidden otherwise). The same
+    answer again is a replay and returns the command that stands; a different one raises
+    AnswerConflict carrying it. Its precondition is the open request (checked when it is
+    applied), not the version the person saw: a worker moving the task meanwhile must not
+    bounce the answer, so a version conflict is retried against the version now."""
     json_safety.check({"key": key, "answer": answer})  # before the key is hashed into the command id
+    check_may_answer(who, access.task_for(who, task_id), key)
+    tenant, requested_by = who.tenant, who.actor
     command_id = "input:" + hashlib.sha1(key.encode(), usedforsecurity=False).hexdigest()  # a name, not a secret
     for attempt in range(5):
         version = Task.objects.values_list("state_version", flat=True).get(id=task_id)
         try:
-            command = do_enqueue_command(
+            command = _enqueue_command(
                 task_id,
                 tenant=tenant,
                 command_id=command_id,

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from django.db import models
 
+from tasks_app.agents.questions import APPROVER_KINDS, QuestionKind
 from tasks_app.models import Task, Tenant
 
 
@@ -59,7 +60,10 @@ class InputRequest(models.Model):
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT)
     task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="input_requests")
     key = models.CharField(max_length=200)
-    kind = models.CharField(max_length=10, default="question")  # "approval": the approver role answers
+    # What the answer is for (tasks_app.agents.questions): an agent's question, or the
+    # runtime's approval, confirmation or budget extension. Approvals and budget extensions
+    # need the approver role (steering_app.actions.answer_refusal).
+    kind = models.CharField(max_length=20, choices=QuestionKind.choices, default=QuestionKind.QUESTION)
     prompt = models.TextField()
     answer_schema = models.JSONField(default=dict)
     step_sequence = models.IntegerField()  # the step that asked
@@ -71,3 +75,7 @@ class InputRequest(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["task", "key"], name="input_key_per_task")]
+
+    @property
+    def needs_approver(self) -> bool:
+        return self.kind in APPROVER_KINDS

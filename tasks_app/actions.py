@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from datetime import timedelta
 from typing import Any
-from uuid import UUID
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -17,26 +16,11 @@ from runtime_site.tracing import trace_headers
 from tasks_app import events, policy
 from tasks_app.agents import base as agents
 from tasks_app.audit import record_audit
+from tasks_app.errors import IdempotencyConflict, IllegalTransition, QuotaExceeded
 from tasks_app.models import Task, Tenant
 from tasks_app.queue import enqueue_slice_on_commit
 from tasks_app.selectors import task_snapshot
 from tasks_app.states import TERMINAL, Status, can_transition
-
-
-class IllegalTransition(Exception):
-    def __init__(self, from_status: str, to_status: str) -> None:
-        super().__init__(f"a {from_status} task cannot become {to_status}")
-        self.from_status, self.to_status = from_status, to_status
-
-
-class IdempotencyConflict(Exception):
-    def __init__(self, task_id: UUID) -> None:
-        super().__init__("this Idempotency-Key was already used with a different request body")
-        self.task_id = task_id
-
-
-class QuotaExceeded(Exception):
-    """The tenant is at a configured cap (limits.queued_tasks_per_tenant): HTTP 429."""
 
 
 def _check_queue_cap(tenant: Tenant) -> None:
@@ -46,16 +30,17 @@ def _check_queue_cap(tenant: Tenant) -> None:
     if not cap:
         return
     list(Tenant.objects.select_for_update(no_key=True).filter(pk=tenant.pk).values_list("pk", flat=True))
-    if Task.objects.filter(tenant=tenant, status=Status.QUEUED).count() >= cap:
+    if Task.objects.for_tenant(tenant).filter(status=Status.QUEUED).count() >= cap:
         raise QuotaExceeded(
             f"this tenant already has {cap} queued tasks (limits.queued_tasks_per_tenant); "
             "start more once some have started"
         )
 
 
-def transition(task: Task, to: str, *, actor: str, reason: str = "", data: dict[str, Any] | None = None) -> None:
+def transition(task: Task, to: str, *, actor: str, reason: str = "", data: dict[str, Any] | None = None) -> list[str]:
     """In-transaction helper on a locked or fenced row: status, version, audit, events.
-    The caller saves the row (the fields in TRANSITION_FIELDS and any it changed itself)."""
+    Returns the fields to save (TRANSITION_FIELDS: with the status message, which callers
+    set beside it); the caller saves them with any it changed itself."""
     if not can_transition(task.status, to):
         raise IllegalTransition(task.status, to)
     before, from_status = task.state_version, task.status
@@ -76,6 +61,7 @@ def transition(task: Task, to: str, *, actor: str, reason: str = "", data: dict[
         events.emit(task, "terminal", {"status": task.mcp_status, "runtimeStatus": to, "reason": reason})
     elif to == Status.DEAD_LETTERED:
         events.emit(task, "dead_lettered", {"reason": reason})
+    return list(TRANSITION_FIELDS)
 
 
 TRANSITION_FIELDS = ["status", "state_version", "finished_at", "status_message", "updated_at"]
@@ -177,7 +163,7 @@ def do_create_task(
 
 
 def _replay(tenant: Tenant, key: str, fingerprint: str) -> Task | None:
-    existing = Task.objects.filter(tenant=tenant, idempotency_key=key).first()
+    existing = Task.objects.for_tenant(tenant).filter(idempotency_key=key).first()
     if existing is not None and existing.request_fingerprint != fingerprint:
         raise IdempotencyConflict(existing.id)
     return existing

@@ -14,11 +14,11 @@ from django.utils.html import format_html
 
 from checkpoints_app.models import Checkpoint
 from ledger_app.models import LedgerEntry
-from steering_app.actions import CommandRefused, VersionConflict, do_cancel_task, do_enqueue_command
+from steering_app.actions import do_cancel_task, do_enqueue_command
 from steering_app.models import CommandType, InputRequest, SteeringCommand
-from tasks_app import kills, operators
-from tasks_app.actions import IllegalTransition
-from tasks_app.auth import check_key_grant, issue_api_key, revoke_api_key, rotate_api_key
+from tasks_app import access, kills, operators
+from tasks_app.auth import Principal, check_key_grant, issue_api_key, revoke_api_key, rotate_api_key
+from tasks_app.errors import DomainError
 from tasks_app.models import ApiKey, AuditRecord, Membership, Scope, Step, Task, Tenant
 
 
@@ -282,9 +282,9 @@ class TaskAdmin(admin.ModelAdmin):
         actor = f"admin:{request.user.username}"
         for task in queryset:
             try:
-                action(task, actor)
+                action(task, access.console(task.tenant, actor))
                 self.message_user(request, f"{task.id}: {verb}")
-            except (IllegalTransition, operators.NoLease, CommandRefused, VersionConflict) as exc:
+            except DomainError as exc:  # IllegalTransition, NoLease, CommandRefused, VersionConflict, ...
                 self.message_user(request, f"{task.id}: {exc}", level=messages.WARNING)
 
     @admin.action(description="Redrive a dead letter from its last good checkpoint")
@@ -293,7 +293,7 @@ class TaskAdmin(admin.ModelAdmin):
             request,
             queryset,
             "redriven",
-            lambda t, actor: operators.do_redrive_task(t.id, actor=actor, reason="redriven by an operator in admin"),
+            lambda t, who: operators.do_redrive_task(t.id, who=who, reason="redriven by an operator in admin"),
         )
 
     @admin.action(description="Cancel with a reason (lands at the next safe point)")
@@ -305,21 +305,20 @@ class TaskAdmin(admin.ModelAdmin):
             "Cancel",
             "A task a worker holds stops at its next safe point; the others stop now.",
             "cancel requested",
-            lambda t, actor, reason: do_cancel_task(t.id, tenant=t.tenant, actor=actor, reason=reason),
+            lambda t, who, reason: do_cancel_task(t.id, who=who, reason=reason),
         )
 
     @admin.action(description="Kill: emergency stop, without waiting for the running step")
     def kill(self, request, queryset):
-        def kill_one(task: Task, actor: str, reason: str) -> None:
+        def kill_one(task: Task, who: Principal, reason: str) -> None:
             # The steering command, as over REST and MCP: audited, with the task's version now.
             command, _ = do_enqueue_command(
                 task.id,
-                tenant=task.tenant,
+                who=who,
                 command_id=f"admin-kill-{uuid4().hex}",
                 type=CommandType.KILL,
                 payload={},
                 expected_version=task.state_version,
-                requested_by=actor,
                 reason=reason,
             )
             if command.outcome:
@@ -340,7 +339,7 @@ class TaskAdmin(admin.ModelAdmin):
         form = CancelForm(request.POST if "apply" in request.POST else None)
         if form.is_bound and form.is_valid():
             reason = form.cleaned_data["reason"]
-            self._each(request, queryset, done, lambda t, actor: act(t, actor, reason))
+            self._each(request, queryset, done, lambda t, who: act(t, who, reason))
             return None
         # First the reason: an intermediate page, then the same POST again with "apply".
         return TemplateResponse(
@@ -367,7 +366,7 @@ class TaskAdmin(admin.ModelAdmin):
             request,
             queryset,
             "lease released",
-            lambda t, actor: operators.do_release_lease(t.id, actor=actor, reason="released by an operator in admin"),
+            lambda t, who: operators.do_release_lease(t.id, who=who, reason="released by an operator in admin"),
         )
 
     @admin.action(description="Close a dead letter as failed")
@@ -376,7 +375,7 @@ class TaskAdmin(admin.ModelAdmin):
             request,
             queryset,
             "closed",
-            lambda t, actor: operators.do_close_task(t.id, actor=actor, reason="closed by an operator in admin"),
+            lambda t, who: operators.do_close_task(t.id, who=who, reason="closed by an operator in admin"),
         )
 
 

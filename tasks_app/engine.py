@@ -35,9 +35,10 @@ from runtime_site.blobstore import blob_store
 from runtime_site.metrics import LEASE_TAKEOVERS
 from steering_app import actions as steering
 from tasks_app import events, faults, kills, leases, operators, policy, quotas, shutdown, telemetry
-from tasks_app.actions import TRANSITION_FIELDS, transition
+from tasks_app.actions import transition
 from tasks_app.agents import base as agents
 from tasks_app.agents import tools
+from tasks_app.audit import record_audit
 from tasks_app.models import Step, Task
 from tasks_app.redaction import redact
 from tasks_app.selectors import task_snapshot
@@ -135,7 +136,7 @@ def _abandon(lease: leases.Lease, fault: Exception) -> bool:
                 task,
                 actor=f"worker:{lease.worker_id}",
                 diagnosis=f"{type(fault).__name__}: {fault}",
-                fields=leases.release_fields(task),
+                fields=task.drop_lease(fence=False),
             )
             return held
     except leases.LeaseLost:
@@ -220,8 +221,8 @@ def _start_working(lease: leases.Lease, status: str, checkpoint: int | None) -> 
             task.started_at = timezone.now()
         else:
             reason = f"resumed from checkpoint {checkpoint}" if checkpoint else "resumed from the start"
-        transition(task, Status.WORKING, actor=f"worker:{lease.worker_id}", reason=reason)
-        task.save(update_fields=[*TRANSITION_FIELDS, "started_at"])
+        fields = transition(task, Status.WORKING, actor=f"worker:{lease.worker_id}", reason=reason)
+        task.save(update_fields=[*fields, "started_at"])
         if status in (Status.RECOVERING, Status.QUEUED):
             # The version moved: stream clients (the dashboard's forms) need the new one.
             events.emit(task, "task.snapshot", task_snapshot(task))
@@ -445,7 +446,7 @@ def _apply_steering(run: _Run) -> bool:
             run.state, run.plan_version = run.agent.replan(run.state, task.goal, task.constraints), task.plan_version
         paused, ended = task.status == Status.PAUSED, task.status in TERMINAL
         if paused or ended:
-            leases.release_fields(task)
+            task.drop_lease(fence=False)
             _flush_progress(run, task)
         task.save(update_fields=steering.STEERING_FIELDS)
         _checkpoint(run, task, "pause" if paused else "terminal" if ended else "steering", force=True)
@@ -471,7 +472,7 @@ def _wait_for_input(run: _Run, need: agents.InputNeeded) -> None:
         # guarded call cannot happen until someone resumes (and someone approves).
         steering.apply_pending(task, actor=f"worker:{run.lease.worker_id}", by_worker=False)
         run.steering_cursor = task.steering_head
-        leases.release_fields(task)
+        task.drop_lease(fence=False)
         task.save(update_fields=steering.STEERING_FIELDS)
         _checkpoint(run, task, "input_required", force=True)
 
@@ -620,7 +621,9 @@ def _yield(run: _Run, *, message: str | None = None) -> None:
         if message is not None and message != run.task.status_message:
             run.task.status_message = fields["status_message"] = message[:500]
             run.progress_unsent = True
-        leases.fenced_update(run.lease, lease_owner=None, lease_expires_at=None, **fields)
+        leases.fenced_update(
+            run.lease, lease_owner=None, lease_expires_at=None, **fields
+        )  # Task.drop_lease(fence=False), in SQL
         _flush_progress(run, run.task)
         _checkpoint(run, run.task, "slice_end")
 
@@ -647,8 +650,8 @@ def _finish(run: _Run, to: str, *, reason: str = "", result: dict[str, Any] | No
         task = leases.fenced(run.lease)
         _flush_progress(run, task)
         _checkpoint(run, task, "terminal")
-        transition(task, to, actor=f"worker:{run.lease.worker_id}", reason=reason)
-        fields = [*TRANSITION_FIELDS, *leases.release_fields(task)]
+        fields = [*transition(task, to, actor=f"worker:{run.lease.worker_id}", reason=reason)]
+        fields += task.drop_lease(fence=False)
         if to == Status.COMPLETED:
             task.result, task.progress = result, 1.0
             fields += ["result", "progress"]
@@ -665,11 +668,11 @@ def _stop(lease: leases.Lease, to: str, *, reason: str, error: dict[str, Any], m
         task = leases.fenced(lease)
         if task.kill_requested:
             steering.apply_pending(task, actor=f"worker:{lease.worker_id}")
-            leases.release_fields(task)
+            task.drop_lease(fence=False)
             task.save(update_fields=steering.STEERING_FIELDS)
             return
-        transition(task, to, actor=f"worker:{lease.worker_id}", reason=reason, data={"error": error})
+        fields = transition(task, to, actor=f"worker:{lease.worker_id}", reason=reason, data={"error": error})
         # The error quotes what failed (a tool's answer, an exception's text): masked like
         # the audit record and the event, since snapshots show it to everyone who can read.
         task.error, task.status_message = redact(error), redact(message)
-        task.save(update_fields=[*TRANSITION_FIELDS, "error", *leases.release_fields(task)])
+        task.save(update_fields=[*fields, "error", *task.drop_lease(fence=False)])

@@ -89,7 +89,8 @@ def _check_capacity(task_id: UUID, limit: int) -> None:
         return
     list(Tenant.objects.select_for_update(no_key=True).filter(id=tenant_id).values_list("id"))
     running = (
-        Task.objects.filter(tenant_id=tenant_id, lease_owner__isnull=False, lease_expires_at__gt=Now())
+        Task.objects.for_tenant(tenant_id)
+        .filter(lease_owner__isnull=False, lease_expires_at__gt=Now())
         .exclude(id=task_id)
         .count()
     )
@@ -123,7 +124,7 @@ def next_waiting(task_id: UUID) -> list[tuple[UUID, int]]:
     ).order_by("priority", "waiting_turn_since")
     if not waiting.exists():
         return []
-    running = Task.objects.filter(tenant_id=tenant_id, lease_owner__isnull=False, lease_expires_at__gt=Now()).count()
+    running = Task.objects.for_tenant(tenant_id).filter(lease_owner__isnull=False, lease_expires_at__gt=Now()).count()
     return list(waiting.values_list("id", "priority")[: max(limit - running, 0)])
 
 
@@ -260,13 +261,6 @@ def _insert_parts(model: type[models.Model]) -> tuple[str, str, str, list[models
         ", ".join(f"CAST(%s AS {f.db_type(connection) or ''})" for f in fields),
         fields,
     )
-
-
-def release_fields(task: Task) -> list[str]:
-    """Clear the lease on a fenced row; the caller saves the returned fields."""
-    task.lease_owner = None
-    task.lease_expires_at = None
-    return ["lease_owner", "lease_expires_at"]
 
 
 def stalled(

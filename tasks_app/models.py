@@ -1,13 +1,18 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import models
 from django.db.models import F, Q
 
 from tasks_app.states import TERMINAL, Status, to_mcp_status
+
+if TYPE_CHECKING:
+    from django.contrib.auth.base_user import AbstractBaseUser
+
+    from tasks_app.auth import Principal
 
 
 class Tenant(models.Model):
@@ -91,7 +96,16 @@ class ApiKey(models.Model):
 
 class TaskQuerySet(models.QuerySet["Task"]):
     def for_tenant(self, tenant: Tenant | int) -> TaskQuerySet:
+        """The one tenant filter: every "this tenant's tasks" goes through here."""
         return self.filter(tenant=tenant)
+
+    def visible_to(self, who: Principal | AbstractBaseUser) -> TaskQuerySet:
+        """A principal's tenant's tasks; for a signed-in person, those of every tenant they
+        are a member of (tasks_app.access)."""
+        tenant = getattr(who, "tenant", None)
+        if tenant is not None:
+            return self.for_tenant(tenant)
+        return self.filter(tenant__memberships__user=who)
 
 
 class Task(models.Model):
@@ -157,6 +171,21 @@ class Task(models.Model):
 
     objects = TaskQuerySet.as_manager()
 
+    # Who runs the task, until when, and the fencing token (tasks_app/leases.py).
+    LEASE_FIELDS = ("lease_owner", "lease_expires_at", "lease_epoch")
+    # What steering and cancel change on the row beside its status and lease, also while a
+    # worker runs it (steering_app.actions.STEERING_FIELDS is these, the transition's and the lease's).
+    CONTROL_FIELDS = (
+        "goal",
+        "constraints",
+        "plan_version",
+        "priority",
+        "cancel_requested",
+        "cancel_reason",
+        "kill_requested",
+        "steering_head",
+    )
+
     class Meta:
         constraints = [
             models.UniqueConstraint(
@@ -191,6 +220,17 @@ class Task(models.Model):
 
     def __str__(self) -> str:
         return f"{self.agent} {self.id}"
+
+    def drop_lease(self, *, fence: bool = True) -> list[str]:
+        """Nobody holds the task any more. fence: also move the epoch, so a worker that
+        still believes it holds the task fails its next fenced write (an operator, the
+        reaper, a cancel); without, the holder itself lets go (its epoch stays its proof
+        until then). Returns the fields to save."""
+        self.lease_owner, self.lease_expires_at = None, None
+        if not fence:
+            return ["lease_owner", "lease_expires_at"]
+        self.lease_epoch += 1
+        return list(self.LEASE_FIELDS)
 
     @property
     def is_terminal(self) -> bool:

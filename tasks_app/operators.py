@@ -20,13 +20,17 @@ from django.db.models.functions import Now
 from checkpoints_app.actions import discard_back_to_last_good
 from ledger_app.actions import ToolFailed
 from ledger_app.models import EffectStatus, LedgerEntry
-from steering_app.actions import STEERING_FIELDS, CommandRefused, VersionConflict, apply_pending, do_enqueue_command
+from steering_app.actions import STEERING_FIELDS, apply_pending, do_enqueue_command
 from steering_app.models import CommandType, InputRequest, InputStatus
 from tasks_app import events
-from tasks_app.actions import TRANSITION_FIELDS, IllegalTransition, transition
+from tasks_app.access import check_role
+from tasks_app.actions import TRANSITION_FIELDS, transition
 from tasks_app.agents import tools
+from tasks_app.agents.questions import confirmation_key
 from tasks_app.audit import record_audit
-from tasks_app.models import Task
+from tasks_app.auth import Principal
+from tasks_app.errors import CommandRefused, IllegalTransition, NoLease, VersionConflict
+from tasks_app.models import Role, Task
 from tasks_app.queue import enqueue_slice_on_commit
 from tasks_app.states import CLAIMABLE, TERMINAL, Status
 
@@ -34,23 +38,6 @@ if TYPE_CHECKING:
     from tasks_app.leases import Lease
 
 logger = logging.getLogger(__name__)
-
-
-class NoLease(Exception):
-    def __init__(self, task_id: UUID) -> None:
-        super().__init__("the task holds no lease")
-        self.task_id = task_id
-
-
-LEASE_FIELDS = ["lease_owner", "lease_expires_at", "lease_epoch"]
-
-
-def _drop_lease(task: Task) -> str | None:
-    """On a locked row: clear the lease and move the epoch (the fencing token)."""
-    owner = task.lease_owner
-    task.lease_owner, task.lease_expires_at = None, None
-    task.lease_epoch += 1
-    return owner
 
 
 def expired_lease_ids(limit: int = 500) -> list[UUID]:
@@ -92,13 +79,15 @@ def do_mark_recovering(task_id: UUID, *, actor: str, max_recoveries: int | None 
         # worker: counted as an infrastructure fault, never a recovery, or every outage
         # longer than a lease cost each running task one of its max_recoveries (four
         # restarts dead-lettered healthy tasks).
-        lost = _drop_lease(task)
+        lost = task.lease_owner
+        task.drop_lease()
         diagnosis = f"the lease of {lost} expired across a restart of the database at {started.isoformat()}"
         logger.warning("task %s: %s: an infrastructure fault, not a recovery", task_id, diagnosis)
-        if not count_infrastructure_fault(task, actor=actor, diagnosis=diagnosis, fields=LEASE_FIELDS):
+        if not count_infrastructure_fault(task, actor=actor, diagnosis=diagnosis, fields=list(Task.LEASE_FIELDS)):
             enqueue_slice_on_commit(task.id, task.priority)
         return task
-    lost = _drop_lease(task)
+    lost = task.lease_owner
+    task.drop_lease()
     return _recover(task, actor=actor, lost=f"lease of {lost} expired", max_recoveries=max_recoveries)
 
 
@@ -168,7 +157,7 @@ def do_abandon_step(lease: Lease, *, step: str, seconds: float) -> Task | None:
     )
     if task is None:
         return None
-    _drop_lease(task)
+    task.drop_lease()
     return _recover(
         task,
         actor=f"worker:{lease.worker_id}",
@@ -192,7 +181,7 @@ def _recover(
         return task
     max_recoveries = settings.RUNTIME["runtime"]["max_recoveries"] if max_recoveries is None else max_recoveries
     task.recoveries += 1
-    fields = [*TRANSITION_FIELDS, *LEASE_FIELDS, "recoveries"]
+    fields = [*TRANSITION_FIELDS, *Task.LEASE_FIELDS, "recoveries"]
     data = {"cause": cause} if cause else None
     if task.recoveries > max_recoveries:
         reason = f"{lost}; recovery {task.recoveries} exceeds max_recoveries={max_recoveries}"
@@ -222,34 +211,34 @@ def do_expire_task(task_id: UUID, *, actor: str) -> Task | None:
     )
     if task is None:
         return None
-    _drop_lease(task)
+    task.drop_lease()
     assert task.expires_at is not None  # the filter above
     reason = f"past its TTL/deadline ({task.expires_at.isoformat()})"
     task.error = {"code": "expired", "message": reason}
     transition(task, Status.FAILED, actor=actor, reason=reason)
-    task.save(update_fields=[*TRANSITION_FIELDS, *LEASE_FIELDS, "error"])
+    task.save(update_fields=[*TRANSITION_FIELDS, *Task.LEASE_FIELDS, "error"])
     return task
 
 
-def _locked(task_id: UUID, tenant: Any | None) -> Task:
-    query = Task.objects.select_for_update().filter(id=task_id)
-    if tenant is not None:
-        query = query.filter(tenant=tenant)
-    return query.get()
+def _locked(task_id: UUID, who: Principal) -> Task:
+    """The operator actions' task, locked, once `who` is allowed them (operator role)."""
+    check_role(who, Role.OPERATOR)
+    return Task.objects.select_for_update().for_tenant(who.tenant).get(id=task_id)
 
 
 @transaction.atomic(durable=True)
-def do_redrive_task(task_id: UUID, *, actor: str, reason: str, tenant: Any | None = None) -> Task:
+def do_redrive_task(task_id: UUID, *, who: Principal, reason: str) -> Task:
     """Operator: run a dead-lettered task again from its last good checkpoint (or from the
     start when none verifies). Newer, failing checkpoints are discarded, never loaded.
     A killed task too, if the kill was a mistake (issue 18): its effects cut mid-call are
     unknown in the ledger and are reconciled before its step can call them again."""
-    task = _locked(task_id, tenant)
+    task = _locked(task_id, who)
+    actor = who.actor
     killed = task.status == Status.CANCELLED and task.kill_requested
     if task.status != Status.DEAD_LETTERED and not killed:
         raise IllegalTransition(task.status, Status.RECOVERING)
     good, discarded = discard_back_to_last_good(task)
-    _drop_lease(task)
+    task.drop_lease()
     task.recoveries, task.error, task.status_message = 0, None, ""
     task.kill_requested = task.cancel_requested = False
     task.cancel_reason, task.finished_at = "", None
@@ -263,7 +252,7 @@ def do_redrive_task(task_id: UUID, *, actor: str, reason: str, tenant: Any | Non
     task.save(
         update_fields=[
             *TRANSITION_FIELDS,
-            *LEASE_FIELDS,
+            *Task.LEASE_FIELDS,
             "recoveries",
             "error",
             "kill_requested",
@@ -276,9 +265,10 @@ def do_redrive_task(task_id: UUID, *, actor: str, reason: str, tenant: Any | Non
 
 
 @transaction.atomic(durable=True)
-def do_close_task(task_id: UUID, *, actor: str, reason: str, tenant: Any | None = None) -> Task:
+def do_close_task(task_id: UUID, *, who: Principal, reason: str) -> Task:
     """Operator: give up on a dead-lettered task; it becomes failed for good."""
-    task = _locked(task_id, tenant)
+    task = _locked(task_id, who)
+    actor = who.actor
     if task.status != Status.DEAD_LETTERED:
         raise IllegalTransition(task.status, Status.FAILED)
     transition(task, Status.FAILED, actor=actor, reason=reason)
@@ -287,13 +277,15 @@ def do_close_task(task_id: UUID, *, actor: str, reason: str, tenant: Any | None 
 
 
 @transaction.atomic(durable=True)
-def do_release_lease(task_id: UUID, *, actor: str, reason: str, tenant: Any | None = None) -> Task:
+def do_release_lease(task_id: UUID, *, who: Principal, reason: str) -> Task:
     """Operator: take a lease away from a worker believed gone, without waiting for it to
     expire. Safe even if the worker lives: the epoch moves, so its next write fails."""
-    task = _locked(task_id, tenant)
+    task = _locked(task_id, who)
+    actor = who.actor
     if task.lease_owner is None:
         raise NoLease(task.id)
-    owner = _drop_lease(task)
+    owner = task.lease_owner
+    task.drop_lease()
     record_audit(
         task,
         actor=actor,
@@ -302,18 +294,20 @@ def do_release_lease(task_id: UUID, *, actor: str, reason: str, tenant: Any | No
         reason=reason,
         data={"owner": owner},
     )
-    task.save(update_fields=[*LEASE_FIELDS, "updated_at"])
+    task.save(update_fields=[*Task.LEASE_FIELDS, "updated_at"])
     if task.status in CLAIMABLE:
         enqueue_slice_on_commit(task.id, task.priority)
     return task
 
 
-def do_resolve_unknown(entry_id: int, *, succeeded: bool, actor: str, reason: str) -> LedgerEntry:
+def do_resolve_unknown(entry_id: int, *, succeeded: bool, who: Principal, reason: str) -> LedgerEntry:
     """Operator, after checking the remote by hand: an unknown effect did (or did not)
     happen. Audited on the task's chain; a task waiting for this confirmation then gets
     the answer as an ordinary provide_input command (accepted, audited, applied)."""
+    check_role(who, Role.OPERATOR)
+    actor = who.actor
     with transaction.atomic(durable=True):
-        entry = LedgerEntry.objects.select_for_update().get(id=entry_id)
+        entry = LedgerEntry.objects.select_for_update().get(id=entry_id, task__tenant=who.tenant)
         if entry.status not in (EffectStatus.UNKNOWN, EffectStatus.STARTED):
             raise ToolFailed(f"ledger entry {entry.key} is {entry.status}, not unknown")
         task = Task.objects.select_for_update().get(id=entry.task_id)
@@ -331,17 +325,16 @@ def do_resolve_unknown(entry_id: int, *, succeeded: bool, actor: str, reason: st
             reason=reason,
             data={"key": entry.key, "status": entry.status},
         )
-    key = f"confirm-{entry.key}"
-    if InputRequest.objects.filter(task=task, key=key, status=InputStatus.OPEN).exists():
+    key = confirmation_key(entry.key)
+    if InputRequest.objects.filter(task=task, key=key, status=InputStatus.OPEN).exists():  # a reserved key
         try:
             do_enqueue_command(
                 task.id,
-                tenant=task.tenant,
+                who=who,
                 command_id=f"resolve-{entry.id}",
                 type=CommandType.PROVIDE_INPUT,
                 payload={"key": key, "answer": tools.DONE if succeeded else tools.NOT_DONE},
                 expected_version=Task.objects.values_list("state_version", flat=True).get(id=task.id),
-                requested_by=actor,
                 reason=reason,
             )
         except (VersionConflict, CommandRefused) as exc:

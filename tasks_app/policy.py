@@ -10,6 +10,7 @@ from django.conf import settings
 from common.schema import SchemaError
 from tasks_app.agents import tools
 from tasks_app.agents.base import InputNeeded
+from tasks_app.agents.questions import Answers, QuestionKind, budget_key
 
 ALLOW, DENY, NEEDS_APPROVAL, EXHAUSTED = "allow", "deny", "needs_approval", "exhausted"
 
@@ -54,7 +55,6 @@ APPROVAL_POLICY_SCHEMA = {
 
 # What an approver answers when a budget runs out (budget.on_exhausted: ask): higher limits, or stop.
 EXTENSION_SCHEMA = {"oneOf": [{"const": "stop"}, {**BUDGET_SCHEMA, "minProperties": 1}]}
-EXTENSION_PREFIX = "budget-"
 
 
 def effective_budget(task_budget: dict[str, Any], answers: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -63,8 +63,8 @@ def effective_budget(task_budget: dict[str, Any], answers: dict[str, Any] | None
     defaults = settings.RUNTIME["budget"]
     configured = {key: defaults[f"max_{field}"] for key, (field, _) in LIMITS.items() if defaults[f"max_{field}"]}
     budget = {**configured, **task_budget}
-    for key, extension in (answers or {}).items():
-        if key.startswith(EXTENSION_PREFIX) and isinstance(extension, dict):
+    for extension in Answers.of(answers).budget_extensions():  # by kind: never an agent's own question
+        if isinstance(extension, dict):
             budget.update({limit: max(value, budget.get(limit, value)) for limit, value in extension.items()})
     return budget
 
@@ -122,15 +122,17 @@ def decide(
     return Decision(ALLOW)
 
 
-def budget_question(key: str, reason: str, answers: dict[str, Any]) -> InputNeeded | None:
+def budget_question(scope: str, reason: str, answers: dict[str, Any]) -> InputNeeded | None:
     """With budget.on_exhausted: ask, and not asked yet: the approval that lets an approver
     raise a used-up budget (or answer "stop"). None: the task fails with `reason`."""
-    key = EXTENSION_PREFIX + key
-    if settings.RUNTIME["budget"]["on_exhausted"] != "ask" or key in answers:
+    key = budget_key(scope)
+    if settings.RUNTIME["budget"]["on_exhausted"] != "ask" or Answers.of(answers).answered(
+        key, QuestionKind.BUDGET_EXTENSION
+    ):
         return None
     return InputNeeded(
         key,
         f'{reason}. Extend the budget (higher limits, e.g. {{"maxSteps": 500}}) or answer "stop".',
         EXTENSION_SCHEMA,
-        kind="approval",
+        kind=QuestionKind.BUDGET_EXTENSION,
     )

@@ -18,7 +18,7 @@ from tasks_app.models import AuditRecord, Task
 from tasks_app.tests.test_engine import new_task, run_to_end
 from tasks_app.tests.test_recovery import crash_mid_slice
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
@@ -121,7 +121,7 @@ def test_each_action_changes_state_only_through_its_domain_function_and_is_audit
     with mock.patch.object(module, function) as stub:  # the admin itself writes nothing
         assert post_action(operator, action, task, **extra).status_code == 302
     stub.assert_called_once()
-    assert stub.call_args.kwargs["actor"] == "admin:opal"
+    assert stub.call_args.kwargs["who"].actor == "admin:opal"
     unchanged = Task.objects.get(id=task.id)
     assert (unchanged.status, unchanged.state_version, unchanged.lease_epoch, unchanged.audit_seq) == (
         before.status,
@@ -183,7 +183,7 @@ def test_resolving_an_unknown_ledger_entry_goes_through_do_resolve_unknown(alice
         )
     assert response.status_code == 302
     spy.assert_called_once()
-    assert spy.call_args.kwargs["actor"] == "admin:opal"
+    assert spy.call_args.kwargs["who"].actor == "admin:opal"
     assert LedgerEntry.objects.get(id=entry.id).status == resolution
     record = AuditRecord.objects.filter(task=task, action="ledger_resolved").get()
     assert record.actor == "admin:opal" and record.data["status"] == resolution

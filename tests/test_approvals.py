@@ -183,7 +183,7 @@ def test_with_on_exhausted_ask_an_approver_extends_a_tool_call_budget_mid_step(a
     task = webhook(alice, sink, count=3, options={"budget": {"maxToolCalls": 2}})
     wait_until(lambda: Task.objects.get(id=task.id).status == "input_required", timeout=30, what="the budget question")
     [request] = InputRequest.objects.filter(task=task, status="open")
-    assert request.key.startswith("budget-call-") and request.kind == "approval"
+    assert request.key.startswith("budget-call-") and request.kind == "budget_extension"
     assert sink.stats()["posts"] == 2
     assert approve(approver, task, request.key, {"maxToolCalls": 3}).status_code == 202
     wait_until(lambda: Task.objects.get(id=task.id).status == "completed", timeout=30, what="completion")

@@ -15,7 +15,7 @@ from tasks_app.models import Task
 from tasks_app.tests.test_engine import new_task
 from tests.test_dashboard_views import signed_in
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 REPORT = "# Risk report\n\n3 documents, 1 high risk.\n"
 

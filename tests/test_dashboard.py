@@ -22,6 +22,7 @@ from runtime_site.blobstore import blob_store
 from steering_app.actions import do_enqueue_command
 from steering_app.models import SteeringCommand
 from tasks_app import events
+from tasks_app.access import console
 from tasks_app.actions import do_create_task
 from tasks_app.agents.document_review.corpus import generate_corpus
 from tasks_app.models import Task
@@ -362,12 +363,11 @@ def test_the_page_re_reads_the_snapshot_when_it_sees_a_gap_in_seq(page, processe
     with mock.patch("tasks_app.streams.publish.publish"):
         do_enqueue_command(
             task.id,
-            tenant=alice.tenant,
+            who=console(alice.tenant, "user:other"),
             command_id="unseen",
             type="set_priority",
             payload={"priority": 1},
             expected_version=task.state_version,
-            requested_by="user:other",
         )
         log_line("lost in the gap")
     # ... then one that does: its seq jumps, and the page re-reads the snapshot.
@@ -407,11 +407,10 @@ def test_a_late_snapshot_answer_never_paints_older_state_over_newer(page, proces
     def set_priority(value: int) -> None:
         do_enqueue_command(
             task.id,
-            tenant=alice.tenant,
+            who=console(alice.tenant, "user:other"),
             command_id=f"prio-{value}",
             type="set_priority",
             payload={"priority": value},
-            requested_by="user:other",
             expected_version=Task.objects.get(id=task.id).state_version,
         )
 
@@ -458,12 +457,11 @@ def test_panels_re_read_while_someone_types_keep_what_they_typed(page, processes
     with page.expect_request("**/panels"):  # someone else's change makes the page re-read them
         do_enqueue_command(
             task.id,
-            tenant=alice.tenant,
+            who=console(alice.tenant, "user:other"),
             command_id="elsewhere",
             type="set_priority",
             payload={"priority": 2},
             expected_version=task.state_version,
-            requested_by="user:other",
         )
     page.get_by_test_id("goal").fill("Only contracts still in force")
     page.get_by_label("exclude expired").check()

@@ -21,7 +21,7 @@ from conftest import ROOT, Processes, free_port
 from tasks_app.tests.test_engine import new_task
 from tests.test_dashboard import SECONDS, browser, page, person, sign_in  # noqa: F401 (fixtures)
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 # Every violation the page sees, from the first script on (an init script runs before the
 # page's own and is not subject to its policy).
@@ -103,6 +103,7 @@ def test_dashboard_and_admin_pages_carry_the_policy_and_no_inline_script(alice):
             assert not re.search(r"\s(style|on[a-z]+)=", html), f"inline style or handler in {path}"
 
 
+@pytest.mark.e2e  # a Python process of its own: TLS settings are read at start
 def test_behind_tls_cookies_are_secure_and_hsts_is_sent():
     probe = (
         "import django, json; django.setup()\n"

@@ -15,7 +15,7 @@ from steering_app.models import InputRequest, SteeringCommand
 from tasks_app.models import AuditRecord, Task
 from tasks_app.tests.test_engine import new_task
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 def signed_in(client, persona):
@@ -99,7 +99,7 @@ def test_steering_from_the_page_goes_through_do_enqueue_command_as_the_person(al
         )
     assert response.status_code == 303 and response["Location"] == f"/dashboard/tasks/{task.id}/"
     spy.assert_called_once()
-    assert spy.call_args.kwargs["requested_by"] == f"user:{alice.user.pk}"
+    assert spy.call_args.kwargs["who"].actor == f"user:{alice.user.pk}"
     assert Task.objects.get(id=task.id).status == "paused"
     command = SteeringCommand.objects.get(task=task)
     assert (command.command_id, command.status) == ("dash-p1", "applied")
@@ -183,7 +183,7 @@ def test_approvals_use_the_same_answer_and_role_check_as_the_api(alice, client):
     assert "approver role" in response.content.decode()
     client.logout()
     signed_in(client, april)
-    with mock.patch.object(views, "answer_input", wraps=views.answer_input) as spy:
+    with mock.patch.object(views, "do_answer_input", wraps=views.do_answer_input) as spy:
         assert (
             client.post(f"/dashboard/tasks/{task.id}/inputs/approve-publish", {"answer": "approve"}).status_code == 303
         )

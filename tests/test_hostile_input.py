@@ -16,10 +16,11 @@ from django.test import Client
 
 from mcp_server.protocol import MODERN, TASKS_EXT
 from steering_app.models import InputRequest, SteeringCommand
+from tasks_app.access import console
 from tasks_app.actions import do_create_task
 from tasks_app.models import AuditRecord, Task, TaskEvent
 
-pytestmark = pytest.mark.django_db(transaction=True)  # the SSE and MCP views close their connections
+pytestmark = pytest.mark.django_db
 
 # Raw JSON values a client can send and PostgreSQL (or the parser) cannot take.
 HOSTILE = {
@@ -203,6 +204,8 @@ def test_a_dashboard_form_with_a_number_beyond_bigint_starts_and_steers_nothing(
     assert written() == before
 
 
+# the SSE view closes its connection, which would end a test transaction
+@pytest.mark.django_db(transaction=True)
 def test_the_event_stream_refuses_malformed_last_event_ids(alice, task):
     def stream(query: str = "", **headers: str) -> Any:
         return client().get(
@@ -256,6 +259,8 @@ def tools_call(arguments: str, *, modern: bool) -> str:
     )
 
 
+# the MCP view closes its connection, which would end a test transaction
+@pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("modern", [True, False], ids=["2026-07-28", "2025-11-25"])
 def test_mcp_refuses_each_hostile_value_echoing_the_request_id(alice, task, modern):
     before = written()
@@ -286,6 +291,8 @@ def test_mcp_refuses_each_hostile_value_echoing_the_request_id(alice, task, mode
     assert Task.objects.count() == before[0] + 1
 
 
+# the MCP view closes its connection, which would end a test transaction
+@pytest.mark.django_db(transaction=True)
 def test_a_legacy_tasks_list_cursor_beyond_bigint_is_invalid_params(alice, task):
     for offset in ("9" * 30, str(2**63), "-1", "x"):
         cursor = base64.urlsafe_b64encode(offset.encode()).decode()
@@ -303,7 +310,7 @@ def test_the_actions_refuse_what_no_edge_may_store(alice, task):
     from common.json_safety import UnsafeInput
     from steering_app.actions import do_answer_input, do_cancel_task, do_enqueue_command
 
-    who = {"tenant": alice.tenant}
+    who = {"who": console(alice.tenant, "user:x")}
     before = written()
     calls = {
         "input with a NUL": lambda: do_create_task(
@@ -322,15 +329,10 @@ def test_the_actions_refuse_what_no_edge_may_store(alice, task):
             type="adjust_goal",
             payload={"goal": "\x00"},
             expected_version=1,
-            requested_by="user:x",
         ),
-        "a reason with a NUL": lambda: do_cancel_task(task.id, **who, actor="user:x", reason="\x00"),
-        "an answer of NaN": lambda: do_answer_input(
-            task.id, **who, key="q", answer=float("nan"), requested_by="user:x"
-        ),
-        "a key with a surrogate": lambda: do_answer_input(
-            task.id, **who, key="\ud800", answer=1, requested_by="user:x"
-        ),
+        "a reason with a NUL": lambda: do_cancel_task(task.id, **who, reason="\x00"),
+        "an answer of NaN": lambda: do_answer_input(task.id, **who, key="q", answer=float("nan")),
+        "a key with a surrogate": lambda: do_answer_input(task.id, **who, key="\ud800", answer=1),
     }
     for name, call in calls.items():
         with pytest.raises(UnsafeInput):

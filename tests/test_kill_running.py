@@ -14,6 +14,7 @@ from conftest import FAST_LEASES, WORKER, settled, wait_until
 from ledger_app.models import LedgerEntry
 from steering_app.models import InputRequest, SteeringCommand
 from steering_app.tests.test_kill import assert_killed, kill
+from tasks_app.access import console
 from tasks_app.actions import do_create_task
 from tasks_app.models import Task
 from tasks_app.operators import do_redrive_task
@@ -125,7 +126,7 @@ def test_a_call_cut_by_a_kill_is_confirmed_by_a_person_before_a_redrive_can_send
     entry = LedgerEntry.objects.get(task=task)
     assert entry.status == "unknown"
 
-    do_redrive_task(task.id, actor="admin:root", reason="the kill was a mistake")
+    do_redrive_task(task.id, who=console(task.tenant, "admin:root"), reason="the kill was a mistake")
     question = wait_until(
         lambda: InputRequest.objects.filter(task=task, key=f"confirm-{entry.key}").first(),
         timeout=60,

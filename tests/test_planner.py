@@ -16,6 +16,7 @@ from conftest import FAST_LEASES, settled, wait_until
 from ledger_app.models import LedgerEntry
 from steering_app.actions import do_enqueue_command
 from steering_app.models import InputRequest
+from tasks_app.access import console
 from tasks_app.actions import do_create_task
 from tasks_app.agents.planner import prompt
 from tasks_app.models import AuditRecord, Task
@@ -42,12 +43,11 @@ def steer(task: Task, type: str, payload: dict, command_id: str) -> None:
     version = Task.objects.get(id=task.id).state_version
     do_enqueue_command(
         task.id,
-        tenant=task.tenant,
+        who=console(task.tenant, "user:test"),
         command_id=command_id,
         type=type,
         payload=payload,
         expected_version=version,
-        requested_by="user:test",
     )
 
 

@@ -14,7 +14,7 @@ from tasks_app import plugins
 from tasks_app.actions import do_create_task
 from tasks_app.agents import base, tools
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
@@ -42,6 +42,7 @@ def test_an_installed_package_adds_an_agent_and_a_tool_that_a_worker_runs(alice,
     assert LedgerEntry.objects.filter(task=task, tool="hello.shout", status="succeeded").count() == 2
 
 
+@pytest.mark.e2e  # installs the package with pip, a process of its own
 def test_a_plugin_cannot_replace_a_builtin(installed, monkeypatch, caplog):
     from importlib import metadata
 

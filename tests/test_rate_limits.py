@@ -20,7 +20,7 @@ from runtime_site import ratelimit
 from tasks_app.models import Task
 from tasks_app.tests.test_engine import new_task
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 # One window for the whole test (about 31 years): a count never resets halfway through.
 LONG_WINDOW = 10**9
@@ -102,6 +102,8 @@ def test_rest_is_limited_per_tenant_across_keys(alice, victor, mallory, settings
     assert rest(mallory.token).status_code == 200  # another tenant is not held up
 
 
+# the SSE and MCP views close their connections, which would end a test transaction
+@pytest.mark.django_db(transaction=True)
 def test_mcp_is_limited_with_the_json_rpc_error(alice, settings):
     limit(settings, mcp_per_key=3)
     accepted, refused = until_refused(lambda: mcp(alice.token))
@@ -118,6 +120,8 @@ def ratelimit_code() -> int:
     return RATE_LIMITED
 
 
+# the SSE and MCP views close their connections, which would end a test transaction
+@pytest.mark.django_db(transaction=True)
 def test_sse_connects_are_limited(alice, settings):
     limit(settings, sse_per_key=2)
     task = new_task(alice)

@@ -10,6 +10,7 @@ from django.db import connection
 from conftest import FAST_LEASES, Processes, SseClient, database_url, free_port, wait_until
 from steering_app.actions import do_enqueue_command
 from tasks_app import engine
+from tasks_app.access import console
 from tasks_app.actions import do_create_task
 from tasks_app.models import Task, TaskEvent
 
@@ -116,12 +117,11 @@ def test_open_streams_hold_no_database_connection(alice, processes):
     wait_until(lambda: all(len(c.of("progress")) >= 2 for c in clients), timeout=60, what="every stream to be live")
     do_enqueue_command(
         task.id,
-        tenant=alice.tenant,
+        who=console(alice.tenant, "user:test"),
         command_id="quiet",
         type="pause",
         payload={},
         expected_version=Task.objects.get(id=task.id).state_version,
-        requested_by="user:test",
     )
     wait_until(lambda: Task.objects.get(id=task.id).status == "paused", timeout=60, what="the task to pause")
     paused_seq = Task.objects.get(id=task.id).event_seq

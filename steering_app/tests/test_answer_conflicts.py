@@ -13,7 +13,7 @@ from tasks_app import engine
 from tasks_app.models import Task
 from tasks_app.tests.test_engine import new_task
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 def approval_waiting(persona) -> Task:

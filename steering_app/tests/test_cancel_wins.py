@@ -12,12 +12,13 @@ from steering_app.actions import do_cancel_task
 from steering_app.models import SteeringCommand
 from steering_app.tests.test_steering import steer
 from tasks_app import engine, leases, operators
+from tasks_app.access import console
 from tasks_app.agents.base import Agent, StepContext, register
 from tasks_app.audit import verify_chain
 from tasks_app.models import AuditRecord, Step, Task
 from tasks_app.tests.test_engine import new_task
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 def safe_point(lease: leases.Lease) -> engine.SliceOutcome:
@@ -91,7 +92,7 @@ class AskAfterCancelAgent(Agent):
 
     def run_step(self, ctx: StepContext, state: dict[str, Any]) -> dict[str, Any]:
         task = Task.objects.get(id=ctx.task_id)
-        do_cancel_task(task.id, tenant=task.tenant, actor="user:someone", reason="too late for questions")
+        do_cancel_task(task.id, who=console(task.tenant, "user:someone"), reason="too late for questions")
         ctx.ask("go-on", "Go on?", {"type": "boolean"})
         return {"asked": True}
 

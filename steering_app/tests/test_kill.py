@@ -11,12 +11,13 @@ from checkpoints_app.models import Checkpoint
 from steering_app.models import SteeringCommand
 from steering_app.tests.test_steering import steer
 from tasks_app import engine, leases
+from tasks_app.access import console
 from tasks_app.audit import verify_chain
 from tasks_app.models import AuditRecord, Task, TaskEvent
 from tasks_app.selectors import task_snapshot
 from tasks_app.tests.test_engine import new_task
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 def kill(persona, task, reason="agent is spamming the CRM", **kwargs):
@@ -117,7 +118,7 @@ def test_a_killed_task_can_be_redriven_by_an_operator_from_its_last_checkpoint(a
     assert engine.run_slice(task.id, worker_id="w1") is engine.SliceOutcome.CONTINUE  # checkpointed as it yields
     done = Checkpoint.objects.filter(task=task).order_by("-sequence").first().sequence
     kill(alice, task)
-    do_redrive_task(task.id, actor="admin:root", reason="the kill was a mistake")
+    do_redrive_task(task.id, who=console(task.tenant, "admin:root"), reason="the kill was a mistake")
     task = Task.objects.get(id=task.id)
     assert task.status == "recovering" and not task.kill_requested and not task.cancel_requested
     while engine.run_slice(task.id, worker_id="w2") is engine.SliceOutcome.CONTINUE:
@@ -127,6 +128,8 @@ def test_a_killed_task_can_be_redriven_by_an_operator_from_its_last_checkpoint(a
     assert task.steps.filter(sequence__lte=done, worker="w2").count() == 0  # resumed, not restarted
 
 
+# the step runs on a worker thread with its own connection
+@pytest.mark.django_db(transaction=True)
 def test_a_kill_cuts_a_step_sleeping_in_the_agents_own_code_and_the_slice_returns(alice):
     import threading
 
@@ -149,12 +152,11 @@ def test_a_kill_cuts_a_step_sleeping_in_the_agents_own_code_and_the_slice_return
             )
             do_enqueue_command(
                 task.id,
-                tenant=alice.tenant,
+                who=console(alice.tenant, "user:test"),
                 command_id="k1",
                 type="kill",
                 payload={},
                 expected_version=Task.objects.get(id=task.id).state_version,
-                requested_by="user:test",
                 reason="stuck",
             )
         except BaseException as exc:  # noqa: BLE001 (reported by the test's thread)
@@ -187,6 +189,8 @@ def test_a_kill_of_a_running_task_settles_the_commands_still_waiting_for_its_saf
     assert not SteeringCommand.objects.filter(task=task, status="pending").exists()
 
 
+# the MCP view closes its connection, which would end a test transaction
+@pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("reason", [None, 7, {"why": "runaway"}, ["runaway"], "x" * 501])
 def test_the_mcp_kill_tool_refuses_a_reason_that_is_no_reason_instead_of_making_one_up(alice, reason):
     import json

@@ -15,7 +15,7 @@ from tasks_app.audit import verify_chain
 from tasks_app.models import AuditRecord, Step, Task
 from tasks_app.tests.test_engine import new_task, run_to_end
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 def steer(persona, task, type, payload=None, *, version=None, command_id=None, reason=""):
@@ -211,7 +211,7 @@ def test_an_approver_may_extend_a_used_up_budget_or_stop_the_task(alice, setting
     task.refresh_from_db()
     assert task.status == "input_required" and task.steps_done == 2
     request = InputRequest.objects.get(task=task)
-    assert request.key == "budget-step-3" and request.kind == "approval" and "maxSteps" in request.prompt
+    assert request.key == "budget-step-3" and request.kind == "budget_extension" and "maxSteps" in request.prompt
     assert steer(alice, task, "provide_input", {"key": request.key, "answer": {"maxSteps": 5}}).status_code == 403
     assert steer(april, task, "provide_input", {"key": request.key, "answer": {"maxSteps": "lots"}}).status_code == 422
     assert steer(april, task, "provide_input", {"key": request.key, "answer": {"maxSteps": 5}}).status_code == 202

@@ -10,11 +10,12 @@ from typing import Any, ClassVar
 import jsonschema
 
 from runtime_site.blobstore import BlobStore
+from tasks_app.agents.questions import check_agent_key
 
 
 class InputNeeded(Exception):  # a signal to the engine, not an error
     """Raised by ctx.ask() (or a guarded tool call): the step cannot go on until a person
-    answers. kind "approval" answers need the approver role."""
+    answers. kind (tasks_app.agents.questions.QuestionKind) "approval" answers need the approver role."""
 
     def __init__(
         self, key: str, prompt: str, schema: dict[str, Any], kind: str = "question", also: tuple[InputNeeded, ...] = ()
@@ -105,6 +106,7 @@ class StepContext:
     def ask(self, key: str, prompt: str, schema: dict[str, Any]) -> Any:
         """The answer to a question for a person. Unanswered, the task waits in input_required
         (after checkpointing) and this step runs again once the answer is in."""
+        check_agent_key(key)
         if key in self.answers:
             return self.answers[key]
         raise InputNeeded(key, prompt, schema)
@@ -112,6 +114,8 @@ class StepContext:
     def ask_all(self, questions: dict[str, tuple[str, dict[str, Any]]]) -> dict[str, Any]:
         """Several questions at once ({key: (prompt, schema)}): all are open together and
         may be answered in any order; the step runs again once every one is answered."""
+        for key in questions:
+            check_agent_key(key)
         missing = [
             InputNeeded(key, prompt, schema) for key, (prompt, schema) in questions.items() if key not in self.answers
         ]

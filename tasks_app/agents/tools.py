@@ -47,6 +47,8 @@ class Tool:
     name: str
     input_schema: dict[str, Any]
     call: Callable[[dict[str, Any], str, float], Any]  # (args, idempotency key, timeout) -> result
+    # False: the call changes nothing outside (a model call); one cut by a kill or lost with
+    # a worker is sent again, never reconciled or put to a person (ledger_app.actions).
     side_effect: bool = True
     timeout: float = 10.0
     retries: int = 2  # after the first attempt; bounded

@@ -7,9 +7,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from tasks_app import artifacts
-from tasks_app.api.views import tenant_task
-from tasks_app.auth import require_role
+from tasks_app import access, artifacts
+from tasks_app.auth import principal, require_role
 from tasks_app.models import Role
 
 
@@ -17,7 +16,7 @@ class TaskArtifactsApi(APIView):
     permission_classes = [require_role(Role.VIEWER)]
 
     def get(self, request: Request, task_id: str) -> Response:
-        task = tenant_task(request, task_id)
+        task = access.task_for(principal(request), task_id)
         return Response(
             {"taskId": str(task.id), "results": artifacts.listing(task, f"/runtime/tasks/{task.id}/artifacts")}
         )
@@ -27,5 +26,5 @@ class TaskArtifactApi(APIView):
     permission_classes = [require_role(Role.VIEWER)]
 
     def get(self, request: Request, task_id: str, name: str) -> HttpResponse:
-        task = tenant_task(request, task_id)
+        task = access.task_for(principal(request), task_id)
         return artifacts.response(task, name, download=request.query_params.get("download") in ("1", "true"))

@@ -10,7 +10,6 @@ import asyncio
 import logging
 import re
 from collections.abc import AsyncIterator, Callable
-from uuid import UUID
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -26,8 +25,9 @@ from rest_framework.exceptions import AuthenticationFailed, PermissionDenied
 from common.json_safety import UnsafeInput, check
 from runtime_site.errors import DATABASE_UNAVAILABLE, error_body, unsafe_input_body
 from runtime_site.ratelimit import RateLimited
-from tasks_app.auth import ApiKeyAuthentication, authenticate_token, bearer_token
-from tasks_app.models import Membership, Task
+from tasks_app import access
+from tasks_app.auth import ApiKeyAuthentication, Principal, authenticate_token, bearer_token
+from tasks_app.errors import TaskNotFound
 from tasks_app.selectors import task_snapshot
 from tasks_app.streams.publish import channel_for
 
@@ -122,18 +122,17 @@ def task_events(request: HttpRequest, task_id: str) -> HttpResponseBase:
         return JsonResponse(
             error_body("throttled", str(exc.detail)), status=429, headers={"Retry-After": str(exc.wait)}
         )
+    who: Principal | User
     if authenticated is not None:
-        request.user, tenant_ids = authenticated[0], [authenticated[1].tenant.id]
+        request.user, who = authenticated
     elif request.user.is_authenticated:
-        tenant_ids = list(Membership.objects.filter(user=request.user).values_list("tenant_id", flat=True))
+        who = request.user  # a dashboard session: the person's tenants
     else:
         return JsonResponse(error_body("not_authenticated", "an API key or a session is required"), status=401)
     try:
-        task = Task.objects.filter(id=UUID(task_id), tenant_id__in=tenant_ids).first()
-    except ValueError:
-        task = None
-    if task is None:  # another tenant's task: the same answer as no task at all
-        return JsonResponse(error_body("not_found", "no such task"), status=404)
+        task = access.task_for(who, task_id)
+    except TaskNotFound as exc:  # another tenant's task: the same answer as no task at all
+        return JsonResponse(error_body("not_found", str(exc)), status=404)
 
     channel = channel_for(task.id)
     snapshot = {"seq": task.event_seq, **task_snapshot(task)}

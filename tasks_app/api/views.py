@@ -5,10 +5,7 @@ from __future__ import annotations
 import re
 from datetime import UTC
 from typing import Any
-from uuid import UUID
 
-from django.db.models import QuerySet
-from django.http import Http404
 from django.utils.dateparse import parse_datetime
 from drf_spectacular.utils import extend_schema
 from rest_framework import pagination, serializers, status
@@ -19,28 +16,14 @@ from rest_framework.views import APIView
 
 from checkpoints_app.actions import is_valid
 from checkpoints_app.models import Checkpoint
-from runtime_site.parsers import StrictCharField, StrictIntegerField
+from runtime_site.parsers import IDEMPOTENCY_KEY, StrictCharField, StrictIntegerField
 from steering_app.actions import do_cancel_task
+from tasks_app import access
 from tasks_app.actions import do_create_task
-from tasks_app.auth import principal, require_role
+from tasks_app.auth import IsPrincipal, principal, require_role
 from tasks_app.models import AuditRecord, Role, Task
 from tasks_app.selectors import task_snapshot, task_urls, with_snapshot
 from tasks_app.states import Status
-
-IDEMPOTENCY_KEY = re.compile(r"^[A-Za-z0-9._:\-]{1,200}\Z")  # \Z: "$" would let a trailing newline in
-
-
-def tenant_task(request: Request, task_id: str, tasks: QuerySet[Task] | None = None) -> Task:
-    """The caller's tenant's task (out of `tasks`, all by default); anything else (other
-    tenant, bad id) is a plain 404."""
-    try:
-        uuid = UUID(task_id)
-    except ValueError:
-        raise Http404 from None
-    task = (Task.objects.all() if tasks is None else tasks).filter(tenant=principal(request).tenant, id=uuid).first()
-    if task is None:
-        raise Http404
-    return task
 
 
 class CreatedAtCursor(pagination.CursorPagination):
@@ -103,7 +86,7 @@ class TaskListCreateApi(APIView):
         return [require_role(Role.OPERATOR if self.request.method == "POST" else Role.VIEWER)()]
 
     def get(self, request: Request) -> Response:
-        tasks = with_snapshot(Task.objects.filter(tenant=principal(request).tenant), prefetch_inputs=True)
+        tasks = with_snapshot(access.visible_tasks(principal(request)), prefetch_inputs=True)
         if wanted := request.query_params.get("status"):
             statuses = wanted.split(",")
             if bad := [s for s in statuses if s not in Status.values]:
@@ -143,21 +126,21 @@ class TaskDetailApi(APIView):
     permission_classes = [require_role(Role.VIEWER)]
 
     def get(self, request: Request, task_id: str) -> Response:
-        return Response(task_snapshot(tenant_task(request, task_id, with_snapshot(Task.objects.all()))))
+        return Response(task_snapshot(access.task_for(principal(request), task_id, with_snapshot(Task.objects.all()))))
 
 
 class TaskCancelApi(APIView):
-    permission_classes = [require_role(Role.OPERATOR)]
+    permission_classes = [IsPrincipal]  # do_cancel_task checks the role
 
     class InputSerializer(serializers.Serializer):
         reason = StrictCharField(max_length=500, allow_blank=True, default="")
 
     def post(self, request: Request, task_id: str) -> Response:
-        task = tenant_task(request, task_id)
+        task = access.task_for(principal(request), task_id)
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         who = principal(request)
-        task = do_cancel_task(task.id, tenant=who.tenant, actor=who.actor, reason=data.validated_data["reason"])
+        task = do_cancel_task(task.id, who=who, reason=data.validated_data["reason"])
         return Response(task_snapshot(task), status=status.HTTP_202_ACCEPTED)
 
 
@@ -165,7 +148,7 @@ class TaskCheckpointsApi(APIView):
     permission_classes = [require_role(Role.VIEWER)]
 
     def get(self, request: Request, task_id: str) -> Response:
-        task = tenant_task(request, task_id)
+        task = access.task_for(principal(request), task_id)
         rows = Checkpoint.objects.filter(task=task).order_by("sequence", "id")
         return Response(
             {
@@ -193,7 +176,7 @@ class TaskResultApi(APIView):
     permission_classes = [require_role(Role.VIEWER)]
 
     def get(self, request: Request, task_id: str) -> Response:
-        task = tenant_task(request, task_id)
+        task = access.task_for(principal(request), task_id)
         if not task.is_terminal:
             return Response(
                 {
@@ -221,7 +204,7 @@ class TaskAuditApi(APIView):
     permission_classes = [require_role(Role.VIEWER)]
 
     def get(self, request: Request, task_id: str) -> Response:
-        task = tenant_task(request, task_id)
+        task = access.task_for(principal(request), task_id)
         rows = AuditRecord.objects.filter(task=task).order_by("seq")
         return Response(
             {

@@ -22,7 +22,7 @@ from tasks_app import engine
 from tasks_app.models import ApiKey, Membership, Task
 from tasks_app.tests.test_engine import new_task
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 def rest(token: str, method: str = "get", path: str = "/runtime/tasks", body: dict | None = None):
@@ -65,6 +65,8 @@ def statuses(token: str, task: Task) -> tuple[int, int, int]:
     return rest(token).status_code, mcp(token).status_code, sse(token, task).status_code
 
 
+# the SSE view closes its connection (pitfall 1), which would end a test transaction
+@pytest.mark.django_db(transaction=True)
 def test_a_key_stops_working_the_moment_its_user_is_deactivated(alice):
     task = new_task(alice)
     assert statuses(alice.token, task) == (200, 200, 200)
@@ -73,6 +75,8 @@ def test_a_key_stops_working_the_moment_its_user_is_deactivated(alice):
     assert "deactivated" in rest(alice.token).json()["error"]["message"]
 
 
+# the SSE view closes its connection (pitfall 1), which would end a test transaction
+@pytest.mark.django_db(transaction=True)
 def test_a_key_stops_working_the_moment_its_user_leaves_the_tenant(alice):
     task = new_task(alice)
     Membership.objects.filter(user=alice.user, tenant=alice.tenant).delete()
@@ -86,6 +90,8 @@ def test_a_demoted_member_s_key_acts_with_the_lower_role(alice):
     assert rest(alice.token, "post", body={"agent": "noop", "input": {"steps": 1}}).status_code == 403
 
 
+# the SSE view closes its connection (pitfall 1), which would end a test transaction
+@pytest.mark.django_db(transaction=True)
 def test_an_expired_key_is_refused(alice):
     task = new_task(alice)
     ApiKey.objects.filter(user=alice.user).update(expires_at=timezone.now() - timedelta(seconds=1))

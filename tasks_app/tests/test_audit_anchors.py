@@ -20,7 +20,7 @@ from tasks_app.audit import verify_chain
 from tasks_app.models import AuditRecord, Task
 from tasks_app.tasks import anchor_audit
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture(autouse=True)

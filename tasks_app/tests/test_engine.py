@@ -17,12 +17,13 @@ from django.utils import timezone
 from checkpoints_app.models import Checkpoint
 from steering_app.actions import do_cancel_task
 from tasks_app import engine, leases
+from tasks_app.access import console
 from tasks_app.actions import do_create_task
 from tasks_app.agents.base import Agent, StepContext, register
 from tasks_app.audit import verify_chain
 from tasks_app.models import AuditRecord, Step, Task
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 @register
@@ -62,6 +63,7 @@ def expire_lease(task: Task) -> None:
     Task.objects.filter(id=task.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
 
 
+@pytest.mark.django_db(transaction=True)  # two threads, two connections: each must see the other's commits
 def test_exactly_one_of_two_racing_claims_wins(alice):
     task = new_task(alice)
     barrier, results = threading.Barrier(2), []
@@ -206,7 +208,7 @@ def test_cancel_requested_under_a_live_lease_lands_at_the_next_safe_point(alice,
     task = new_task(alice, steps=20)
     engine.run_slice(task.id, worker_id="w1")
     held = leases.claim(task.id, worker_id="busy", ttl=30)
-    task = do_cancel_task(task.id, tenant=alice.tenant, actor="user:test", reason="wrong corpus")
+    task = do_cancel_task(task.id, who=console(alice.tenant, "user:test"), reason="wrong corpus")
     assert task.status == "working" and task.cancel_requested  # asked, not yet applied
     assert held is not None
     expire_lease(task)

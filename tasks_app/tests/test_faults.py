@@ -15,6 +15,7 @@ import redis.exceptions
 from django.db import IntegrityError, InterfaceError, OperationalError, connection, transaction
 
 from tasks_app import engine, faults, leases, operators, tasks
+from tasks_app.access import console
 from tasks_app.actions import do_create_task
 from tasks_app.agents.base import Agent, StepContext, register
 from tasks_app.audit import verify_chain
@@ -22,7 +23,7 @@ from tasks_app.models import AuditRecord, Step, Task
 from tasks_app.selectors import task_snapshot
 from tasks_app.tests.test_engine import expire_lease, run_to_end
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 class Killed(BaseException):
@@ -170,6 +171,7 @@ class DatabaseFaultAgent(CountingAgent):
         return {"steps": state["done"]}
 
 
+@pytest.mark.django_db(transaction=True)  # the fault drops the database connection, which would end a test transaction
 @pytest.mark.parametrize("where", ["step", "commit"])
 def test_a_database_connection_dropped_in_a_step_or_its_commit_delays_the_task_and_never_fails_it(alice, where):
     task, _ = do_create_task(
@@ -198,6 +200,7 @@ def test_a_database_connection_dropped_in_a_step_or_its_commit_delays_the_task_a
     assert verify_chain(task) is None
 
 
+@pytest.mark.django_db(transaction=True)  # the fault drops the database connection, which would end a test transaction
 def test_the_slice_wrapper_survives_a_dead_connection_and_rings_again(alice):
     task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 2})
     terminate_backend(backend_pid())  # the connection dies just before the claim
@@ -234,6 +237,7 @@ def test_the_backoff_grows_with_faults_in_a_row_up_to_a_cap():
     assert [faults.backoff(n) for n in (1, 2, 3, 4, 5, 6, 7, 50)] == [1, 2, 4, 8, 16, 30, 30, 30]
 
 
+@pytest.mark.django_db(transaction=True)  # the fault drops the database connection, which would end a test transaction
 def test_a_cancel_after_a_slice_was_abandoned_settles_the_pause_it_left_pending(alice):
     # A pause is accepted while a worker holds the task (pending: it lands at the safe
     # point), then the slice is abandoned to an infrastructure fault and gives the lease back.
@@ -285,6 +289,7 @@ class ForeignStoreAgent(Agent):
         return {"done": state["done"]}
 
 
+@pytest.mark.django_db(transaction=True)  # the fault drops the database connection, which would end a test transaction
 def test_infrastructure_faults_without_progress_are_held_for_an_operator_not_retried_for_ever(alice, settings):
     # What looks like an infrastructure fault may be the agent's own (its own client to a
     # wrong endpoint), or a part of ours that stays down: retried with backoff for ever, the
@@ -306,7 +311,7 @@ def test_infrastructure_faults_without_progress_are_held_for_an_operator_not_ret
     assert verify_chain(task) is None
 
     # The operator sees it, fixes the cause (here: nothing), and redrives: the count starts afresh.
-    operators.do_redrive_task(task.id, actor="user:ops", reason="endpoint fixed")
+    operators.do_redrive_task(task.id, who=console(task.tenant, "user:ops"), reason="endpoint fixed")
     tasks.run_task_slice(str(task.id))
     task.refresh_from_db()
     assert task.status == "working" and task.infra_faults == 5  # retried, not held again at once

@@ -12,13 +12,14 @@ from django.utils import timezone
 from checkpoints_app import codec
 from checkpoints_app.models import Checkpoint
 from tasks_app import engine, leases, operators
+from tasks_app.access import console
 from tasks_app.actions import IllegalTransition, do_create_task
 from tasks_app.agents.base import Agent, StepContext, register
 from tasks_app.audit import verify_chain
 from tasks_app.models import AuditRecord, Step, Task
 from tasks_app.tests.test_engine import expire_lease, new_task, run_to_end
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 def crash_mid_slice(task: Task, worker: str = "doomed") -> leases.Lease:
@@ -151,8 +152,8 @@ def test_redrive_resumes_a_dead_letter_from_its_last_good_checkpoint(alice, sett
     assert task.status == "dead_lettered"
 
     with pytest.raises(IllegalTransition):
-        operators.do_close_task(new_task(alice).id, actor="admin:op", reason="not dead")
-    task = operators.do_redrive_task(task.id, actor="admin:op", reason="bad disk replaced")
+        operators.do_close_task(new_task(alice).id, who=console(alice.tenant, "admin:op"), reason="not dead")
+    task = operators.do_redrive_task(task.id, who=console(task.tenant, "admin:op"), reason="bad disk replaced")
     assert task.status == "recovering" and task.error is None and task.recoveries == 0
     record = AuditRecord.objects.get(task=task, action="transition", to_status="recovering")
     assert (record.actor, record.reason) == ("admin:op", "bad disk replaced")
@@ -170,7 +171,7 @@ def test_close_fails_a_dead_letter_for_good(alice):
     for _ in range(4):
         crash_mid_slice(task)
         operators.do_mark_recovering(task.id, actor="system:reaper", max_recoveries=3)
-    task = operators.do_close_task(task.id, actor="admin:op", reason="customer withdrew")
+    task = operators.do_close_task(task.id, who=console(task.tenant, "admin:op"), reason="customer withdrew")
     assert task.status == "failed" and task.is_terminal
     assert AuditRecord.objects.filter(task=task, actor="admin:op", reason="customer withdrew").exists()
 
@@ -178,10 +179,10 @@ def test_close_fails_a_dead_letter_for_good(alice):
 def test_release_lease_fences_the_holder_and_requeues(alice):
     task = new_task(alice)
     held = leases.claim(task.id, worker_id="stuck", ttl=300)
-    task = operators.do_release_lease(task.id, actor="admin:op", reason="host is gone")
+    task = operators.do_release_lease(task.id, who=console(task.tenant, "admin:op"), reason="host is gone")
     assert task.lease_owner is None and task.lease_epoch == held.epoch + 1
     assert not leases.renew(held, ttl=30)
     record = AuditRecord.objects.get(task=task, action="lease_released")
     assert record.data == {"owner": "stuck"} and record.actor == "admin:op"
     with pytest.raises(operators.NoLease):
-        operators.do_release_lease(task.id, actor="admin:op", reason="again")
+        operators.do_release_lease(task.id, who=console(task.tenant, "admin:op"), reason="again")

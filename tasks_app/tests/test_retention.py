@@ -12,7 +12,7 @@ from tasks_app import engine, retention
 from tasks_app.actions import do_create_task
 from tasks_app.models import Task, TaskEvent
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 def run_to_end(task: Task) -> None:

@@ -14,7 +14,7 @@ from tasks_app.actions import do_create_task
 from tasks_app.agents.base import Agent, StepContext, register
 from tasks_app.models import AuditRecord, Step, Task
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 @register
@@ -42,6 +42,8 @@ def quick_heartbeat(settings) -> None:
     settings.RUNTIME_HEARTBEAT_SECONDS = 0.1
 
 
+# the heartbeat thread abandons the step on its own connection: it must see the task
+@pytest.mark.django_db(transaction=True)
 def test_a_step_past_the_agents_deadline_is_abandoned_and_the_task_recovered_with_the_diagnosis(alice):
     task, _ = do_create_task(alice.tenant, actor="user:test", agent="test_hanging", input={})
     assert engine.run_slice(task.id, worker_id="w1") is engine.SliceOutcome.DROPPED  # its late commit is fenced off
@@ -58,6 +60,8 @@ def test_a_step_past_the_agents_deadline_is_abandoned_and_the_task_recovered_wit
     }
 
 
+# the heartbeat thread abandons the step on its own connection: it must see the task
+@pytest.mark.django_db(transaction=True)
 def test_without_a_declared_deadline_the_configured_one_holds(alice, settings, monkeypatch):
     settings.RUNTIME_STEP_SECONDS = 0.3
     monkeypatch.setattr(HangingAgent, "step_seconds", None)
@@ -66,6 +70,8 @@ def test_without_a_declared_deadline_the_configured_one_holds(alice, settings, m
     assert Task.objects.get(id=task.id).recoveries == 1
 
 
+# the heartbeat thread abandons the step on its own connection: it must see the task
+@pytest.mark.django_db(transaction=True)
 def test_a_step_that_always_hangs_is_dead_lettered_after_max_recoveries(alice, settings):
     settings.RUNTIME = {**settings.RUNTIME, "runtime": {**settings.RUNTIME["runtime"], "max_recoveries": 2}}
     task, _ = do_create_task(alice.tenant, actor="user:test", agent="test_hanging", input={"hangSeconds": 0.6})

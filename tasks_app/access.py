@@ -1,0 +1,57 @@
+"""Who sees which task and who may do what: one lookup and one role check for every edge
+(REST, SSE, MCP, dashboard, admin) and every action that takes a caller.
+
+A caller is a Principal (tasks_app.auth): an API key's, a person's in one tenant
+(`principal_for`), or the operator console's (`console`). Actions call `check_role`
+themselves, so no edge can forget a rule; edges only look the task up (`task_for`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, cast
+from uuid import UUID
+
+from tasks_app.auth import Principal
+from tasks_app.errors import Forbidden, TaskNotFound
+from tasks_app.models import Membership, Role, Task, TaskQuerySet, Tenant
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
+    from django.db.models import QuerySet
+
+
+def visible_tasks(who: Principal | User) -> TaskQuerySet:
+    """A principal's tenant's tasks, or every task of a person's tenants."""
+    return Task.objects.visible_to(who)
+
+
+def task_for(who: Principal | User, task_id: str | UUID, tasks: QuerySet[Task] | None = None) -> Task:
+    """The caller's task (out of `tasks`, all by default). Another tenant's task, a
+    malformed id and no task at all raise the same TaskNotFound."""
+    try:
+        uuid = task_id if isinstance(task_id, UUID) else UUID(task_id)
+    except (TypeError, ValueError):
+        raise TaskNotFound from None
+    base = Task.objects.all() if tasks is None else cast(TaskQuerySet, tasks)  # annotate keeps the class
+    task = base.visible_to(who).select_related("tenant").filter(id=uuid).first()
+    if task is None:
+        raise TaskNotFound
+    return task
+
+
+def check_role(who: Principal, minimum: str) -> None:
+    """Forbidden unless `who` has `minimum` (and, for a key, the scope its power needs)."""
+    if not who.has_role(minimum):
+        raise Forbidden(f"this needs the {minimum} role or above", role=minimum)
+
+
+def principal_for(user: User, task: Task) -> Principal:
+    """A signed-in person acting on one of their tenants' tasks: their membership is their role."""
+    membership = Membership.objects.select_related("tenant").get(user=user, tenant_id=task.tenant_id)
+    return Principal(tenant=membership.tenant, role=membership.role, actor=f"user:{user.pk}")
+
+
+def console(tenant: Tenant, actor: str) -> Principal:
+    """The operator console (Django admin, whose own permissions let staff in) and the
+    runtime itself act in a task's tenant with every power; `actor` names who for the audit."""
+    return Principal(tenant=tenant, role=Role.ADMIN, actor=actor)
