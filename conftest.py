@@ -320,10 +320,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The two tiers: a test that starts processes (through the `processes` fixture) or a
-    browser is e2e; the rest runs in-process and is the fast tier a developer runs on each change."""
+    browser is e2e; the rest runs in-process and is the fast tier a developer runs on each change.
+    A test with processes also commits for real (transaction=True), whatever its module says:
+    a worker or web process never sees rows a rolled-back test transaction holds."""
     for item in items:
         if "processes" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.e2e)
+            if item.get_closest_marker("django_db"):
+                item.add_marker(pytest.mark.django_db(transaction=True))
 
 
 class SseClient:

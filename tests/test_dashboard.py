@@ -155,6 +155,10 @@ def test_a_person_runs_a_review_from_start_to_published_report(page, processes: 
     assert Task.objects.get(id=task_id).status == "paused"
     paused_at = progress(page)
     expect(page.get_by_test_id("steering")).to_contain_text("pause")
+    # Resume names the version it saw: wait for the panels carrying the paused version, or the
+    # click races their reload and sends a stale expectedVersion (a 409, not a resume).
+    paused_version = Task.objects.get(id=task_id).state_version
+    expect(page.locator(".panels")).to_have_attribute("data-version", str(paused_version))
 
     page.get_by_test_id("resume").click()
     expect(page.get_by_test_id("flash")).to_contain_text("resume accepted")
