@@ -393,10 +393,9 @@ LOGGING = {
     "filters": {"redact": {"()": "tasks_app.redaction.RedactingFilter"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": RUNTIME_LOG_FORMAT, "filters": ["redact"]}},
     "root": {"handlers": ["console"], "level": os.getenv("RUNTIME_LOG_LEVEL", "INFO")},
-    # uvicorn set up its own handlers before Django loaded: in JSON, its lines go through ours.
+    # uvicorn set up its own handlers before Django loaded, and they know nothing of the
+    # redaction filter: its lines (an access line quotes the query string) go through ours.
     "loggers": {
         name: {"handlers": ["console"], "propagate": False} for name in ("uvicorn", "uvicorn.error", "uvicorn.access")
-    }
-    if RUNTIME_LOG_FORMAT == "json"
-    else {},
+    },
 }

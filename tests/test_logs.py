@@ -106,3 +106,18 @@ def test_a_long_query_string_does_not_hold_the_web_process_while_its_line_is_mas
         what="the hostile request's access line",
     )
     assert "api_key=***" in access[0]["message"] and "hunter2" not in Path(web.log_path).read_text()
+
+
+def test_uvicorns_access_lines_are_masked_in_the_plain_format_too(processes: Processes):
+    """The default (plain) format used to leave uvicorn's loggers on uvicorn's own handlers,
+    which know nothing of the redaction filter: a key in a query string reached the terminal."""
+    port = free_port()
+    web = processes.web(port, RUNTIME_LOG_FORMAT="plain")
+    assert httpx.get(f"http://127.0.0.1:{port}/healthz?api_key=hunter2&page=2", timeout=15).status_code == 200
+    access = wait_until(
+        lambda: [raw for raw in Path(web.log_path).read_text().splitlines() if "api_key=" in raw],
+        timeout=15,
+        what="the request's access line",
+    )
+    assert "api_key=***" in access[0] and "page=2" in access[0], access[0]
+    assert "hunter2" not in Path(web.log_path).read_text()
