@@ -39,6 +39,8 @@ from tasks_app.models import Task
 from tasks_app.redaction import redact
 
 logger = logging.getLogger(__name__)
+# The longest a retry waits on a remote's Retry-After inside a step (seconds).
+RETRY_AFTER_CAP = 30.0
 
 
 class ToolFailed(agents.ToolFailure):
@@ -257,8 +259,11 @@ def _call_and_settle(lease: leases.Lease, entry: LedgerEntry, tool: tools.Tool, 
         except tools.ToolError as exc:
             durations.append(round((time.perf_counter() - t0) * 1000, 1))
             if exc.retryable and attempt <= tool.retries:
-                logger.info("%s attempt %s failed (%s); retrying in %.1fs", entry.key, attempt, exc, delay)
-                time.sleep(delay)
+                # A remote that said how long to wait (429/503 Retry-After) is asked no sooner,
+                # but a step holds its worker meanwhile: past the cap the retry goes anyway.
+                wait = min(max(delay, exc.retry_after or 0.0), RETRY_AFTER_CAP)
+                logger.info("%s attempt %s failed (%s); retrying in %.1fs", entry.key, attempt, exc, wait)
+                time.sleep(wait)
                 delay *= 2
                 continue
             error: dict[str, Any] = {"message": f"{tool.name}: {exc}", "retryable": exc.retryable, "attempts": attempt}

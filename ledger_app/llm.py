@@ -240,8 +240,11 @@ def chat(args: dict[str, Any]) -> dict[str, Any]:
                     f"{cfg.name}: malformed answer: {type(exc).__name__}: {exc}", retryable=False
                 ) from exc
             raise
+        response = getattr(exc, "response", None)  # an APIStatusError's: a 429 may say when to ask again
         raise tools.ToolError(
-            f"{cfg.name} ({cfg.provider} {cfg.model}): {type(exc).__name__}: {exc}"[:500], retryable=retryable
+            f"{cfg.name} ({cfg.provider} {cfg.model}): {type(exc).__name__}: {exc}"[:500],
+            retryable=retryable,
+            retry_after=tools.retry_after(response.headers) if response is not None else None,
         ) from exc
     for call in answer["toolCalls"]:
         if not isinstance(call["arguments"], str) and _depth(call["arguments"]) > MAX_DEPTH:

@@ -16,7 +16,7 @@ from django.conf import settings
 from runtime_site.tracing import trace_headers
 from tasks_app import telemetry
 from tasks_app.agents import tools as registry
-from tasks_app.agents.tools import DONE, NOT_DONE, Pending, Tool, ToolError
+from tasks_app.agents.tools import DONE, NOT_DONE, Pending, Tool, ToolError, retry_after
 from tasks_app.redaction import tool_text
 
 
@@ -70,7 +70,9 @@ def _http_call(args: dict[str, Any], key: str, timeout: float) -> Any:
     except httpx.TransportError as exc:
         raise ToolError(f"transport error: {exc}", retryable=True) from exc
     if response.status_code >= 500 or response.status_code == 429:
-        raise ToolError(f"HTTP {response.status_code} from {args['url']}", retryable=True)
+        raise ToolError(
+            f"HTTP {response.status_code} from {args['url']}", retryable=True, retry_after=retry_after(response.headers)
+        )
     if response.status_code >= 400:
         raise ToolError(f"HTTP {response.status_code} from {args['url']}: {response.text[:4000]}", retryable=False)
     try:

@@ -9,6 +9,7 @@ The script is a JSON list; each entry is one answer:
      "usage": {"input": n, "output": n}}    a model answer (arguments as a string are sent as
                                             is: malformed JSON is how a model gets it wrong)
     {"status": 429}                          an error status, then the next entry
+    {"status": 429, "retryAfter": "2"}       ... with a Retry-After header (seconds or an HTTP date)
     {"hangOnce": seconds, ...answer}         the first request it meets waits this long (a
                                             timeout, or a worker killed mid-call); the next
                                             request gets the answer
@@ -16,7 +17,8 @@ The script is a JSON list; each entry is one answer:
 A deterministic model: a request identical to one already answered gets the same answer
 again without using up an entry (a call made again after a crash asks the same).
 
-GET /stats  {"requests": n, "answered": n, "byWire": {...}, "prompts": [the user prompts in order],
+GET /stats  {"requests": n, "answered": n, "byWire": {...}, "arrivals": [time.time() of each request],
+             "prompts": [the user prompts in order],
              "models": [the model named by each request], "tools": [the tool names each offered]}
 """
 
@@ -36,6 +38,7 @@ state: dict[str, Any] = {
     "next": 0,
     "requests": 0,
     "answered": 0,
+    "arrivals": [],
     "byWire": {},
     "prompts": [],
     "models": [],
@@ -107,10 +110,12 @@ def _anthropic(entry: dict[str, Any], n: int, model: str) -> dict[str, Any]:
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
-    def _send(self, status: int, body: object) -> None:
+    def _send(self, status: int, body: object, headers: dict[str, str] | None = None) -> None:
         data = json.dumps(body).encode()
         try:
             self.send_response(status)
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
@@ -125,6 +130,7 @@ class Handler(BaseHTTPRequestHandler):
         digest = hashlib.sha256(raw).hexdigest()
         with lock:
             state["requests"] += 1
+            state["arrivals"].append(time.time())
             state["byWire"][wire] = state["byWire"].get(wire, 0) + 1
             state["prompts"].append(_prompt(wire, body))
             state["models"].append(body.get("model"))
@@ -144,7 +150,8 @@ class Handler(BaseHTTPRequestHandler):
             time.sleep(hang)
             return self._send(503, {"error": {"message": "hung"}})  # nobody is listening by now
         if "status" in entry:
-            return self._send(entry["status"], {"error": {"type": "rate_limit_error", "message": "slow down"}})
+            headers = {"Retry-After": entry["retryAfter"]} if "retryAfter" in entry else None
+            return self._send(entry["status"], {"error": {"type": "rate_limit_error", "message": "slow down"}}, headers)
         with lock:
             state["answered"] += 1
             state["cache"][digest] = entry

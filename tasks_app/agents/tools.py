@@ -7,8 +7,11 @@ passes the row's key to the remote as its idempotency key."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import email.utils
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from tasks_app.redaction import tool_text
@@ -19,9 +22,27 @@ class ToolError(Exception):
     payload), so it is masked and bounded here, before it becomes a reason, a ledger
     error, an event or a log line."""
 
-    def __init__(self, message: str, *, retryable: bool) -> None:
+    def __init__(self, message: str, *, retryable: bool, retry_after: float | None = None) -> None:
         super().__init__(tool_text(message))
         self.retryable = retryable
+        self.retry_after = retry_after  # seconds the remote asked us to wait (429/503 Retry-After)
+
+
+def retry_after(headers: Mapping[str, str]) -> float | None:
+    """The wait a remote asked for, in seconds: `Retry-After` as seconds or an HTTP date
+    (RFC 9110 §10.2.3), or OpenAI's `retry-after-ms`; None when absent or unreadable."""
+    try:
+        if (ms := headers.get("retry-after-ms")) is not None:
+            seconds = float(ms) / 1000
+        elif (value := headers.get("retry-after")) is None:
+            return None
+        elif value.strip().isdigit():
+            seconds = float(value)
+        else:
+            seconds = (email.utils.parsedate_to_datetime(value) - datetime.now(UTC)).total_seconds()
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return max(0.0, seconds) if math.isfinite(seconds) else None
 
 
 # What a reconcile hook may answer about a call made by an earlier run.
