@@ -111,3 +111,16 @@ def test_the_image_runs_as_a_user_collects_static_files_and_checks_its_health():
     healthcheck = next(line for line in dockerfile.splitlines() if line.startswith("HEALTHCHECK"))
     assert "/healthz" in dockerfile.split(healthcheck, 1)[1].split("\nCMD", 1)[0]
     assert {"var", ".venv", ".env"} <= set((ROOT / ".dockerignore").read_text().split())  # no local secrets baked in
+
+
+def test_the_observability_tools_are_reachable_from_this_host_only_and_grafana_has_no_default_password():
+    """Jaeger, Prometheus and Grafana have no sign-in of their own worth the name (Grafana's
+    is admin/admin until someone changes it): published on every interface, anyone who
+    reaches the host reads the traces, the metrics and the dashboards first."""
+    services = compose()
+    for name in ("jaeger", "prometheus", "grafana"):
+        for port in services[name].get("ports", []):
+            assert port.startswith("127.0.0.1:"), f"{name} publishes {port} on every interface"
+    password = services["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"]
+    assert password.startswith("${GRAFANA_ADMIN_PASSWORD:?"), password
+    assert "\nGRAFANA_ADMIN_PASSWORD=" in (ROOT / ".env.example").read_text()
