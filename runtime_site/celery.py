@@ -30,9 +30,30 @@ def _count_in_multiprocess_mode() -> None:
         import shutil
         import tempfile
 
-        folder, owner = tempfile.mkdtemp(prefix="runtime-metrics-"), os.getpid()
+        owner = os.getpid()
+        _remove_folders_of_dead_workers(tempfile.gettempdir())
+        folder = tempfile.mkdtemp(prefix=f"runtime-metrics-{owner}-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = folder
         atexit.register(lambda: os.getpid() == owner and shutil.rmtree(folder, ignore_errors=True))
+
+
+def _remove_folders_of_dead_workers(tmp: str) -> None:
+    """A worker killed with SIGKILL never ran its atexit: its folder (named for its pid) stays.
+    The next worker on the host removes those whose worker is gone (a reused pid keeps its
+    folder: harmless, and never a live worker's counts)."""
+    import re
+    import shutil
+    from pathlib import Path
+
+    for folder in Path(tmp).glob("runtime-metrics-*-*"):
+        if not (found := re.fullmatch(r"runtime-metrics-(\d+)-.+", folder.name)):
+            continue
+        try:
+            os.kill(int(found[1]), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except (PermissionError, OverflowError):  # another user's live process; a pid beyond C's range
+            continue
 
 
 _count_in_multiprocess_mode()

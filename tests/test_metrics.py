@@ -252,3 +252,19 @@ def test_alert_rules_are_well_formed_without_promtool():
         text = " ".join(rule["annotations"].values())
         for label in re.findall(r"\$labels\.(\w+)", text):
             assert not aggregated or any(label in [k.strip() for k in by.split(",")] for by in kept), (name, label)
+
+
+def test_a_worker_removes_the_metrics_folders_that_killed_workers_left(processes: Processes, tmp_path):
+    """A SIGKILLed worker never runs its exit hook: its multiprocess folder stayed in /tmp for
+    good, one more per crash. The next worker started on the host removes it."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    first = processes.worker(RUNTIME_METRICS_PORT=str(free_port()), TMPDIR=str(tmp), **FAST)
+    left = wait_until(lambda: list(tmp.glob(f"runtime-metrics-{first.pid}-*")), timeout=30, what="its folder")
+    processes.kill(first)
+    assert left[0].exists()
+    port = free_port()
+    second = processes.worker(RUNTIME_METRICS_PORT=str(port), TMPDIR=str(tmp), **FAST)
+    wait_until(lambda: answers(f"http://127.0.0.1:{port}/metrics"), timeout=30, what="the worker's metrics port")
+    assert not left[0].exists()
+    assert list(tmp.glob(f"runtime-metrics-{second.pid}-*"))  # its own stays
