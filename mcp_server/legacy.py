@@ -43,7 +43,7 @@ from mcp_server.shared import (
 from steering_app.actions import do_cancel_task
 from tasks_app import access
 from tasks_app.errors import IllegalTransition
-from tasks_app.models import Role, Task
+from tasks_app.models import Task
 from tasks_app.states import Status
 
 LEGACY_CANCEL_WAIT_SECONDS = 5.0
@@ -99,8 +99,6 @@ def legacy_tools_call(call: Call) -> dict[str, Any] | Wait:
     if not augmented and support == tools.REQUIRED:
         raise RpcError(METHOD_NOT_FOUND, f"the tool {name} must be called as a task (params.task)")
     check_capabilities(call, agent)
-    if not call.principal.has_role(Role.OPERATOR):
-        return tools.error_result("starting a task needs the operator role")
     ttl_seconds = settings.RUNTIME_MCP_TASK_TTL_SECONDS
     if augmented and isinstance(call.params["task"].get("ttl"), int) and call.params["task"]["ttl"] > 0:
         ttl_seconds = max(1, min(call.params["task"]["ttl"] // 1000, 90 * 86400))  # the server may override

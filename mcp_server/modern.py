@@ -35,7 +35,7 @@ from steering_app.actions import do_cancel_task
 from tasks_app import access
 from tasks_app.agents import base as agents
 from tasks_app.errors import IllegalTransition
-from tasks_app.models import Role, Task
+from tasks_app.models import Task
 from tasks_app.states import Status
 
 MAX_LISTEN_TASKS = 100
@@ -157,8 +157,6 @@ def modern_tools_call(call: Call) -> dict[str, Any] | Wait:
         raise missing_extension(f"the tool {name}")
     if (pending := _preflight(call, agent, arguments)) is not None:
         return pending
-    if not call.principal.has_role(Role.OPERATOR):
-        return {"resultType": "complete", **tools.error_result("starting a task needs the operator role")}
     task = create(call, agent, arguments, settings.RUNTIME_MCP_TASK_TTL_SECONDS, waiting=not as_task)
     if isinstance(task, dict):
         return {"resultType": "complete", **task}

@@ -103,6 +103,6 @@ class AskAfterCancelAgent(Agent):
 def test_a_cancel_during_a_step_that_then_asks_a_question_ends_the_task(alice):
     from tasks_app.actions import do_create_task
 
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="test_ask_after_cancel", input={})
+    task, _ = do_create_task(console(alice.tenant, "user:test"), agent="test_ask_after_cancel", input={})
     assert engine.run_slice(task.id, worker_id="w1") is engine.SliceOutcome.DONE
     cancelled(alice, task, "too late for questions")

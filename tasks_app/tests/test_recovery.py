@@ -78,7 +78,7 @@ def test_a_task_that_keeps_losing_its_worker_is_dead_lettered_after_max_recoveri
 
 
 def test_a_task_past_its_ttl_fails_with_the_reason(alice):
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 5}, ttl_seconds=60)
+    task, _ = do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 5}, ttl_seconds=60)
     assert task.expires_at is not None
     lease = leases.claim(task.id, worker_id="busy", ttl=30)
     Task.objects.filter(id=task.id).update(expires_at=timezone.now() - timedelta(seconds=1))
@@ -110,7 +110,7 @@ class ShapeShiftingAgent(Agent):
 
 def test_a_version_1_checkpoint_resumes_after_the_code_moved_to_version_2(alice, settings, monkeypatch):
     settings.RUNTIME_SLICE_STEPS = 4
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="test_shape_shifting", input={})
+    task, _ = do_create_task(console(alice.tenant, "user:test"), agent="test_shape_shifting", input={})
     assert engine.run_slice(task.id, worker_id="v1") is engine.SliceOutcome.CONTINUE
     assert Checkpoint.objects.get(task=task).schema_version == 1
 
