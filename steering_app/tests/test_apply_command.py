@@ -11,7 +11,6 @@ from django.db import transaction
 from conftest import emits
 from steering_app.actions import (
     STEERING_FIELDS,
-    CommandRefused,
     apply_command,
     apply_pending,
     do_answer_input,
@@ -22,6 +21,7 @@ from steering_app.models import InputRequest, SteeringCommand
 from tasks_app import leases
 from tasks_app.access import console
 from tasks_app.actions import transition
+from tasks_app.errors import CommandRefused
 from tasks_app.models import Task
 from tasks_app.tests.test_engine import new_task
 

@@ -13,9 +13,10 @@ from checkpoints_app import codec
 from checkpoints_app.models import Checkpoint
 from tasks_app import engine, leases, operators
 from tasks_app.access import console
-from tasks_app.actions import IllegalTransition, do_create_task
+from tasks_app.actions import do_create_task
 from tasks_app.agents.base import Agent, StepContext, register
 from tasks_app.audit import verify_chain
+from tasks_app.errors import IllegalTransition, NoLease
 from tasks_app.models import AuditRecord, Step, Task
 from tasks_app.tests.test_engine import expire_lease, new_task, run_to_end
 
@@ -184,5 +185,5 @@ def test_release_lease_fences_the_holder_and_requeues(alice):
     assert not leases.renew(held, ttl=30)
     record = AuditRecord.objects.get(task=task, action="lease_released")
     assert record.data == {"owner": "stuck"} and record.actor == "admin:op"
-    with pytest.raises(operators.NoLease):
+    with pytest.raises(NoLease):
         operators.do_release_lease(task.id, who=console(task.tenant, "admin:op"), reason="again")
