@@ -132,12 +132,15 @@ def main() -> None:
     parser.add_argument("--baseline", help="a git ref to measure beside this checkout, e.g. main")
     args = parser.parse_args()
     _common.setup(RUNTIME_SLICE_STEPS="50")
+    from tasks_app.access import console
     from tasks_app.actions import do_create_task
 
     tenant, token = _common.operator_key()
     logs = Path(tempfile.mkdtemp(prefix="bench-api-"))
     task_ids = [
-        str(do_create_task(tenant, actor="user:bench", agent="noop", input={"steps": 1_000_000, "sleepMs": 20})[0].id)
+        str(
+            do_create_task(console(tenant, "user:bench"), agent="noop", input={"steps": 1_000_000, "sleepMs": 20})[0].id
+        )
         for _ in range(args.tasks)
     ]
     builds = {"this checkout": _common.ROOT}

@@ -68,6 +68,7 @@ def main() -> None:
     _common.setup()
 
     from runtime_site.blobstore import blob_store
+    from tasks_app.access import console
     from tasks_app.actions import do_create_task
     from tasks_app.agents.document_review.corpus import generate_corpus
     from tasks_app.models import AuditRecord, Step, Task, Tenant
@@ -82,8 +83,7 @@ def main() -> None:
     ids = [
         str(
             do_create_task(
-                tenant,
-                actor="user:chaos",
+                console(tenant, "user:chaos"),
                 agent="document_review",
                 input={"corpus": "corpora/chaos", "batchSize": args.batch},
                 checkpoint_policy={"everySteps": args.every_steps},

@@ -64,8 +64,7 @@ def main() -> None:
         for n in range(args.kills):
             before = client.get(f"{url}/stats").json()
             task, _ = do_create_task(
-                tenant,
-                actor="user:bench",
+                console(tenant, "user:bench"),
                 agent="tool_calls",
                 input={
                     "calls": [

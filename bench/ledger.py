@@ -64,6 +64,7 @@ def main() -> None:
     from ledger_app import mcp_client
     from ledger_app.actions import execute_once
     from tasks_app import leases
+    from tasks_app.access import console
     from tasks_app.actions import do_create_task
     from tasks_app.models import Tenant
 
@@ -72,7 +73,7 @@ def main() -> None:
     sink, sink_url = receiver("tests.sink", logs)
     remote, remote_url = receiver("tests.mcp_remote", logs)
     try:
-        task, _ = do_create_task(tenant, actor="user:bench", agent="noop", input={"steps": 1})
+        task, _ = do_create_task(console(tenant, "user:bench"), agent="noop", input={"steps": 1})
         lease = leases.claim(task.id, worker_id="bench", ttl=3600)
         assert lease is not None
 

@@ -135,11 +135,12 @@ PEERS = {"pg": run_pg, "dbos": run_dbos, "langgraph": run_langgraph}
 def runtime(n: int, tenant: object) -> float:
     import _common
 
+    from tasks_app.access import console
     from tasks_app.actions import do_create_task
     from tasks_app.models import Task
 
     start = time.time()
-    task, _ = do_create_task(tenant, actor="user:bench", agent="noop", input={"steps": n})
+    task, _ = do_create_task(console(tenant, "user:bench"), agent="noop", input={"steps": n})
     _common.wait(lambda: Task.objects.filter(id=task.id, status="completed").exists(), interval=0.005)
     task.refresh_from_db()
     assert task.steps_done == n, task.steps_done

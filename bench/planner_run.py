@@ -35,6 +35,7 @@ def main() -> None:
     from ledger_app.models import LedgerEntry
     from steering_app.actions import do_enqueue_command
     from steering_app.models import InputRequest
+    from tasks_app.access import console
     from tasks_app.actions import do_create_task
     from tasks_app.models import AuditRecord, Step, Task, Tenant
 
@@ -117,8 +118,7 @@ def main() -> None:
         _common.wait(lambda: stats(sink_url) and stats(model_url), timeout=30)
         tenant = Tenant.objects.create(slug="planner", name="planner")
         task, _ = do_create_task(
-            tenant,
-            actor="user:bench",
+            console(tenant, "user:bench"),
             agent="planner",
             input={"goal": "Record the order, then the colour a person picks.", "tools": ["http.request"]},
             checkpoint_policy={"everySteps": 1},

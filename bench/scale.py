@@ -92,18 +92,20 @@ class Sampler(threading.Thread):
 
 
 def run(processes: int, tasks: int, steps: int, tenant: object) -> dict[str, float]:
+    from tasks_app.access import console
     from tasks_app.actions import do_create_task
     from tasks_app.models import Task
 
     worker = _common.worker(None, "-c", str(processes))
     try:
-        warm, _ = do_create_task(tenant, actor="user:bench", agent="noop", input={"steps": 2})
+        warm, _ = do_create_task(console(tenant, "user:bench"), agent="noop", input={"steps": 2})
         _common.wait(lambda: Task.objects.filter(id=warm.id, status="completed").exists(), 120)
         sampler = Sampler(worker.pid)
         sampler.start()
         start = time.time()
         ids = [
-            do_create_task(tenant, actor="user:bench", agent="noop", input={"steps": steps})[0].id for _ in range(tasks)
+            do_create_task(console(tenant, "user:bench"), agent="noop", input={"steps": steps})[0].id
+            for _ in range(tasks)
         ]
         created = time.time() - start
         _common.wait(lambda: Task.objects.filter(id__in=ids, status="completed").count() == tasks, 1200, 0.2)

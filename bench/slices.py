@@ -64,11 +64,12 @@ def hops(n: int, pid: int) -> tuple[float, float]:
 def slices(n: int, tenant: object, pid: int) -> tuple[float, float]:
     """(wall seconds, worker CPU seconds) from creation to completion of an n-step no-op task,
     one step per slice."""
+    from tasks_app.access import console
     from tasks_app.actions import do_create_task
     from tasks_app.models import Task
 
     cpu, start = worker_cpu(pid), time.time()
-    task, _ = do_create_task(tenant, actor="user:bench", agent="noop", input={"steps": n})
+    task, _ = do_create_task(console(tenant, "user:bench"), agent="noop", input={"steps": n})
     _common.wait(lambda: Task.objects.filter(id=task.id, status="completed").exists(), interval=0.005)
     task.refresh_from_db()
     assert task.steps_done == n, task.steps_done

@@ -31,6 +31,7 @@ def main() -> None:
     import httpx
 
     from steering_app.models import SteeringCommand
+    from tasks_app.access import console
     from tasks_app.actions import do_create_task
     from tasks_app.models import Task
 
@@ -40,7 +41,7 @@ def main() -> None:
     worker = _common.worker(logs / "worker.log")
     http = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"})
     try:
-        task, _ = do_create_task(tenant, actor="user:bench", agent="noop", input={"steps": 1_000_000, "sleepMs": 20})
+        task, _ = do_create_task(console(tenant, "user:bench"), agent="noop", input={"steps": 1_000_000, "sleepMs": 20})
         _common.wait(lambda: Task.objects.get(id=task.id).steps_done > 0, timeout=30)
         url = f"/runtime/tasks/{task.id}"
 

@@ -35,12 +35,13 @@ def baseline(n: int) -> float:
 
 def runtime(n: int, tenant) -> float:
     """Seconds from task creation to completion for an n-step no-op task."""
+    from tasks_app.access import console
     from tasks_app.actions import do_create_task
     from tasks_app.models import Task
 
     start = time.time()
     task, _ = do_create_task(
-        tenant, actor="user:bench", agent="noop", input={"steps": n}, checkpoint_policy={"everySteps": 10}
+        console(tenant, "user:bench"), agent="noop", input={"steps": n}, checkpoint_policy={"everySteps": 10}
     )
     _common.wait(lambda: Task.objects.filter(id=task.id, status="completed").exists())
     task.refresh_from_db()

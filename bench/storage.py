@@ -43,10 +43,11 @@ def sizes(task_id: object) -> dict[str, int]:
 
 def run(tenant: object, agent: str, input: dict) -> tuple[object, int, dict[str, int], dict[str, int]]:
     from tasks_app import engine, retention
+    from tasks_app.access import console
     from tasks_app.actions import do_create_task
     from tasks_app.models import Task
 
-    task, _ = do_create_task(tenant, actor="user:bench", agent=agent, input=input)
+    task, _ = do_create_task(console(tenant, "user:bench"), agent=agent, input=input)
     while engine.run_slice(task.id, worker_id="bench") is engine.SliceOutcome.CONTINUE:
         pass
     task = Task.objects.get(id=task.id)

@@ -59,6 +59,7 @@ def main() -> None:
         os.environ.setdefault(key, value)
     _common.setup(DATABASE_URL="postgres://postgres@127.0.0.1:5432/runtime_takeover")
 
+    from tasks_app.access import console
     from tasks_app.actions import do_create_task
     from tasks_app.models import Task, Tenant
 
@@ -69,7 +70,7 @@ def main() -> None:
     )
     workers = [ready_worker(logs / f"worker-{i}.log") for i in range(3)]
     ids = [
-        do_create_task(tenant, actor="user:bench", agent="noop", input={"steps": 1_000_000, "sleepMs": 200})[0].id
+        do_create_task(console(tenant, "user:bench"), agent="noop", input={"steps": 1_000_000, "sleepMs": 200})[0].id
         for _ in range(2)
     ]
     results: dict[str, list[float]] = {mode: [] for mode in args.mode}

@@ -40,7 +40,7 @@ from steering_app.actions import (
 )
 from steering_app.models import CommandType, InputRequest, InputStatus, SteeringCommand
 from tasks_app import artifacts, errors
-from tasks_app.access import principal_for, task_for, visible_tasks
+from tasks_app.access import as_member, principal_for, task_for, visible_tasks
 from tasks_app.actions import do_create_task
 from tasks_app.errors import DomainError, Forbidden, IdempotencyConflict, TaskNotFound, VersionConflict
 from tasks_app.models import ROLE_RANK, Role, Task, TaskEvent
@@ -180,8 +180,7 @@ def _start_posted(request: HttpRequest, tenants: list[tuple[str, str]]) -> HttpR
         )
         try:
             task, _ = do_create_task(
-                membership.tenant,
-                actor=f"user:{request.user.pk}",
+                as_member(membership),
                 agent="document_review",
                 input=form.agent_input(),
                 goal=form.cleaned_data["goal"],

@@ -91,25 +91,10 @@ def settle_interrupted(task_id: Any) -> int:
     )
 
 
+# A kill cuts the step only inside the remote call itself, where the Kill Policy lets it
+# (kills.calling); the ledger's own reads and writes run to their end.
+@kills.shielded()
 def execute_once(
-    lease: leases.Lease,
-    *,
-    tenant_id: int,
-    sequence: int,
-    index: int,
-    name: str,
-    args: dict[str, Any],
-    answers: dict[str, Any],
-) -> Any:
-    # A kill cuts the step only inside the remote call itself, where the Kill Policy lets
-    # it (kills.calling); the ledger's own reads and writes run to their end.
-    with kills.shielded():
-        return _execute_once(
-            lease, tenant_id=tenant_id, sequence=sequence, index=index, name=name, args=args, answers=answers
-        )
-
-
-def _execute_once(
     lease: leases.Lease,
     *,
     tenant_id: int,

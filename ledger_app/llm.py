@@ -313,9 +313,3 @@ tools.register(
         backoff=float(_section["backoff_seconds"]),
     )
 )
-
-
-def describe(result: dict[str, Any]) -> str:
-    """One line for logs: what the model asked for."""
-    calls = ", ".join(c["name"] for c in result.get("toolCalls", [])) or "no tool calls"
-    return f"{result.get('model')}: {calls}; {json.dumps(result.get('usage', {}))}"

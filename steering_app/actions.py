@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import secrets
 from typing import Any
 from uuid import UUID
 
@@ -199,8 +200,15 @@ def _enqueue_command(
     if task.state_version != expected_version:
         raise VersionConflict(task)
     _validate(task, type, payload, reason)
+    return _accept(task, command_id=command_id, type=type, payload=payload, requested_by=requested_by, reason=reason)
 
-    before = task.state_version
+
+def _accept(
+    task: Task, *, command_id: str, type: str, payload: dict[str, Any], requested_by: str, reason: str
+) -> tuple[SteeringCommand, bool]:
+    """On the locked row, once the command is known to be acceptable at the task's version
+    now: record it (audited), apply it at once at a safe point, and save the row."""
+    expected_version = before = task.state_version
     task.state_version += 1
     command = SteeringCommand(
         tenant_id=task.tenant_id,
@@ -237,6 +245,8 @@ def _enqueue_command(
     else:
         if type == CommandType.PAUSE:  # acknowledged now; the worker pauses at its safe point
             transition(task, Status.PAUSING, actor=requested_by, reason=reason or "pause requested")
+        elif type == CommandType.CANCEL:  # asked for now (the snapshot says so); applied at the safe point
+            _request_cancel(task, reason or "cancelled")
         command.save()
     # The command's version is the task's version once this transaction is done: it orders
     # the commands of a task and is what the client sends as its next expectedVersion.
@@ -255,8 +265,8 @@ def apply_pending(task: Task, *, actor: str, by_worker: bool = True) -> bool:
     cancel). Returns True when the task became runnable and needs a slice. The caller saves
     STEERING_FIELDS.
 
-    Cancel always wins: one applied here, or asked for over REST or MCP while a worker held
-    the task, ends it now, whatever came with it (a pause applied in the same breath would
+    Cancel always wins: one applied here, or accepted (or a kill) while a worker held the
+    task, ends it now, whatever came with it (a pause applied in the same breath would
     otherwise leave it paused, with nobody to finish the cancel)."""
     assert transaction.get_connection().in_atomic_block
     enqueue = False
@@ -333,7 +343,7 @@ def apply_command(task: Task, command: SteeringCommand, *, actor: str, by_worker
 
 
 def _request_cancel(task: Task, reason: str) -> None:
-    """The one way a cancel is asked for (the cancel command, its kill, do_cancel_task):
+    """The one way a cancel is asked for (the cancel command, whoever sends it, and a kill):
     whoever is at the task's next safe point ends it (apply_pending: cancel always wins)."""
     task.cancel_requested, task.cancel_reason = True, reason[:500]
 
@@ -377,8 +387,11 @@ def _cancel(task: Task, *, actor: str, by_worker: bool) -> None:
 
 
 def do_cancel_task(task_id: UUID, *, who: Principal, reason: str = "") -> Task:
-    """Cancel now if no worker holds the task; otherwise ask the worker to stop at its
-    next safe point (a running step always finishes and commits first). Operator role."""
+    """The cancel command at the task's version now, whoever asks (REST's /cancel, MCP's
+    tasks/cancel, the admin; steering's own cancel is the same command): the same command
+    row, audit records and events. It ends the task now if no worker holds it; otherwise the
+    worker stops at its next safe point (a running step always finishes and commits first),
+    and asking again meanwhile adds nothing. A finished task: IllegalTransition. Operator role."""
     check_role(who, Role.OPERATOR)
     return _cancel_task(task_id, tenant=who.tenant, actor=who.actor, reason=reason)
 
@@ -389,21 +402,19 @@ def _cancel_task(task_id: UUID, *, tenant: Tenant, actor: str, reason: str) -> T
     task = Task.objects.select_for_update().get(id=task_id, tenant=tenant)
     if task.status in TERMINAL:
         raise IllegalTransition(task.status, Status.CANCELLED)
-    if not _idle(task):  # a worker is mid-step: it cancels at its safe point (as for the command)
-        if not task.cancel_requested:
-            before = task.state_version
-            _request_cancel(task, reason)
-            task.state_version += 1
-            task.save(update_fields=["cancel_requested", "cancel_reason", "state_version", "updated_at"])
-            record_audit(task, actor=actor, action="cancel_requested", before_version=before, reason=reason)
+    if task.cancel_requested and not _idle(task):  # asked already: it lands at the worker's safe point
         return task
-    # Nobody holds the task: a safe point, where steering's one rule applies. What a slice
-    # left pending (a pause accepted while it ran, before it was abandoned or died) settles
-    # first, in accepted order, then the cancel wins; it moves the lease epoch, which fences
-    # out a worker whose lease expired but that may still be running.
-    _request_cancel(task, reason)
-    apply_pending(task, actor=actor, by_worker=False)
-    task.save(update_fields=STEERING_FIELDS)
+    # At a safe point (nobody holds the task) the command applies at once, after whatever a
+    # slice left pending, and moves the lease epoch, which fences out a worker whose lease
+    # expired but that may still be running.
+    _accept(
+        task,
+        command_id=f"cancel-{secrets.token_hex(8)}",
+        type=CommandType.CANCEL,
+        payload={},
+        requested_by=actor,
+        reason=reason,
+    )
     return task
 
 

@@ -2,7 +2,7 @@
 (REST, SSE, MCP, dashboard, admin) and every action that takes a caller.
 
 A caller is a Principal (tasks_app.auth): an API key's, a person's in one tenant
-(`principal_for`), or the operator console's (`console`). Actions call `check_role`
+(`principal_for`, `as_member`), or the operator console's (`console`). Actions call `check_role`
 themselves, so no edge can forget a rule; edges only look the task up (`task_for`).
 """
 
@@ -47,8 +47,12 @@ def check_role(who: Principal, minimum: str) -> None:
 
 def principal_for(user: User, task: Task) -> Principal:
     """A signed-in person acting on one of their tenants' tasks: their membership is their role."""
-    membership = Membership.objects.select_related("tenant").get(user=user, tenant_id=task.tenant_id)
-    return Principal(tenant=membership.tenant, role=membership.role, actor=f"user:{user.pk}")
+    return as_member(Membership.objects.select_related("tenant").get(user=user, tenant_id=task.tenant_id))
+
+
+def as_member(membership: Membership) -> Principal:
+    """A signed-in person acting in one of their tenants (starting a task there, say)."""
+    return Principal(tenant=membership.tenant, role=membership.role, actor=f"user:{membership.user_id}")
 
 
 def console(tenant: Tenant, actor: str) -> Principal:

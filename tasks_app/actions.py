@@ -14,10 +14,12 @@ from common.canonical import canonical_json, sha256_hex
 from common.schema import validate
 from runtime_site.tracing import trace_headers
 from tasks_app import events, policy
+from tasks_app.access import check_role
 from tasks_app.agents import base as agents
 from tasks_app.audit import record_audit
+from tasks_app.auth import Principal
 from tasks_app.errors import IdempotencyConflict, IllegalTransition, QuotaExceeded
-from tasks_app.models import Task, Tenant
+from tasks_app.models import Role, Task, Tenant
 from tasks_app.queue import enqueue_slice_on_commit
 from tasks_app.selectors import task_snapshot
 from tasks_app.states import TERMINAL, Status, can_transition
@@ -79,9 +81,8 @@ def _fingerprint(body: dict[str, Any]) -> str:
 
 
 def do_create_task(
-    tenant: Tenant,
+    who: Principal,
     *,
-    actor: str,
     agent: str,
     input: dict[str, Any],
     goal: str = "",
@@ -92,11 +93,14 @@ def do_create_task(
     idempotency_key: str | None = None,
     ttl_seconds: int | None = None,
 ) -> tuple[Task, bool]:
-    """Validate and create a task; enqueue its first slice on commit.
+    """Validate and create a task in `who`'s tenant, started by `who` (the operator role:
+    Forbidden otherwise); enqueue its first slice on commit.
 
     Returns (task, created). With an Idempotency-Key, a replay of the same body returns
     the original task; the same key with another body raises IdempotencyConflict.
     """
+    check_role(who, Role.OPERATOR)
+    tenant, actor = who.tenant, who.actor
     # The last line, whatever the edge (REST, MCP, dashboard, admin, a script): UnsafeInput.
     json_safety.check(
         {

@@ -571,8 +571,9 @@ def _commit_step(run: _Run, ctx: agents.StepContext, new_state: dict[str, Any], 
 
 
 # What a step's commit reads back from the task row: what others changed since (events
-# appended by steering, a cancel, new commands) and the high-water mark.
-FRESH = ("event_seq", "cancel_requested", "cancel_reason", "steering_head", "steps_done")
+# appended by steering; the control fields a cancel, a kill or a command wrote) and the
+# high-water mark.
+FRESH = ("event_seq", "steps_done", *Task.CONTROL_FIELDS)
 
 
 def _took_step(

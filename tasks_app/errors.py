@@ -4,7 +4,7 @@
 
 Actions raise these and never build responses; an edge looks an error up here. The
 exceptions live here, below every app that raises them, so the table can name them all;
-their old homes (tasks_app.actions, steering_app.actions, tasks_app.operators) re-export them.
+import them from here (the actions that raise them import them too, but only to raise them).
 """
 
 from __future__ import annotations

@@ -174,7 +174,8 @@ class Task(models.Model):
     # Who runs the task, until when, and the fencing token (tasks_app/leases.py).
     LEASE_FIELDS = ("lease_owner", "lease_expires_at", "lease_epoch")
     # What steering and cancel change on the row beside its status and lease, also while a
-    # worker runs it (steering_app.actions.STEERING_FIELDS is these, the transition's and the lease's).
+    # worker runs it (steering_app.actions.STEERING_FIELDS is these, the transition's and the
+    # lease's; the engine reads them back with each step's commit: engine.FRESH).
     CONTROL_FIELDS = (
         "goal",
         "constraints",

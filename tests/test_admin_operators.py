@@ -103,7 +103,15 @@ ACTIONS = [
     ("redrive", "do_redrive_task", dead_letter, {}, "recovering", "transition"),
     ("close", "do_close_task", dead_letter, {}, "failed", "transition"),
     ("release_lease", "do_release_lease", held_by_a_gone_worker, {}, "queued", "lease_released"),
-    ("cancel", "do_cancel_task", new_task, {"apply": "1", "reason": "customer withdrew"}, "cancelled", "transition"),
+    # the cancel command, as steering sends it: accepted, the transition, applied
+    (
+        "cancel",
+        "do_cancel_task",
+        new_task,
+        {"apply": "1", "reason": "customer withdrew"},
+        "cancelled",
+        "steering_applied",
+    ),
 ]
 
 

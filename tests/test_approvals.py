@@ -14,6 +14,7 @@ from ledger_app.models import LedgerEntry
 from runtime_site.blobstore import blob_store
 from steering_app.models import InputRequest
 from tasks_app import policy
+from tasks_app.access import console
 from tasks_app.actions import do_create_task
 from tasks_app.agents.document_review.corpus import generate_corpus
 from tasks_app.models import AuditRecord, Task
@@ -97,7 +98,7 @@ def test_a_rejected_publish_takes_the_rejection_path_and_publishes_nothing(alice
     generate_corpus(store, "corpora/reject", 30, 4, "2026-11-01")
     processes.worker(**FAST)
     task, _ = do_create_task(
-        alice.tenant, actor="user:test", agent="document_review", input={"corpus": "corpora/reject", "publish": True}
+        console(alice.tenant, "user:test"), agent="document_review", input={"corpus": "corpora/reject", "publish": True}
     )
     request = waiting_for(task, "approve-")
     assert approve(approver, task, request["key"], "reject").status_code == 202

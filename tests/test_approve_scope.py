@@ -15,6 +15,7 @@ from mcp.shared.exceptions import MCPError
 from conftest import Processes, free_port, make_persona, wait_until
 from steering_app.models import InputRequest, InputStatus, SteeringCommand
 from tasks_app import engine
+from tasks_app.access import console
 from tasks_app.actions import do_create_task
 from tasks_app.auth import issue_api_key
 from tasks_app.models import Task
@@ -27,8 +28,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def awaiting_approval(persona) -> tuple[Task, str]:
     """A task stopped before a guarded http.request, and its approval's key."""
     task, _ = do_create_task(
-        persona.tenant,
-        actor="user:creator",
+        console(persona.tenant, "user:creator"),
         agent="tool_calls",
         input={"calls": [{"tool": "http.request", "args": {"url": "http://127.0.0.1:9/x"}}]},
         approval_policy={"before": ["http.request"]},

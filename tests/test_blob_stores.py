@@ -12,6 +12,7 @@ import pytest
 
 from conftest import Processes, answers, free_port, wait_until
 from runtime_site.blobstore import BlobNotFound, LocalBlobStore, S3BlobStore
+from tasks_app.access import console
 from tasks_app.actions import do_create_task
 from tasks_app.agents.document_review.corpus import generate_corpus
 from tasks_app.models import Task
@@ -71,8 +72,7 @@ def test_a_worker_on_the_s3_profile_reads_its_corpus_from_and_writes_its_report_
     # Publishing without an approval gate here (approvals have their own tests).
     processes.worker(**env, SECURITY_REQUIRE_APPROVAL="payment.create")
     task, _ = do_create_task(
-        alice.tenant,
-        actor="user:test",
+        console(alice.tenant, "user:test"),
         agent="document_review",
         input={"corpus": "corpora/s3", "batchSize": 10, "publish": True},
     )

@@ -258,8 +258,7 @@ def test_a_stale_page_gets_a_409_with_the_current_state_and_tenants_stay_apart(p
 
 def review(persona, corpus: str, **input):
     task, _ = do_create_task(
-        persona.tenant,
-        actor=f"user:{persona.user.pk}",
+        console(persona.tenant, f"user:{persona.user.pk}"),
         agent="document_review",
         goal="Find risky contracts",
         input={"corpus": corpus, **input},

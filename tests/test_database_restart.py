@@ -291,9 +291,10 @@ def test_database_outages_longer_than_a_lease_are_infrastructure_faults_not_reco
     expires; once it is back the reaper used to count that as a crashed worker, and with
     max_recoveries=1 the second outage dead-lettered a healthy task."""
     from conftest import FAST_LEASES
+    from tasks_app.access import console
     from tasks_app.actions import do_create_task
 
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 30, "sleepMs": 300})
+    task, _ = do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 30, "sleepMs": 300})
     url = private_postgres.copy_of_the_test_database()
     env = {**FAST_LEASES, "RUNTIME_MAX_RECOVERIES": "1", "DATABASE_URL": url}
     processes.worker(**env)

@@ -14,6 +14,7 @@ from django.db import connection
 
 from checkpoints_app.models import Checkpoint
 from conftest import FAST_LEASES, Processes, free_port, wait_until
+from tasks_app.access import console
 from tasks_app.actions import do_create_task
 from tasks_app.audit import verify_chain
 from tasks_app.models import Step, Task
@@ -42,8 +43,7 @@ def test_a_frozen_worker_resumed_after_a_takeover_commits_nothing(alice, process
     frozen = processes.worker(**FAST)
     processes.beat(**FAST)
     task, _ = do_create_task(
-        alice.tenant,
-        actor="user:test",
+        console(alice.tenant, "user:test"),
         agent="noop",
         input={"steps": 40, "sleepMs": 100},
         checkpoint_policy={"everySteps": 4},
@@ -120,8 +120,7 @@ def test_terminated_database_connections_mid_slice_are_survived(alice, processes
     processes.worker(**FAST)
     processes.beat(**FAST)
     task, _ = do_create_task(
-        alice.tenant,
-        actor="user:test",
+        console(alice.tenant, "user:test"),
         agent="noop",
         input={"steps": 40, "sleepMs": 80},
         checkpoint_policy={"everySteps": 4},

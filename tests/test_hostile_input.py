@@ -67,7 +67,7 @@ def refusal(response: Any, status: int = 400) -> dict[str, Any]:
 @pytest.fixture
 def task(alice) -> Task:
     """A task with an open question whose answer schema takes anything, so an answer reaches the database."""
-    task, _ = do_create_task(alice.tenant, actor=f"user:{alice.user.pk}", agent="noop", input={"steps": 3})
+    task, _ = do_create_task(console(alice.tenant, f"user:{alice.user.pk}"), agent="noop", input={"steps": 3})
     InputRequest.objects.create(
         tenant=alice.tenant, task=task, key="q", prompt="anything?", answer_schema={}, step_sequence=1
     )
@@ -314,13 +314,13 @@ def test_the_actions_refuse_what_no_edge_may_store(alice, task):
     before = written()
     calls = {
         "input with a NUL": lambda: do_create_task(
-            alice.tenant, actor="user:x", agent="tool_calls", input={"calls": [{"tool": "t", "args": {"v": "\x00"}}]}
+            console(alice.tenant, "user:x"), agent="tool_calls", input={"calls": [{"tool": "t", "args": {"v": "\x00"}}]}
         ),
         "a budget beyond bigint": lambda: do_create_task(
-            alice.tenant, actor="user:x", agent="noop", input={"steps": 3}, budget={"maxSteps": 2**70}
+            console(alice.tenant, "user:x"), agent="noop", input={"steps": 3}, budget={"maxSteps": 2**70}
         ),
         "a goal with a surrogate": lambda: do_create_task(
-            alice.tenant, actor="user:x", agent="noop", input={"steps": 3}, goal="\udc00"
+            console(alice.tenant, "user:x"), agent="noop", input={"steps": 3}, goal="\udc00"
         ),
         "a payload with a NUL": lambda: do_enqueue_command(
             task.id,

@@ -29,8 +29,7 @@ FAST = {**FAST_LEASES, "SECURITY_HTTP_ALLOWLIST": "127.0.0.1"}
 def calls(alice, *urls: str) -> Task:
     """A task that POSTs to each url in turn, one step each, through the ledger."""
     return do_create_task(
-        alice.tenant,
-        actor="user:test",
+        console(alice.tenant, "user:test"),
         agent="tool_calls",
         input={
             "calls": [
@@ -160,8 +159,7 @@ def test_a_kill_cuts_a_call_to_a_tool_on_a_remote_mcp_server_and_the_worker_goes
     remote = Remote(processes)
     processes.worker(**FAST)
     task = do_create_task(
-        alice.tenant,
-        actor="user:test",
+        console(alice.tenant, "user:test"),
         agent="tool_calls",
         input={
             "calls": [
@@ -189,7 +187,7 @@ def test_a_kill_cuts_a_call_to_a_tool_on_a_remote_mcp_server_and_the_worker_goes
     )
     assert LedgerEntry.objects.get(task=task).status == "unknown"  # mcp.call cannot be asked: a person confirms
 
-    after = settled(do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 2})[0])
+    after = settled(do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 2})[0])
     assert after.status == "completed" and {int(s.worker.rsplit(":", 1)[1]) for s in after.steps.all()} == {pid}
     assert remote.stats()["effects"].get("slow", 0) == 0
 
@@ -228,8 +226,7 @@ def test_a_must_finish_call_sent_again_after_reconciliation_is_waited_for_too(
     processes.worker(**FAST, KILL_FINISH_FIRST="http.request", RUNTIME_FAULT_INJECTION=f"ledger:before_call:{marker}")
     processes.beat(**FAST)
     task = do_create_task(
-        alice.tenant,
-        actor="user:test",
+        console(alice.tenant, "user:test"),
         agent="tool_calls",
         input={
             "calls": [

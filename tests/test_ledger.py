@@ -10,6 +10,7 @@ import pytest
 
 from conftest import FAST_LEASES, ROOT, Processes, answers, free_port, settled, wait_until
 from ledger_app.models import LedgerEntry
+from tasks_app.access import console
 from tasks_app.actions import do_create_task
 from tasks_app.models import Task
 from tasks_app.queue import enqueue_slice
@@ -47,7 +48,7 @@ def webhook(alice, sink: Sink, *, count: int = 3, reconcile: bool = True, option
     payload = {"url": f"{sink.url}/effects", "payload": {"hello": "world"}, "count": count, **extra}
     if reconcile:
         payload["reconcileUrl"] = f"{sink.url}/effects/{{key}}"
-    return do_create_task(alice.tenant, actor="user:test", agent="webhook", input=payload, **(options or {}))[0]
+    return do_create_task(console(alice.tenant, "user:test"), agent="webhook", input=payload, **(options or {}))[0]
 
 
 @pytest.mark.parametrize("point", ["ledger:before_call", "ledger:after_call", "ledger:after_settle"])
@@ -134,7 +135,9 @@ def test_denied_tools_and_hosts_off_the_allowlist_fail_clearly(alice, processes)
     denied = settled(webhook(alice, sink, tool="shell.root"))
     assert denied.status == "failed" and "denied by policy" in denied.error["message"]
     elsewhere = settled(
-        do_create_task(alice.tenant, actor="user:test", agent="webhook", input={"url": "http://localhost:9/effects"})[0]
+        do_create_task(
+            console(alice.tenant, "user:test"), agent="webhook", input={"url": "http://localhost:9/effects"}
+        )[0]
     )
     assert elsewhere.status == "failed" and "not in security.http_allowlist" in elsewhere.error["message"]
     assert sink.stats()["posts"] == 0

@@ -68,10 +68,11 @@ def server(alice, processes: Processes):
 def warm_up(persona) -> None:
     """A worker child's first slice is slow (~1 s: connections, lazy imports); one scenario
     allows a synchronous call 500 ms. Run a few quick tasks first so the children are warm."""
+    from tasks_app.access import console
     from tasks_app.actions import do_create_task
 
     ids = [
-        do_create_task(persona.tenant, actor="test:warm-up", agent="greet", input={"name": "warm"}, priority=0)[0].id
+        do_create_task(console(persona.tenant, "test:warm-up"), agent="greet", input={"name": "warm"}, priority=0)[0].id
         for _ in range(16)
     ]
     wait_until(

@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import FAST_LEASES, Processes, SseClient, answers, free_port, purge_queues, settled, wait_until
 from ledger_app.models import LedgerEntry
+from tasks_app.access import console
 from tasks_app.actions import do_create_task
 from tasks_app.models import Task
 from tasks_app.tasks import scan_leases
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def noop(persona, *, steps: int, priority: int = 5, **extra) -> Task:
     return do_create_task(
-        persona.tenant, actor="user:test", agent="noop", input={"steps": steps, **extra}, priority=priority
+        console(persona.tenant, "user:test"), agent="noop", input={"steps": steps, **extra}, priority=priority
     )[0]
 
 

@@ -35,7 +35,7 @@ def post(sink: Sink, n: int, **extra) -> dict:
 
 def planner(alice, goal: str, **options) -> Task:
     return do_create_task(
-        alice.tenant, actor="user:test", agent="planner", input={"goal": goal, "tools": ["http.request"]}, **options
+        console(alice.tenant, "user:test"), agent="planner", input={"goal": goal, "tools": ["http.request"]}, **options
     )[0]
 
 
@@ -224,8 +224,7 @@ def test_remote_mcp_tools_are_offered_and_a_guarded_call_waits_for_an_approval_t
     )
     processes.worker(**FAST, **model.env(TOOLS_MCP_SERVERS=json.dumps({"crm": {"url": remote.mcp}})))
     task = do_create_task(
-        alice.tenant,
-        actor="user:test",
+        console(alice.tenant, "user:test"),
         agent="planner",
         input={"goal": "Record hello in the CRM.", "tools": ["crm.record"]},
         approval_policy={"before": ["mcp.call"]},

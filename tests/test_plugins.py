@@ -11,6 +11,7 @@ import pytest
 from conftest import FAST_LEASES, ROOT, settled
 from ledger_app.models import LedgerEntry
 from tasks_app import plugins
+from tasks_app.access import console
 from tasks_app.actions import do_create_task
 from tasks_app.agents import base, tools
 
@@ -35,7 +36,7 @@ def installed(tmp_path, monkeypatch):
 def test_an_installed_package_adds_an_agent_and_a_tool_that_a_worker_runs(alice, processes, installed):
     assert plugins.load() == ["hello.shout", "hello"]
     processes.worker(**FAST_LEASES, PYTHONPATH=str(installed))
-    task = do_create_task(alice.tenant, actor="user:test", agent="hello", input={"names": ["Ada", "Linus"]})[0]
+    task = do_create_task(console(alice.tenant, "user:test"), agent="hello", input={"names": ["Ada", "Linus"]})[0]
     task = settled(task)
     assert task.status == "completed", task.error
     assert task.result == {"greetings": ["HELLO, ADA!", "HELLO, LINUS!"]}

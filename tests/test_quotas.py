@@ -10,6 +10,7 @@ import pytest
 
 from conftest import FAST_LEASES, settled, wait_until
 from tasks_app import engine, quotas
+from tasks_app.access import console
 from tasks_app.actions import do_create_task
 from tasks_app.models import Task, TenantDailyUsage
 from tests.test_kill_running import calls
@@ -58,7 +59,7 @@ def test_with_on_quota_wait_a_task_waits_for_the_next_day(alice, processes):
 
 def test_the_cost_quota_stops_the_next_step_and_counts_each_step_once(alice, settings):
     settings.RUNTIME = {**settings.RUNTIME, "limits": {**settings.RUNTIME["limits"], "cost_per_tenant_day": 2.5}}
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 10, "costPerStep": 1})
+    task, _ = do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 10, "costPerStep": 1})
     while engine.run_slice(task.id, worker_id="w1") is engine.SliceOutcome.CONTINUE:
         pass
     task.refresh_from_db()

@@ -10,6 +10,7 @@ from django.db import connection
 
 from conftest import FAST_LEASES, Processes, database_url, settled, wait_until
 from ledger_app.models import LedgerEntry
+from tasks_app.access import console
 from tasks_app.actions import do_create_task
 from tasks_app.audit import verify_chain
 from tasks_app.models import AuditRecord, Step, Task
@@ -45,8 +46,7 @@ def test_a_worker_killed_twice_inside_the_same_steps_before_a_checkpoint_complet
     processes.beat(**FAST)
     worker = processes.worker(**FAST)
     task, _ = do_create_task(
-        alice.tenant,
-        actor="user:test",
+        console(alice.tenant, "user:test"),
         agent="noop",
         input={"steps": 24, "sleepMs": 500},
         checkpoint_policy={"everySteps": 10},

@@ -11,6 +11,7 @@ import pytest
 
 from conftest import FAST_LEASES, ROOT, Processes, answers, free_port, settled, wait_until
 from ledger_app.models import LedgerEntry
+from tasks_app.access import console
 from tasks_app.actions import do_create_task
 from tasks_app.models import Task
 
@@ -52,7 +53,7 @@ def calls(alice, remote: Remote, *tool_calls: tuple[str, dict]) -> Task:
             {"tool": "mcp.call", "args": {"server": remote.mcp, "tool": name, **args}} for name, args in tool_calls
         ]
     }
-    return do_create_task(alice.tenant, actor="user:test", agent="tool_calls", input=payload)[0]
+    return do_create_task(console(alice.tenant, "user:test"), agent="tool_calls", input=payload)[0]
 
 
 def test_remote_tools_are_called_once_each_and_their_results_kept(alice, processes):

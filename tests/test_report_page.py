@@ -16,10 +16,11 @@ def test_a_person_opens_the_reviews_report_and_sees_its_risk_chart(page, process
     from playwright.sync_api import expect
 
     from runtime_site.blobstore import blob_store
+    from tasks_app.access import console
     from tasks_app.actions import do_create_task
 
     alice = person("acme", "alice", "admin")
-    task = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 1})[0]
+    task = do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 1})[0]
     ref = blob_store().put(
         f"tasks/{task.id}/artifacts/report.md", b"# Risk report\n\n2 high-risk contracts.\n", "text/markdown"
     )

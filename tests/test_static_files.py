@@ -9,6 +9,7 @@ import os
 import pytest
 
 from conftest import Processes, free_port, make_persona
+from tasks_app.access import console
 from tasks_app.actions import do_create_task
 from tests.test_dashboard import browser, page  # noqa: F401 (fixtures)
 
@@ -38,7 +39,7 @@ def test_admin_and_dashboard_load_their_stylesheets_and_scripts(page, processes:
     oscar.user.is_staff = oscar.user.is_superuser = True
     oscar.user.set_password("pw")
     oscar.user.save()
-    task, _ = do_create_task(oscar.tenant, actor="user:oscar", agent="noop", input={"steps": 1})
+    task, _ = do_create_task(console(oscar.tenant, "user:oscar"), agent="noop", input={"steps": 1})
     port = free_port()
     processes.web(port)
     base = f"http://127.0.0.1:{port}"

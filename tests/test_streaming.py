@@ -43,7 +43,7 @@ def assert_no_gap(client: SseClient, task_id, after: int) -> None:
 
 def test_the_stream_starts_with_a_snapshot_and_then_carries_every_event_in_order(alice, processes):
     base = web_and_worker(processes)
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 40, "sleepMs": 30})
+    task, _ = do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 40, "sleepMs": 30})
     client = SseClient(events_url(base, task), alice.token)
     wait_until(lambda: client.of("terminal"), timeout=60, what="the terminal event")
     client.close()
@@ -57,7 +57,7 @@ def test_the_stream_starts_with_a_snapshot_and_then_carries_every_event_in_order
 
 def test_a_client_that_reconnects_gets_a_fresh_snapshot_and_then_live_events(alice, processes):
     base = web_and_worker(processes)
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 60, "sleepMs": 50})
+    task, _ = do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 60, "sleepMs": 50})
     first = SseClient(events_url(base, task), alice.token)
     wait_until(lambda: len(first.of("progress")) >= 3, timeout=30, what="some progress")
     first.close()
@@ -81,7 +81,7 @@ def test_a_client_that_reconnects_gets_a_fresh_snapshot_and_then_live_events(ali
 
 def test_another_tenant_is_refused_and_learns_nothing(alice, mallory, processes):
     base = web_and_worker(processes)
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 3})
+    task, _ = do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 3})
     import httpx
 
     stranger = httpx.get(events_url(base, task), headers={"Authorization": f"Bearer {mallory.token}"}, timeout=10)
@@ -111,7 +111,7 @@ def test_open_streams_hold_no_database_connection(alice, processes):
     base = web_and_worker(
         processes, web_env={"DATABASE_URL": database_url() + "?application_name=sse-web", "RUNTIME_DB_POOL": "false"}
     )
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 400, "sleepMs": 50})
+    task, _ = do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 400, "sleepMs": 50})
     wait_until(lambda: Task.objects.get(id=task.id).steps_done > 2, timeout=30, what="the task to run")
     clients = [SseClient(events_url(base, task), alice.token) for _ in range(20)]
     wait_until(lambda: all(len(c.of("progress")) >= 2 for c in clients), timeout=60, what="every stream to be live")
@@ -172,7 +172,7 @@ def test_deployments_sharing_a_redis_never_see_each_others_events(alice, process
     ours = web_and_worker(processes)
     other_port = free_port()
     processes.web(other_port, RUNTIME_DEPLOYMENT="another-deployment")
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 30, "sleepMs": 40})
+    task, _ = do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 30, "sleepMs": 40})
     # Both web processes read the same database here (real deployments do not), so the
     # other one may see stored events when it connects; what it must never get is our
     # pub/sub traffic, which would carry it live to the end.
@@ -189,7 +189,7 @@ def test_deployments_sharing_a_redis_never_see_each_others_events(alice, process
 def test_progress_of_a_fast_task_is_coalesced_and_the_latest_value_is_delivered(alice, settings):
     settings.RUNTIME = {**settings.RUNTIME, "stream": {**settings.RUNTIME["stream"], "progress_interval_ms": 250}}
     settings.RUNTIME_SLICE_STEPS = 1000
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 300})
+    task, _ = do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 300})
     started = time.monotonic()
     while engine.run_slice(task.id, worker_id="w") is engine.SliceOutcome.CONTINUE:
         pass

@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from conftest import Processes, free_port, settled, wait_until
+from tasks_app.access import console
 from tasks_app.actions import do_create_task
 from tasks_app.models import Task
 from tests.otlp_receiver import OtlpReceiver, render
@@ -211,7 +212,7 @@ def test_a_worker_told_to_stop_exits_promptly_when_its_collector_is_unreachable(
         worker = worker_on(
             processes, "steps,maintenance", OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, OTEL_BSP_SCHEDULE_DELAY="600000"
         )
-        task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 3})
+        task, _ = do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 3})
         assert settled(task).status == "completed"
         started = time.monotonic()
         os.kill(worker.pid, signal.SIGTERM)  # as a supervisor stops it: its main process only

@@ -18,6 +18,7 @@ import pytest
 from conftest import FAST_LEASES, WORKER, Processes, purge_queues, settled, wait_until
 from ledger_app.models import LedgerEntry
 from steering_app.models import InputRequest
+from tasks_app.access import console
 from tasks_app.actions import do_create_task
 from tasks_app.models import Step, Task
 from tests.test_ledger import Sink, webhook
@@ -73,8 +74,7 @@ def test_a_cpu_starved_worker_keeps_its_lease_through_a_remote_call_of_several_l
     processes.beat(**FAST)
     with cpu_starved(processes, starved):
         task, _ = do_create_task(
-            alice.tenant,
-            actor="user:test",
+            console(alice.tenant, "user:test"),
             agent="tool_calls",
             input={
                 "calls": [
@@ -145,7 +145,9 @@ def test_a_step_that_always_hangs_is_abandoned_at_its_deadline_until_it_dead_let
     env = {**FAST, "RUNTIME_STEP_SECONDS": "2"}
     worker = processes.worker(**env)
     processes.beat(**env)
-    hanging, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 1, "sleepMs": 600_000})
+    hanging, _ = do_create_task(
+        console(alice.tenant, "user:test"), agent="noop", input={"steps": 1, "sleepMs": 600_000}
+    )
     first_pool = wait_until(lambda: pool_pids(worker), timeout=30, what="the pool process")
     task = wait_until(
         lambda: (t := Task.objects.get(id=hanging.id)).status == "dead_lettered" and t,
@@ -164,7 +166,7 @@ def test_a_step_that_always_hangs_is_abandoned_at_its_deadline_until_it_dead_let
 
     # The worker is healthy: its stuck pool processes were replaced, and it runs the next task.
     assert worker.poll() is None and not pool_pids(worker) & first_pool
-    after = settled(do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 3})[0])
+    after = settled(do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 3})[0])
     assert after.status == "completed" and after.recoveries == 0
 
 
@@ -183,7 +185,7 @@ def test_a_worker_told_to_stop_hands_its_task_over_before_its_lease_would_expire
     # order below mean something: the handover is not the slice's end or the lease's expiry.
     env = {**FAST, "RUNTIME_LEASE_SECONDS": "6", "RUNTIME_SLICE_SECONDS": "60", "RUNTIME_SLICE_STEPS": "1000"}
     stopping = processes.worker(**env)
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 150, "sleepMs": 100})
+    task, _ = do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 150, "sleepMs": 100})
     wait_until(
         lambda: Task.objects.get(id=task.id).steps_done >= 5 and held_by(task, stopping),
         timeout=60,
@@ -228,7 +230,7 @@ def test_a_recovering_task_whose_message_was_lost_is_rung_again_without_waiting_
     crashed = worker_on(processes, "steps", **env)
     worker_on(processes, "maintenance", **env)  # the reaper keeps scanning; nobody takes slices
     processes.beat(**env)
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 30, "sleepMs": 100})
+    task, _ = do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 30, "sleepMs": 100})
     wait_until(lambda: Task.objects.get(id=task.id).steps_done >= 3, timeout=60, what="3 steps")
     processes.kill(crashed)
     wait_until(
@@ -261,5 +263,5 @@ def test_a_step_stuck_in_a_c_call_that_holds_the_gil_still_meets_its_deadline(al
     assert task.status == "completed" and task.recoveries == 1, task.error
     assert sink.stats()["posts"] == 1
     assert stuck.poll() is None  # the worker lives on, with a fresh pool process that runs the next task
-    after = settled(do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 3})[0])
+    after = settled(do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 3})[0])
     assert after.status == "completed" and after.recoveries == 0

@@ -13,6 +13,7 @@ import pytest
 
 from checkpoints_app.models import Checkpoint
 from conftest import FAST_LEASES, Processes, wait_until
+from tasks_app.access import console
 from tasks_app.actions import do_create_task
 from tasks_app.audit import verify_chain
 from tasks_app.models import Step, Task
@@ -30,7 +31,7 @@ def status_of(task: Task) -> str:
 
 def test_a_slice_delivered_many_times_runs_each_step_once(alice, processes: Processes):
     processes.worker(concurrency=2, **FAST)
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 40, "sleepMs": 20})
+    task, _ = do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 40, "sleepMs": 20})
     # Duplicate doorbells while it runs: every one of them races the real one for the lease.
     for _ in range(12):
         enqueue_slice(task.id, task.priority)
@@ -47,8 +48,7 @@ def test_a_worker_killed_mid_run_is_replaced_and_the_task_resumes_from_its_check
     first = processes.worker(**FAST)
     processes.beat(**FAST)
     task, _ = do_create_task(
-        alice.tenant,
-        actor="user:test",
+        console(alice.tenant, "user:test"),
         agent="noop",
         input={"steps": 60, "sleepMs": 60},
         checkpoint_policy={"everySteps": 5},
@@ -88,7 +88,7 @@ def test_the_heartbeat_keeps_a_step_longer_than_the_lease(alice, processes: Proc
     env = {**FAST, "RUNTIME_LEASE_SECONDS": "2", "RUNTIME_HEARTBEAT_SECONDS": "0.5"}
     processes.worker(concurrency=2, **env)
     processes.beat(**env)
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 3, "sleepMs": 3000})
+    task, _ = do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 3, "sleepMs": 3000})
     wait_until(lambda: Task.objects.get(id=task.id).steps_done >= 1, timeout=30, what="the first step")
     for _ in range(4):
         enqueue_slice(task.id, task.priority)

@@ -11,8 +11,8 @@ from django.db import transaction
 from conftest import emits
 from steering_app.actions import (
     STEERING_FIELDS,
-    CommandRefused,
     apply_command,
+    apply_pending,
     do_answer_input,
     do_cancel_task,
     do_enqueue_command,
@@ -21,6 +21,7 @@ from steering_app.models import InputRequest, SteeringCommand
 from tasks_app import leases
 from tasks_app.access import console
 from tasks_app.actions import transition
+from tasks_app.errors import CommandRefused
 from tasks_app.models import Task
 from tasks_app.tests.test_engine import new_task
 
@@ -83,20 +84,49 @@ def test_a_pause_of_an_idle_task_is_accepted_applied_and_emitted_once(alice):
     assert Task.objects.get(id=task.id).status == "paused"
 
 
-def test_a_cancel_of_an_idle_task_ends_it_with_one_terminal_event(alice):
-    task = new_task(alice)
-    with emits(task, events=["terminal"], audit=["transition"]):
-        do_cancel_task(task.id, who=console(alice.tenant, "user:t"), reason="not needed")
-    assert Task.objects.get(id=task.id).status == "cancelled"
+CANCELS = {
+    # REST's /cancel, MCP's tasks/cancel and the admin
+    "do_cancel_task": lambda task, who: do_cancel_task(task.id, who=who, reason="not needed"),
+    # steering's cancel (REST, MCP's cancel_task, the dashboard, rt steer)
+    "the cancel command": lambda task, who: do_enqueue_command(
+        task.id, who=who, command_id="c", type="cancel", payload={}, expected_version=1, reason="not needed"
+    ),
+}
 
 
-def test_a_cancel_under_a_live_lease_is_only_asked_for_and_emits_nothing(alice):
+@pytest.mark.parametrize("cancel", CANCELS.values(), ids=CANCELS.keys())
+def test_a_cancel_of_an_idle_task_is_one_command_accepted_and_applied_whoever_sends_it(alice, cancel):
     task = new_task(alice)
-    assert leases.claim(task.id, worker_id="w1", ttl=60) is not None
-    with emits(task, events=[], audit=["cancel_requested"]):
-        do_cancel_task(task.id, who=console(alice.tenant, "user:t"), reason="not needed")
+    audit = ["steering_accepted", "transition", "steering_applied"]
+    with emits(task, events=["terminal", "steering.applied"], audit=audit):
+        cancel(task, console(alice.tenant, "user:t"))
+    task = Task.objects.get(id=task.id)
+    assert task.status == "cancelled" and task.cancel_reason == "not needed"
+    command = SteeringCommand.objects.get(task=task)
+    assert (command.type, command.status, command.reason) == ("cancel", "applied", "not needed")
+
+
+@pytest.mark.parametrize("cancel", CANCELS.values(), ids=CANCELS.keys())
+def test_a_cancel_under_a_live_lease_is_asked_for_once_and_lands_at_the_workers_safe_point(alice, cancel):
+    task = new_task(alice)
+    lease = leases.claim(task.id, worker_id="w1", ttl=60)
+    assert lease is not None
+    who = console(alice.tenant, "user:t")
+    with emits(task, events=[], audit=["steering_accepted"]):
+        cancel(task, who)
     task = Task.objects.get(id=task.id)
     assert task.status == "queued" and task.cancel_requested and task.cancel_reason == "not needed"
+    with emits(task, events=[], audit=[]):  # asked again before it lands: nothing more
+        do_cancel_task(task.id, who=who, reason="again")
+    applied = ["steering_applied", "transition"]
+    # the worker's safe point (engine._apply_steering)
+    with emits(task, events=["steering.applied", "terminal"], audit=applied), transaction.atomic():
+        held = leases.fenced(lease)
+        apply_pending(held, actor="worker:w1")
+        held.save(update_fields=STEERING_FIELDS)
+    assert Task.objects.get(id=task.id).status == "cancelled"
+    command = SteeringCommand.objects.get(task=task)
+    assert (command.type, command.status) == ("cancel", "applied")
 
 
 def test_an_answer_emits_its_command_and_the_task_going_back_to_work(alice):

@@ -61,7 +61,7 @@ def test_a_kill_of_a_paused_task_ends_it_at_once_and_keeps_its_checkpoint_loadab
 def test_a_kill_of_a_task_waiting_for_input_ends_it_at_once(alice):
     from tasks_app.actions import do_create_task
 
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 5, "askAt": 2})
+    task, _ = do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 5, "askAt": 2})
     engine.run_slice(task.id, worker_id="w1")
     assert Task.objects.get(id=task.id).status == "input_required"
     assert kill(alice, task, reason="wrong customer").status_code == 202
@@ -140,7 +140,7 @@ def test_a_kill_cuts_a_step_sleeping_in_the_agents_own_code_and_the_slice_return
     from tasks_app.actions import do_create_task
 
     # A minute in time.sleep, inside the step.
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 1, "sleepMs": 60_000})
+    task, _ = do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 1, "sleepMs": 60_000})
     failures: list[BaseException] = []
 
     def operator() -> None:

@@ -83,7 +83,8 @@ class TaskListCreateApi(APIView):
         ttlSeconds = StrictIntegerField(min_value=1, max_value=90 * 86400, required=False)  # noqa: N815
 
     def get_permissions(self) -> list[Any]:
-        return [require_role(Role.OPERATOR if self.request.method == "POST" else Role.VIEWER)()]
+        # A POST's rule (the operator role) is do_create_task's.
+        return [IsPrincipal() if self.request.method == "POST" else require_role(Role.VIEWER)()]
 
     def get(self, request: Request) -> Response:
         tasks = with_snapshot(access.visible_tasks(principal(request)), prefetch_inputs=True)
@@ -104,10 +105,8 @@ class TaskListCreateApi(APIView):
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         body = data.validated_data
-        who = principal(request)
         task, created = do_create_task(
-            who.tenant,
-            actor=who.actor,
+            principal(request),
             agent=body["agent"],
             input=body["input"],
             goal=body["goal"],

@@ -10,6 +10,7 @@ import pytest
 from steering_app.actions import do_answer_input, do_cancel_task, do_enqueue_command
 from steering_app.models import InputRequest, SteeringCommand
 from tasks_app import access, operators
+from tasks_app.actions import do_create_task
 from tasks_app.auth import Principal
 from tasks_app.errors import Forbidden, TaskNotFound
 from tasks_app.models import AuditRecord, Task
@@ -85,3 +86,19 @@ def test_an_approval_needs_the_approver_role_even_from_an_operator(alice):
             expected_version=Task.objects.get(id=task.id).state_version,
         )
     assert not SteeringCommand.objects.filter(task=task).exists()
+
+
+def test_starting_a_task_needs_the_operator_role_and_a_refused_start_writes_and_enqueues_nothing(alice, victor):
+    from django.test import TestCase
+
+    read_only = [
+        principal(victor),  # a viewer
+        Principal(tenant=alice.tenant, role="operator", actor="key:narrow", scopes=frozenset({"read"})),  # a read key
+    ]
+    for who in read_only:
+        with TestCase.captureOnCommitCallbacks() as on_commit, pytest.raises(Forbidden, match="operator role"):
+            do_create_task(who, agent="noop", input={"steps": 1}, idempotency_key="k")
+        assert on_commit == []  # no slice rung, no event sent
+    assert not Task.objects.exists() and not AuditRecord.objects.exists()
+    task, created = do_create_task(principal(alice), agent="noop", input={"steps": 1}, idempotency_key="k")
+    assert created and task.tenant == alice.tenant and task.created_by == f"user:{alice.user.pk}"

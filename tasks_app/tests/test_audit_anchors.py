@@ -15,6 +15,7 @@ from django.db import connection
 from common.canonical import canonical_json
 from runtime_site.blobstore import blob_store
 from tasks_app import audit, engine
+from tasks_app.access import console
 from tasks_app.actions import do_create_task
 from tasks_app.audit import verify_chain
 from tasks_app.models import AuditRecord, Task
@@ -35,7 +36,7 @@ def anchors_dir(settings, tmp_path: Path):
 
 
 def finished_task(persona, steps: int = 3) -> Task:
-    task, _ = do_create_task(persona.tenant, actor="user:test", agent="noop", input={"steps": steps})
+    task, _ = do_create_task(console(persona.tenant, "user:test"), agent="noop", input={"steps": steps})
     while engine.run_slice(task.id, worker_id="w1") is engine.SliceOutcome.CONTINUE:
         pass
     return Task.objects.get(id=task.id)

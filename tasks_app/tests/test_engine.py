@@ -47,7 +47,7 @@ class ExplodingAgent(Agent):
 
 
 def new_task(persona, steps=25, **kwargs) -> Task:
-    task, _ = do_create_task(persona.tenant, actor="user:test", agent="noop", input={"steps": steps}, **kwargs)
+    task, _ = do_create_task(console(persona.tenant, "user:test"), agent="noop", input={"steps": steps}, **kwargs)
     return task
 
 
@@ -220,7 +220,7 @@ def test_cancel_requested_under_a_live_lease_lands_at_the_next_safe_point(alice,
 
 
 def test_a_failing_step_fails_the_task_with_a_diagnosable_reason(alice):
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="test_exploding", input={"explodeAt": 3})
+    task, _ = do_create_task(console(alice.tenant, "user:test"), agent="test_exploding", input={"explodeAt": 3})
     assert engine.run_slice(task.id, worker_id="w1") is engine.SliceOutcome.DONE
     task.refresh_from_db()
     assert task.status == "failed"
@@ -263,7 +263,9 @@ def test_a_deleted_audit_record_breaks_the_chain(alice):
     ],
 )
 def test_the_safe_point_stops_a_task_whose_budget_is_used_up(alice, budget, extra, steps_done, needle):
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 10, **extra}, budget=budget)
+    task, _ = do_create_task(
+        console(alice.tenant, "user:test"), agent="noop", input={"steps": 10, **extra}, budget=budget
+    )
     run_to_end(task)
     task.refresh_from_db()
     assert task.status == "failed" and task.error["code"] == "budget_exhausted"
@@ -272,8 +274,7 @@ def test_the_safe_point_stops_a_task_whose_budget_is_used_up(alice, budget, extr
 
 def test_a_budget_that_is_not_reached_changes_nothing(alice):
     task, _ = do_create_task(
-        alice.tenant,
-        actor="user:test",
+        console(alice.tenant, "user:test"),
         agent="noop",
         input={"steps": 4, "costPerStep": 0.5},
         budget={"maxSteps": 4, "maxCost": 3},
@@ -324,7 +325,7 @@ def test_concurrency_limited_tasks_never_overlap_on_real_workers(alice, settings
     )
     processes.beat(RUNTIME_SCAN_SECONDS="1", RUNTIME_STALL_SECONDS="30")
     tasks = [
-        do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 6, "sleepMs": 30})[0]
+        do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 6, "sleepMs": 30})[0]
         for _ in range(3)
     ]
     wait_until(

@@ -88,8 +88,7 @@ def test_crashes_repeated_inside_one_range_of_steps_rerun_them_as_new_attempts(a
     # Checkpoint at 10; the first worker dies in step 14 (11-13 committed after the
     # checkpoint), the second while re-running step 12, inside the same range.
     task, _ = do_create_task(
-        alice.tenant,
-        actor="user:test",
+        console(alice.tenant, "user:test"),
         agent="test_crashing",
         input={"steps": 20, "crashAt": [14, 12]},
         checkpoint_policy={"everySteps": 10},
@@ -113,8 +112,7 @@ def test_crashes_repeated_inside_one_range_of_steps_rerun_them_as_new_attempts(a
 def test_a_task_whose_steps_done_was_lowered_by_an_older_release_still_resumes(alice):
     # Releases before issue 12 lowered steps_done on a re-run; rows above it must not collide.
     task, _ = do_create_task(
-        alice.tenant,
-        actor="user:test",
+        console(alice.tenant, "user:test"),
         agent="test_crashing",
         input={"steps": 12, "crashAt": [9]},
         checkpoint_policy={"everySteps": 5},
@@ -175,8 +173,7 @@ class DatabaseFaultAgent(CountingAgent):
 @pytest.mark.parametrize("where", ["step", "commit"])
 def test_a_database_connection_dropped_in_a_step_or_its_commit_delays_the_task_and_never_fails_it(alice, where):
     task, _ = do_create_task(
-        alice.tenant,
-        actor="user:test",
+        console(alice.tenant, "user:test"),
         agent="test_db_fault",
         input={"steps": 8, "faultAt": 6, "where": where},
         checkpoint_policy={"everySteps": 4},
@@ -202,7 +199,7 @@ def test_a_database_connection_dropped_in_a_step_or_its_commit_delays_the_task_a
 
 @pytest.mark.django_db(transaction=True)  # the fault drops the database connection, which would end a test transaction
 def test_the_slice_wrapper_survives_a_dead_connection_and_rings_again(alice):
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 2})
+    task, _ = do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 2})
     terminate_backend(backend_pid())  # the connection dies just before the claim
     tasks.run_task_slice(str(task.id))  # the claim meets the dead connection: no exception escapes
     task.refresh_from_db()
@@ -243,7 +240,7 @@ def test_a_cancel_after_a_slice_was_abandoned_settles_the_pause_it_left_pending(
     # point), then the slice is abandoned to an infrastructure fault and gives the lease back.
     # A cancel over REST now finds nobody holding the task: the task ends, and the pause
     # must not stay "pending" in the history for ever (a client waiting on it never returns).
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 5})
+    task, _ = do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 5})
     lease = leases.claim(task.id, worker_id="w1", ttl=30)
     engine._start_working(lease, "queued", None)  # the slice is under way
     client = alice.client()
@@ -297,7 +294,7 @@ def test_infrastructure_faults_without_progress_are_held_for_an_operator_not_ret
     # row without a new step, it is held for an operator (dead-lettered, with the diagnosis),
     # who can redrive it.
     settings.RUNTIME = {**settings.RUNTIME, "runtime": {**settings.RUNTIME["runtime"], "max_infra_faults": 4}}
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="test_foreign_store", input={})
+    task, _ = do_create_task(console(alice.tenant, "user:test"), agent="test_foreign_store", input={})
     for n in range(10):
         tasks.run_task_slice(str(task.id), faults_in_a_row=n)
         task.refresh_from_db()
@@ -354,7 +351,7 @@ def test_an_agent_output_the_database_cannot_store_fails_the_step_with_a_diagnos
     # be stored. It must fail the step at once, saying why, not escape the slice, hold the
     # lease until it expires and crash-loop through recoveries into a misleading dead letter.
     task, _ = do_create_task(
-        alice.tenant, actor="user:test", agent="test_hostile_output", input={"where": where, "bad": bad}
+        console(alice.tenant, "user:test"), agent="test_hostile_output", input={"where": where, "bad": bad}
     )
     outcome = engine.run_slice(task.id, worker_id="w1")
     task.refresh_from_db()

@@ -13,9 +13,10 @@ from checkpoints_app import codec
 from checkpoints_app.models import Checkpoint
 from tasks_app import engine, leases, operators
 from tasks_app.access import console
-from tasks_app.actions import IllegalTransition, do_create_task
+from tasks_app.actions import do_create_task
 from tasks_app.agents.base import Agent, StepContext, register
 from tasks_app.audit import verify_chain
+from tasks_app.errors import IllegalTransition, NoLease
 from tasks_app.models import AuditRecord, Step, Task
 from tasks_app.tests.test_engine import expire_lease, new_task, run_to_end
 
@@ -78,7 +79,7 @@ def test_a_task_that_keeps_losing_its_worker_is_dead_lettered_after_max_recoveri
 
 
 def test_a_task_past_its_ttl_fails_with_the_reason(alice):
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 5}, ttl_seconds=60)
+    task, _ = do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 5}, ttl_seconds=60)
     assert task.expires_at is not None
     lease = leases.claim(task.id, worker_id="busy", ttl=30)
     Task.objects.filter(id=task.id).update(expires_at=timezone.now() - timedelta(seconds=1))
@@ -110,7 +111,7 @@ class ShapeShiftingAgent(Agent):
 
 def test_a_version_1_checkpoint_resumes_after_the_code_moved_to_version_2(alice, settings, monkeypatch):
     settings.RUNTIME_SLICE_STEPS = 4
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="test_shape_shifting", input={})
+    task, _ = do_create_task(console(alice.tenant, "user:test"), agent="test_shape_shifting", input={})
     assert engine.run_slice(task.id, worker_id="v1") is engine.SliceOutcome.CONTINUE
     assert Checkpoint.objects.get(task=task).schema_version == 1
 
@@ -184,5 +185,5 @@ def test_release_lease_fences_the_holder_and_requeues(alice):
     assert not leases.renew(held, ttl=30)
     record = AuditRecord.objects.get(task=task, action="lease_released")
     assert record.data == {"owner": "stuck"} and record.actor == "admin:op"
-    with pytest.raises(operators.NoLease):
+    with pytest.raises(NoLease):
         operators.do_release_lease(task.id, who=console(task.tenant, "admin:op"), reason="again")

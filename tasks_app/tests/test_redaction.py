@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from tasks_app import engine
+from tasks_app.access import console
 from tasks_app.actions import do_create_task
 from tasks_app.agents.base import Agent, StepContext, register
 from tasks_app.models import AuditRecord
@@ -55,7 +56,7 @@ class ChattyAgent(Agent):
 
 @pytest.mark.django_db(transaction=True)
 def test_events_and_audit_records_carry_no_secrets(alice):
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="test_chatty", input={}, goal="x")
+    task, _ = do_create_task(console(alice.tenant, "user:test"), agent="test_chatty", input={}, goal="x")
     while engine.run_slice(task.id, worker_id="w") is engine.SliceOutcome.CONTINUE:
         pass
     log = task.events.get(type="log").data

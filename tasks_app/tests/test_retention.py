@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from checkpoints_app.models import Checkpoint
 from tasks_app import engine, retention
+from tasks_app.access import console
 from tasks_app.actions import do_create_task
 from tasks_app.models import Task, TaskEvent
 
@@ -22,8 +23,7 @@ def run_to_end(task: Task) -> None:
 
 def noop(alice, steps: int, **input) -> Task:
     return do_create_task(
-        alice.tenant,
-        actor="user:test",
+        console(alice.tenant, "user:test"),
         agent="noop",
         input={"steps": steps, **input},
         checkpoint_policy={"everySteps": 1},

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tasks_app import engine
+from tasks_app.access import console
 from tasks_app.actions import do_create_task
 from tasks_app.agents.base import Agent, StepContext, register
 from tasks_app.models import AuditRecord, Step, Task
@@ -45,7 +46,7 @@ def quick_heartbeat(settings) -> None:
 # the heartbeat thread abandons the step on its own connection: it must see the task
 @pytest.mark.django_db(transaction=True)
 def test_a_step_past_the_agents_deadline_is_abandoned_and_the_task_recovered_with_the_diagnosis(alice):
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="test_hanging", input={})
+    task, _ = do_create_task(console(alice.tenant, "user:test"), agent="test_hanging", input={})
     assert engine.run_slice(task.id, worker_id="w1") is engine.SliceOutcome.DROPPED  # its late commit is fenced off
     task.refresh_from_db()
     assert (task.status, task.recoveries, task.lease_owner, task.lease_epoch) == ("recovering", 1, None, 2)
@@ -65,7 +66,7 @@ def test_a_step_past_the_agents_deadline_is_abandoned_and_the_task_recovered_wit
 def test_without_a_declared_deadline_the_configured_one_holds(alice, settings, monkeypatch):
     settings.RUNTIME_STEP_SECONDS = 0.3
     monkeypatch.setattr(HangingAgent, "step_seconds", None)
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="test_hanging", input={})
+    task, _ = do_create_task(console(alice.tenant, "user:test"), agent="test_hanging", input={})
     engine.run_slice(task.id, worker_id="w1")
     assert Task.objects.get(id=task.id).recoveries == 1
 
@@ -74,7 +75,7 @@ def test_without_a_declared_deadline_the_configured_one_holds(alice, settings, m
 @pytest.mark.django_db(transaction=True)
 def test_a_step_that_always_hangs_is_dead_lettered_after_max_recoveries(alice, settings):
     settings.RUNTIME = {**settings.RUNTIME, "runtime": {**settings.RUNTIME["runtime"], "max_recoveries": 2}}
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="test_hanging", input={"hangSeconds": 0.6})
+    task, _ = do_create_task(console(alice.tenant, "user:test"), agent="test_hanging", input={"hangSeconds": 0.6})
     for _ in range(3):
         engine.run_slice(task.id, worker_id="w1")
     task.refresh_from_db()
@@ -87,7 +88,7 @@ def test_a_step_that_always_hangs_is_dead_lettered_after_max_recoveries(alice, s
 def test_an_agent_declaring_no_deadline_runs_its_step_however_long_it_takes(alice, settings, monkeypatch):
     settings.RUNTIME_STEP_SECONDS = 0.3
     monkeypatch.setattr(HangingAgent, "step_seconds", 0)  # 0: no limit, as in runtime.step_seconds
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="test_hanging", input={"hangSeconds": 0.8})
+    task, _ = do_create_task(console(alice.tenant, "user:test"), agent="test_hanging", input={"hangSeconds": 0.8})
     engine.run_slice(task.id, worker_id="w1")
     task.refresh_from_db()
     assert (task.status, task.recoveries) == ("completed", 0)
@@ -99,7 +100,7 @@ def test_an_agent_declaring_a_deadline_that_is_no_duration_fails_its_step_with_t
 ):
     # Not abandoned at every beat until dead-lettered (negative), nor never (NaN): the agent's bug, named.
     monkeypatch.setattr(HangingAgent, "step_seconds", seconds)
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="test_hanging", input={"hangSeconds": 0.5})
+    task, _ = do_create_task(console(alice.tenant, "user:test"), agent="test_hanging", input={"hangSeconds": 0.5})
     engine.run_slice(task.id, worker_id="w1")
     task.refresh_from_db()
     assert (task.status, task.recoveries) == ("failed", 0)
@@ -138,7 +139,7 @@ class SlowToSumUpAgent(HangingAgent):
 
 
 def test_a_step_that_returned_in_time_is_not_abandoned_for_what_the_slice_does_after_it(alice):
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="test_slow_to_sum_up", input={"hangSeconds": 0})
+    task, _ = do_create_task(console(alice.tenant, "user:test"), agent="test_slow_to_sum_up", input={"hangSeconds": 0})
     engine.run_slice(task.id, worker_id="w1")
     task.refresh_from_db()
     assert (task.status, task.recoveries) == ("completed", 0)

@@ -15,6 +15,7 @@ import pytest
 
 from ledger_app.models import LedgerEntry
 from tasks_app import engine
+from tasks_app.access import console
 from tasks_app.actions import do_create_task
 from tasks_app.models import AuditRecord, Task
 from tasks_app.redaction import MASK, RedactingFilter, redact, tool_text
@@ -69,7 +70,7 @@ def test_a_remote_error_body_quoting_the_payload_lands_masked_and_bounded(alice,
         "security": {**settings.RUNTIME["security"], "http_allowlist": ["127.0.0.1"]},
     }
     task, _ = do_create_task(
-        alice.tenant, actor="user:test", agent="webhook", input={"url": remote, "payload": PAYLOAD, "count": 1}
+        console(alice.tenant, "user:test"), agent="webhook", input={"url": remote, "payload": PAYLOAD, "count": 1}
     )
     while engine.run_slice(task.id, worker_id="w") is engine.SliceOutcome.CONTINUE:
         pass
