@@ -424,6 +424,22 @@ def _cancel_task(task_id: UUID, *, tenant: Tenant, actor: str, reason: str) -> T
     return task
 
 
+def withdraw_cancel(task: Task, *, actor: str) -> list[str]:
+    """In-transaction helper on a locked row an operator runs again (a redrive): a cancel or
+    kill asked for that never landed (its worker was lost first) is withdrawn, the flags and
+    their pending commands alike; a command left pending would end the task at the next safe
+    point. Returns the fields to save."""
+    task.cancel_requested = task.kill_requested = False
+    task.cancel_reason = ""
+    pending = SteeringCommand.objects.filter(
+        task=task, status=CommandStatus.PENDING, type__in=[CommandType.CANCEL, CommandType.KILL]
+    )
+    for command in pending.order_by("version"):
+        withdrawn = "withdrawn: an operator ran the task again"
+        _settle(task, command, CommandStatus.REJECTED, withdrawn, actor, task.state_version)
+    return ["cancel_requested", "kill_requested", "cancel_reason"]
+
+
 def _settle(task: Task, command: SteeringCommand, status: str, outcome: str, actor: str, before: int) -> None:
     command.status, command.outcome, command.applied_at = status, outcome, timezone.now()
     command.save(update_fields=["status", "outcome", "applied_at"])
