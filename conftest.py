@@ -191,8 +191,15 @@ class Processes:
         self.procs.append(proc)
         return proc
 
-    def worker(self, *, concurrency: int = 1, **env: str) -> subprocess.Popen[bytes]:
-        return self.start("worker", [sys.executable, "-m", *WORKER, str(concurrency)], **env)
+    def worker(self, *, concurrency: int = 1, ready: bool = False, **env: str) -> subprocess.Popen[bytes]:
+        """A Celery worker; with ready=True, returned once it consumes (its " ready." line):
+        booting one takes seconds on a busy machine, and a clock a test starts before then
+        (a synchronous MCP call's wait, say) would measure the boot, not the product."""
+        proc = self.start("worker", [sys.executable, "-m", *WORKER, str(concurrency)], **env)
+        if ready:
+            log = Path(proc.log_path)  # type: ignore[attr-defined]
+            wait_until(lambda: " ready." in log.read_text(errors="replace"), timeout=120, what="the worker to be ready")
+        return proc
 
     def beat(self, **env: str) -> subprocess.Popen[bytes]:
         return self.start("beat", [sys.executable, "-m", *BEAT, str(self.tmp / f"beat-{len(self.procs)}")], **env)

@@ -402,7 +402,13 @@ def _cancel_task(task_id: UUID, *, tenant: Tenant, actor: str, reason: str) -> T
     task = Task.objects.select_for_update().get(id=task_id, tenant=tenant)
     if task.status in TERMINAL:
         raise IllegalTransition(task.status, Status.CANCELLED)
-    if task.cancel_requested and not _idle(task):  # asked already: it lands at the worker's safe point
+    if task.cancel_requested:
+        # Asked already (a cancel, a kill): it lands at the safe point of the worker holding
+        # the task, or here if none does any more (its lease ran out). Another command would
+        # only be refused by the cancel the first one makes, and say so in the history.
+        if _idle(task):
+            apply_pending(task, actor=actor, by_worker=False)
+            task.save(update_fields=STEERING_FIELDS)
         return task
     # At a safe point (nobody holds the task) the command applies at once, after whatever a
     # slice left pending, and moves the lease epoch, which fences out a worker whose lease
@@ -416,6 +422,22 @@ def _cancel_task(task_id: UUID, *, tenant: Tenant, actor: str, reason: str) -> T
         reason=reason,
     )
     return task
+
+
+def withdraw_cancel(task: Task, *, actor: str) -> list[str]:
+    """In-transaction helper on a locked row an operator runs again (a redrive): a cancel or
+    kill asked for that never landed (its worker was lost first) is withdrawn, the flags and
+    their pending commands alike; a command left pending would end the task at the next safe
+    point. Returns the fields to save."""
+    task.cancel_requested = task.kill_requested = False
+    task.cancel_reason = ""
+    pending = SteeringCommand.objects.filter(
+        task=task, status=CommandStatus.PENDING, type__in=[CommandType.CANCEL, CommandType.KILL]
+    )
+    for command in pending.order_by("version"):
+        withdrawn = "withdrawn: an operator ran the task again"
+        _settle(task, command, CommandStatus.REJECTED, withdrawn, actor, task.state_version)
+    return ["cancel_requested", "kill_requested", "cancel_reason"]
 
 
 def _settle(task: Task, command: SteeringCommand, status: str, outcome: str, actor: str, before: int) -> None:

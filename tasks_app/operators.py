@@ -20,7 +20,7 @@ from django.db.models.functions import Now
 from checkpoints_app.actions import discard_back_to_last_good
 from ledger_app.actions import ToolFailed
 from ledger_app.models import EffectStatus, LedgerEntry
-from steering_app.actions import STEERING_FIELDS, apply_pending, do_enqueue_command
+from steering_app.actions import STEERING_FIELDS, apply_pending, do_enqueue_command, withdraw_cancel
 from steering_app.models import CommandType, InputRequest, InputStatus
 from tasks_app import events
 from tasks_app.access import check_role
@@ -240,8 +240,8 @@ def do_redrive_task(task_id: UUID, *, who: Principal, reason: str) -> Task:
     good, discarded = discard_back_to_last_good(task)
     task.drop_lease()
     task.recoveries, task.error, task.status_message = 0, None, ""
-    task.kill_requested = task.cancel_requested = False
-    task.cancel_reason, task.finished_at = "", None
+    withdrawn = withdraw_cancel(task, actor=actor)
+    task.finished_at = None
     transition(
         task,
         Status.RECOVERING,
@@ -255,9 +255,7 @@ def do_redrive_task(task_id: UUID, *, who: Principal, reason: str) -> Task:
             *Task.LEASE_FIELDS,
             "recoveries",
             "error",
-            "kill_requested",
-            "cancel_requested",
-            "cancel_reason",
+            *withdrawn,
         ]
     )
     enqueue_slice_on_commit(task.id, task.priority)

@@ -27,7 +27,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def live(processes: Processes) -> str:
     port = free_port()
     processes.web(port)
-    processes.worker(concurrency=2)
+    # Ready before the first call: a synchronous call waits 8 s for its run (docs/mcp.md), and
+    # on a busy machine a worker still booting took longer than that to take the first slice.
+    processes.worker(concurrency=2, ready=True)
     return f"http://127.0.0.1:{port}/mcp"
 
 

@@ -23,7 +23,7 @@ from tasks_app.access import console
 from tasks_app.actions import transition
 from tasks_app.errors import CommandRefused
 from tasks_app.models import Task
-from tasks_app.tests.test_engine import new_task
+from tasks_app.tests.test_engine import expire_lease, new_task
 
 pytestmark = pytest.mark.django_db
 
@@ -127,6 +127,21 @@ def test_a_cancel_under_a_live_lease_is_asked_for_once_and_lands_at_the_workers_
     assert Task.objects.get(id=task.id).status == "cancelled"
     command = SteeringCommand.objects.get(task=task)
     assert (command.type, command.status) == ("cancel", "applied")
+
+
+def test_a_cancel_asked_again_once_the_worker_lost_its_lease_lands_the_first_and_adds_no_refused_one(alice):
+    task = new_task(alice)
+    lease = leases.claim(task.id, worker_id="w1", ttl=60)
+    assert lease is not None
+    who = console(alice.tenant, "user:t")
+    do_cancel_task(task.id, who=who, reason="not needed")
+    expire_lease(task)  # the worker died before its safe point
+    with emits(task, events=["terminal", "steering.applied"], audit=["transition", "steering_applied"]):
+        do_cancel_task(task.id, who=who, reason="again")
+    task = Task.objects.get(id=task.id)
+    assert (task.status, task.cancel_reason, task.lease_owner) == ("cancelled", "not needed", None)
+    assert task.lease_epoch > lease.epoch  # fenced: the worker, should it still run, commits nothing
+    assert list(SteeringCommand.objects.filter(task=task).values_list("type", "status")) == [("cancel", "applied")]
 
 
 def test_an_answer_emits_its_command_and_the_task_going_back_to_work(alice):

@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from checkpoints_app import codec
 from checkpoints_app.models import Checkpoint
+from steering_app.actions import do_cancel_task
 from tasks_app import engine, leases, operators
 from tasks_app.access import console
 from tasks_app.actions import do_create_task
@@ -139,6 +140,27 @@ def test_a_checkpoint_without_a_migration_path_dead_letters(alice, settings, mon
     engine.run_slice(task.id, worker_id="v2")
     task.refresh_from_db()
     assert task.status == "dead_lettered" and "no migration from checkpoint schema_version 1" in task.error["message"]
+
+
+def test_a_redrive_withdraws_a_cancel_its_lost_worker_never_landed(alice):
+    """REST's /cancel, MCP's tasks/cancel and the admin's send the cancel command: accepted
+    while a worker held the task, it waits for that worker's safe point. The worker is lost
+    and the task dead-lettered; an operator's redrive runs it again, and the old command must
+    not end it at the first safe point."""
+    task = new_task(alice, steps=3)
+    assert leases.claim(task.id, worker_id="w1", ttl=60) is not None
+    who = console(alice.tenant, "admin:op")
+    do_cancel_task(task.id, who=who, reason="not needed")
+    expire_lease(task)
+    assert operators.do_mark_recovering(task.id, actor="system:reaper", max_recoveries=0).status == "dead_lettered"
+    operators.do_redrive_task(task.id, who=who, reason="needed after all")
+    assert run_to_end(task, worker="w2")[-1] is engine.SliceOutcome.DONE
+    task = Task.objects.get(id=task.id)
+    assert (task.status, task.steps_done, task.cancel_requested) == ("completed", 3, False)
+    assert list(task.steering_commands.values_list("type", "status", "outcome")) == [
+        ("cancel", "rejected", "withdrawn: an operator ran the task again")
+    ]
+    assert verify_chain(task) is None
 
 
 def test_redrive_resumes_a_dead_letter_from_its_last_good_checkpoint(alice, settings):
