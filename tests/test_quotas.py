@@ -11,7 +11,7 @@ import pytest
 from conftest import FAST_LEASES, settled, wait_until
 from tasks_app import engine, quotas
 from tasks_app.actions import do_create_task
-from tasks_app.models import Task, TenantDailyUsage
+from tasks_app.models import Step, Task, TenantDailyUsage
 from tests.test_kill_running import calls
 from tests.test_ledger import Sink
 
@@ -66,3 +66,25 @@ def test_the_cost_quota_stops_the_next_step_and_counts_each_step_once(alice, set
     assert task.status == "failed" and task.error["code"] == "quota_exceeded"
     assert "cost 3 of 2.5 today (limits.cost_per_tenant_day)" in task.error["message"]
     assert task.steps_done == 3 and usage(alice.tenant).cost == 3.0
+
+
+def test_a_step_run_again_after_a_worker_is_killed_counts_its_cost_once(alice, processes):
+    """Steps committed after the last checkpoint run again when a worker dies; what they
+    report was counted when they first committed, on the task (its maxCost) and the day."""
+    env = {**FAST, "RUNTIME_SLICE_STEPS": "1000", "RUNTIME_SLICE_SECONDS": "600", "LIMITS_COST_PER_TENANT_DAY": "1000"}
+    processes.beat(**env)
+    worker = processes.worker(**env)
+    task, _ = do_create_task(
+        alice.tenant,
+        actor="user:test",
+        agent="noop",
+        input={"steps": 16, "sleepMs": 300, "costPerStep": 1},
+        checkpoint_policy={"everySteps": 10},
+    )
+    wait_until(lambda: Task.objects.get(id=task.id).steps_done >= 13, timeout=60, what="steps past the checkpoint")
+    processes.kill(worker)  # SIGKILL: steps 11..13 committed after checkpoint 10 run again
+    processes.worker(**env)
+    assert settled(task, timeout=120).status == "completed"
+    assert Step.objects.filter(task=task, sequence=11, attempt=2).exists()  # a real re-run
+    task.refresh_from_db()
+    assert task.cost == 16.0 and usage(alice.tenant).cost == 16.0
