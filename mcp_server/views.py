@@ -335,8 +335,11 @@ async def _endpoint(request: HttpRequest) -> HttpResponseBase:
     if message.is_response:  # the answer to an elicitation/create sent on a tasks/result stream
         try:
             known = await sync_to_async(_answer)(principal, message)
-        except RpcError as exc:  # not this caller's to answer (an approval without the approve scope)
+        except RpcError as exc:
             return _error(exc, status=exc.http_status)
+        except DomainError as exc:  # not this caller's to answer (an approval without the approve scope)
+            refused = rpc_error(exc)
+            return _error(refused, status=refused.http_status)
         except DATABASE_UNAVAILABLE:
             raise
         except Exception:
