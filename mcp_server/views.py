@@ -301,6 +301,12 @@ async def _endpoint(request: HttpRequest) -> HttpResponseBase:
             status=403,
             headers={"WWW-Authenticate": oauth.challenge(request, "insufficient_scope", str(exc.detail))},
         )
+    except oauth.IssuerUnavailable as exc:  # not the token's fault: the client keeps it and retries
+        return _error(
+            RpcError(SERVICE_UNAVAILABLE, f"Service unavailable: {exc.detail}"),
+            request_id_of(request.body),
+            headers={"Retry-After": str(exc.wait)},
+        )
     except exceptions.AuthenticationFailed as exc:
         principal, reason = None, str(exc.detail)
         challenge = oauth.challenge(request, "invalid_token", reason)

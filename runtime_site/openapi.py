@@ -81,7 +81,7 @@ COMMON = {
     401: _error("no or an invalid API key or access token (WWW-Authenticate names the resource metadata)"),
     403: _error("the key's role does not allow this, or the access token grants nothing here"),
     429: _error(RATE_LIMITED),
-    503: _error("the database is unavailable; retry"),
+    503: _error("the database, or the issuer of an access token, is unavailable; retry"),
 }
 ON_TASK = {**COMMON, 404: _error("no such task in the key's tenant")}
 ON_KEY = {**COMMON, 404: _error("no such key among those this key may manage")}
@@ -553,7 +553,7 @@ SSE_OPERATION = {
                     (403, "an access token that grants nothing here (unknown tenant or user)"),
                     (404, "no such task in the key's tenant"),
                     (429, RATE_LIMITED),
-                    (503, "the database is unavailable; retry"),
+                    (503, "the database, or the issuer of an access token, is unavailable; retry"),
                 )
             },
         },

@@ -25,7 +25,7 @@ from rest_framework.exceptions import AuthenticationFailed, PermissionDenied
 from common.json_safety import UnsafeInput, check
 from runtime_site.errors import DATABASE_UNAVAILABLE, error_body, unsafe_input_body
 from runtime_site.ratelimit import RateLimited
-from tasks_app import access
+from tasks_app import access, oauth
 from tasks_app.auth import ApiKeyAuthentication, Principal, authenticate_token, bearer_token
 from tasks_app.errors import TaskNotFound
 from tasks_app.selectors import task_snapshot
@@ -58,7 +58,7 @@ def _allowed_still(token: str | None, user_id: int | None, tenant_id: int) -> Ca
             if token is not None:
                 try:
                     return authenticate_token(token)[1].tenant.pk == tenant_id
-                except (AuthenticationFailed, PermissionDenied):
+                except (AuthenticationFailed, PermissionDenied, oauth.IssuerUnavailable):
                     return False
             return user_id is not None and (
                 User.objects.filter(pk=user_id, is_active=True, memberships__tenant_id=tenant_id).exists()
@@ -118,6 +118,10 @@ def task_events(request: HttpRequest, task_id: str) -> HttpResponseBase:
         return JsonResponse(error_body("authentication_failed", str(exc.detail)), status=401)
     except PermissionDenied as exc:  # an access token that grants nothing here (tasks_app/oauth.py)
         return JsonResponse(error_body("permission_denied", str(exc.detail)), status=403)
+    except oauth.IssuerUnavailable as exc:  # its issuer's keys cannot be read now
+        return JsonResponse(
+            error_body("issuer_unavailable", str(exc.detail)), status=503, headers={"Retry-After": str(exc.wait)}
+        )
     except RateLimited as exc:
         return JsonResponse(
             error_body("throttled", str(exc.detail)), status=429, headers={"Retry-After": str(exc.wait)}
