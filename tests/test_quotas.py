@@ -4,13 +4,16 @@ HTTP remote (tests/sink.py), which counts what actually went out."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any, ClassVar
 
 import pytest
 
 from conftest import FAST_LEASES, settled, wait_until
 from tasks_app import engine, quotas
 from tasks_app.actions import do_create_task
+from tasks_app.agents import base as agents
 from tasks_app.models import Step, Task, TenantDailyUsage
 from tests.test_kill_running import calls
 from tests.test_ledger import Sink
@@ -88,3 +91,53 @@ def test_a_step_run_again_after_a_worker_is_killed_counts_its_cost_once(alice, p
     assert Step.objects.filter(task=task, sequence=11, attempt=2).exists()  # a real re-run
     task.refresh_from_db()
     assert task.cost == 16.0 and usage(alice.tenant).cost == 16.0
+
+
+class CostReporter(agents.Agent):
+    """Reports what its input says a step cost, as a plugin passing on a provider's figure."""
+
+    name = "cost_reporter"
+    input_schema: ClassVar[dict[str, Any]] = {"type": "object", "properties": {"cost": {"type": "string"}}}
+
+    def start(self, input: dict[str, Any], goal: str) -> dict[str, Any]:
+        return {"done": False}
+
+    def next_step(self, state: dict[str, Any]) -> str | None:
+        return None if state["done"] else "spend"
+
+    def run_step(self, ctx: agents.StepContext, state: dict[str, Any]) -> dict[str, Any]:
+        ctx.report_cost(float(ctx.input["cost"]))
+        return {"done": True}
+
+    def result(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+
+@pytest.fixture
+def cost_reporter() -> Iterator[None]:
+    agents._REGISTRY[CostReporter.name] = CostReporter
+    yield
+    del agents._REGISTRY[CostReporter.name]
+
+
+def run(task: Task) -> Task:
+    while engine.run_slice(task.id, worker_id="w1") is engine.SliceOutcome.CONTINUE:
+        pass
+    return Task.objects.get(id=task.id)
+
+
+def test_a_cost_that_is_not_a_finite_number_fails_its_step_and_never_reaches_the_day(alice, settings, cost_reporter):
+    """NaN compares false with every cap (a day at NaN is never over it) and infinity is over
+    every cap: either, added to the tenant's day, would switch the quota off or on for the
+    whole tenant until midnight."""
+    settings.RUNTIME = {**settings.RUNTIME, "limits": {**settings.RUNTIME["limits"], "cost_per_tenant_day": 2.5}}
+    for bad in ("nan", "inf", "-inf"):
+        task, _ = do_create_task(alice.tenant, actor="user:test", agent="cost_reporter", input={"cost": bad})
+        task = run(task)
+        assert task.status == "failed" and "finite" in task.error["message"], (bad, task.error)
+        assert task.cost == 0.0
+    assert not TenantDailyUsage.objects.filter(tenant=alice.tenant, cost__gt=0).exists()
+    # the day's quota still holds, at the same step as in the test above
+    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 10, "costPerStep": 1})
+    task = run(task)
+    assert task.status == "failed" and task.error["code"] == "quota_exceeded" and task.steps_done == 3
