@@ -4,8 +4,11 @@ conftest.SseClient) against uvicorn; the reconnect gets the 401."""
 
 from __future__ import annotations
 
+import threading
+
 import httpx
 import pytest
+from django.test import Client
 
 from conftest import Processes, SseClient, free_port, make_persona, wait_until
 from tasks_app.auth import issue_api_key, revoke_api_key
@@ -51,3 +54,45 @@ def test_the_stream_of_a_deactivated_user_ends(base, alice):
     wait_until(lambda: not streams[0].live, timeout=20, what="the deactivated user's stream to end")
     assert streams[1].live
     streams[1].close()
+
+
+class SessionStream:
+    """A dashboard session's stream (its cookie, no key), read on its own thread."""
+
+    def __init__(self, url: str, user) -> None:
+        client = Client()
+        client.force_login(user)
+        self.client, self.session = client, client.cookies["sessionid"].value
+        self.lines = 0
+        self._thread = threading.Thread(target=self._run, args=(url,), daemon=True)
+        self._thread.start()
+
+    def _run(self, url: str) -> None:
+        with (
+            httpx.Client(timeout=httpx.Timeout(10, read=60), cookies={"sessionid": self.session}) as client,
+            client.stream("GET", url) as response,
+        ):
+            for _ in response.iter_lines():
+                self.lines += 1
+
+    @property
+    def live(self) -> bool:
+        return self._thread.is_alive()
+
+
+def test_the_stream_of_a_session_that_logged_out_or_lost_its_password_ends(base, alice):
+    """A session ends with a sign-out, and with a password change (Django's session hash):
+    its open stream too, not only its next request."""
+    bob, carol = make_persona("acme", "bob", "viewer"), make_persona("acme", "carol", "viewer")
+    task = new_task(alice, steps=3)
+    url = f"{base}/runtime/tasks/{task.id}/events"
+    streams = {who.user.username: SessionStream(url, who.user) for who in (alice, bob, carol)}
+    wait_until(lambda: all(s.lines for s in streams.values()), timeout=20, what="the streams to open")
+    streams["alice"].client.logout()
+    bob.user.set_password("changed by an admin")
+    bob.user.save(update_fields=["password"])
+    wait_until(lambda: not streams["alice"].live, timeout=20, what="the signed-out session's stream to end")
+    wait_until(lambda: not streams["bob"].live, timeout=20, what="the stream of a session of an old password to end")
+    assert streams["carol"].live
+    again = httpx.get(url, cookies={"sessionid": streams["alice"].session}, timeout=10)
+    assert again.status_code == 401

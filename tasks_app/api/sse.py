@@ -10,9 +10,11 @@ import asyncio
 import logging
 import re
 from collections.abc import AsyncIterator, Callable
+from importlib import import_module
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.contrib import auth
 from django.contrib.auth.models import User
 from django.db import connection
 from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
@@ -48,10 +50,14 @@ def check_last_event_id(request: HttpRequest) -> None:
             raise UnsafeInput(name, "not an event id this stream sent (<channel>:<seq>)")
 
 
-def _allowed_still(token: str | None, user_id: int | None, tenant_id: int) -> Callable[[], bool]:
+def _allowed_still(
+    token: str | None, session_key: str | None, user_id: int | None, tenant_id: int
+) -> Callable[[], bool]:
     """Whether the stream's caller may still read it: its key is still good (not revoked or
     expired, its user active and a member: authenticate_token, no rate limit), or for a
-    dashboard session, its user is active and still a member of the task's tenant."""
+    dashboard session, the session still signs in its user (not signed out or expired, nor
+    made before a password change: auth.get_user), who is active and still a member of the
+    task's tenant."""
 
     def check() -> bool:
         try:
@@ -60,7 +66,12 @@ def _allowed_still(token: str | None, user_id: int | None, tenant_id: int) -> Ca
                     return authenticate_token(token)[1].tenant.pk == tenant_id
                 except (AuthenticationFailed, PermissionDenied, oauth.IssuerUnavailable):
                     return False
-            return user_id is not None and (
+            if user_id is None or session_key is None:
+                return False
+            probe = HttpRequest()  # what auth.get_user reads of a request: its session
+            probe.session = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
+            signed_in = auth.get_user(probe)
+            return signed_in.pk == user_id and (
                 User.objects.filter(pk=user_id, is_active=True, memberships__tenant_id=tenant_id).exists()
             )
         finally:
@@ -153,7 +164,7 @@ def task_events(request: HttpRequest, task_id: str) -> HttpResponseBase:
     listener.user_id = request.user.pk
     listener.channels = event_request.channels
     first = sse_encode_event("task.snapshot", snapshot, event_id=f"{channel}:{task.event_seq}", json_encode=True)
-    allowed = _allowed_still(bearer_token(request), request.user.pk, task.tenant_id)
+    allowed = _allowed_still(bearer_token(request), request.session.session_key, request.user.pk, task.tenant_id)
     every = float(settings.RUNTIME["stream"].get("auth_recheck_seconds", 5))
 
     async def body() -> AsyncIterator[str]:
