@@ -480,7 +480,7 @@ KeyListCreateSchema = _view(
     },
     post={
         "operation_id": "createKey",
-        "summary": "Make a key, at most as wide as this one",
+        "summary": "Make a key, at most as wide as this one and expiring no later (by default, with it)",
         "request": VIEW_INPUT,
         "responses": {201: KeyIssued, **COMMON},
     },
@@ -502,7 +502,11 @@ KeyRotateSchema = _view(
         "summary": "A new key with the same grant; the old one keeps working for security.key_rotation_grace_seconds",
         "parameters": [KEY_ID],
         "request": None,
-        "responses": {201: KeyRotated, **ON_KEY, 400: _error("a revoked key cannot be rotated")},
+        "responses": {
+            201: KeyRotated,
+            **ON_KEY,
+            400: _error("a revoked key, or one wider or longer-lived than this one, cannot be rotated"),
+        },
     },
 )
 

@@ -24,6 +24,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -276,6 +277,7 @@ class Grant:
     tenant: Tenant
     role: str
     scopes: frozenset[str]
+    expires_at: datetime  # the token's exp
 
 
 def authenticate_jwt(token: str) -> Grant:
@@ -293,4 +295,8 @@ def authenticate_jwt(token: str) -> Grant:
     member_role = Membership.objects.filter(tenant=tenant, user=user).values_list("role", flat=True).first()
     if member_role is None:
         raise TokenForbidden("the token's user is not a member of its tenant")
-    return Grant(user, tenant, min(role, member_role, key=lambda r: ROLE_RANK[Role(r)]), scopes)
+    try:  # required, and a number (jwt.decode checked it)
+        expires_at = datetime.fromtimestamp(claims["exp"], UTC)
+    except (OverflowError, ValueError, OSError):  # past what a datetime holds (year 9999)
+        expires_at = datetime.max.replace(tzinfo=UTC)
+    return Grant(user, tenant, min(role, member_role, key=lambda r: ROLE_RANK[Role(r)]), scopes, expires_at)

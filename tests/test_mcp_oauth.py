@@ -14,6 +14,7 @@ import hmac
 import json
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import httpx
 import jwt
@@ -24,7 +25,7 @@ from django.test import Client
 
 from conftest import Processes, free_port, wait_until
 from mcp_server.protocol import MODERN, TASKS_EXT
-from tasks_app.models import Task
+from tasks_app.models import ApiKey, Task
 from tests import mcp_client as mc
 from tests.oauth_issuer import Issuer, ec_key, rsa_key
 
@@ -278,3 +279,19 @@ def test_a_hung_issuer_holds_no_request_longer_than_one_fetch(issuer, alice, pro
         timeout=30,
         what="the issuer's keys to be fetched again",
     )
+
+
+def test_a_key_made_with_a_token_expires_with_it(configured, alice):
+    """A stolen access token lives minutes; a key it made must not outlive it (nor the
+    issuer's say over the user: signing them out there ends both)."""
+    claims = configured.claims(AUDIENCE)
+    client = Client(headers={"Authorization": f"Bearer {configured.sign(claims)}"})
+    made = client.post("/runtime/keys", data={"name": "from a token"}, content_type="application/json")
+    assert made.status_code == 201, made.content
+    assert ApiKey.objects.get(prefix=made.json()["id"]).expires_at == datetime.fromtimestamp(claims["exp"], UTC)
+    forever = client.post(
+        "/runtime/keys", data={"name": "forever", "expiresAt": "2999-01-01T00:00:00Z"}, content_type="application/json"
+    )
+    assert forever.status_code == 400 and "outlive" in forever.json()["error"]["message"]
+    far = configured.sign({**claims, "exp": 10**15})  # past year 9999: no datetime holds it
+    assert Client(headers={"Authorization": f"Bearer {far}"}).get("/runtime/tasks").status_code == 200

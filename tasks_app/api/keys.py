@@ -47,6 +47,12 @@ def key_body(key: ApiKey, token: str | None = None) -> dict[str, Any]:
     return body
 
 
+def _field_of(exc: ValueError) -> str:
+    """The request field a check_key_grant refusal is about."""
+    text = str(exc)
+    return "expiresAt" if "outlives" in text else "scopes" if "scope" in text else "role"
+
+
 def manageable_keys(who: Principal, user_id: Any) -> Any:
     keys = ApiKey.objects.filter(tenant=who.tenant).select_related("rotated_from").order_by("-created_at")
     return keys if who.has_role(Role.ADMIN) else keys.filter(user_id=user_id)
@@ -81,12 +87,14 @@ class KeyListCreateApi(APIView):
         role = body.get("role", who.role)
         # A narrow key's child is at most as narrow: it inherits the maker's scopes by default.
         scopes = body.get("scopes") or (sorted(who.scopes) if who.scopes is not None else None)
-        if (expires := body.get("expiresAt")) is not None and expires <= timezone.now():
+        # ... and expires with it by default (a key, or an access token, that expires).
+        expires = body.get("expiresAt", who.expires_at)
+        if expires is not None and expires <= timezone.now():
             raise ValidationError({"expiresAt": "must be in the future"})
         try:
-            check_key_grant(role, scopes, granted_by=who)
+            check_key_grant(role, scopes, expires_at=expires, granted_by=who)
         except ValueError as exc:
-            raise ValidationError({"scopes" if "scope" in str(exc) else "role": str(exc)}) from None
+            raise ValidationError({_field_of(exc): str(exc)}) from None
         # cast: IsPrincipal let only an authenticated user through.
         key, token = issue_api_key(
             who.tenant, cast(User, request.user), role=role, name=body["name"], scopes=scopes, expires_at=expires
@@ -116,6 +124,12 @@ class KeyRotateApi(APIView):
 
     def post(self, request: Request, key_id: str) -> Response:
         key = manageable_key(request, key_id)
+        try:
+            # The caller gets the new key: it may be no wider than the caller's own (a read-only
+            # key must not rotate its user's full key into its hands).
+            check_key_grant(key.role, key.scopes, expires_at=key.expires_at, granted_by=principal(request))
+        except ValueError as exc:
+            raise ValidationError({_field_of(exc): f"this key may not rotate {key.prefix}: {exc}"}) from None
         try:
             new, token = rotate_api_key(key)
         except ValueError as exc:  # revoked meanwhile

@@ -162,6 +162,36 @@ def test_an_approve_scoped_key_approves_but_cannot_operate(alice):
     )
 
 
+def test_a_narrower_key_cannot_rotate_a_wider_one_into_its_own_hands(alice):
+    """Rotation makes a key with the rotated key's grant and hands its token to the caller:
+    a read-only key rotating its user's full key got a working operator key, and a key that
+    expires tomorrow a key that never does."""
+    full = ApiKey.objects.get(user=alice.user)
+    tomorrow = (timezone.now() + timedelta(days=1)).isoformat()
+    for narrow in (make_key(alice, scopes=["read"]), make_key(alice, expiresAt=tomorrow)):
+        refused = rest(narrow["token"], "post", f"/runtime/keys/{full.prefix}/rotate")
+        assert refused.status_code == 400, refused.content
+        assert ApiKey.objects.filter(rotated_from=full).count() == 0
+        assert ApiKey.objects.get(pk=full.pk).expires_at is None  # the old key was left alone
+    # a key rotates itself, and a wider key a narrower one
+    assert rest(alice.token, "post", f"/runtime/keys/{narrow['id']}/rotate").status_code == 201
+    assert rest(alice.token, "post", f"/runtime/keys/{full.prefix}/rotate").status_code == 201
+
+
+def test_a_key_that_expires_cannot_make_one_that_outlives_it(alice):
+    """A child is at most as wide as its maker in time too: by default it expires with it."""
+    ends = timezone.now() + timedelta(days=1)
+    short = make_key(alice, expiresAt=ends.isoformat())["token"]
+    later = rest(short, "post", "/runtime/keys", {"name": "later", "expiresAt": (ends + timedelta(days=1)).isoformat()})
+    assert later.status_code == 400 and "outlive" in later.json()["error"]["message"], later.content
+    child = rest(short, "post", "/runtime/keys", {"name": "child"})
+    assert child.status_code == 201 and ApiKey.objects.get(prefix=child.json()["id"]).expires_at == ends
+    sooner = rest(
+        short, "post", "/runtime/keys", {"name": "sooner", "expiresAt": (ends - timedelta(hours=1)).isoformat()}
+    )
+    assert sooner.status_code == 201
+
+
 def test_rotation_keeps_two_keys_live_until_the_old_one_expires(alice, settings):
     settings.RUNTIME = {
         **settings.RUNTIME,
