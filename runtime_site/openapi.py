@@ -554,7 +554,7 @@ SSE_OPERATION = {
                 for code, description in (
                     (400, "a malformed Last-Event-ID"),
                     (401, "no or an invalid API key or access token"),
-                    (403, "an access token that grants nothing here (unknown tenant or user)"),
+                    (403, "a key without the read scope, or an access token that grants nothing here"),
                     (404, "no such task in the key's tenant"),
                     (429, RATE_LIMITED),
                     (503, "the database, or the issuer of an access token, is unavailable; retry"),

@@ -29,7 +29,8 @@ from runtime_site.errors import DATABASE_UNAVAILABLE, error_body, unsafe_input_b
 from runtime_site.ratelimit import RateLimited
 from tasks_app import access, oauth
 from tasks_app.auth import ApiKeyAuthentication, Principal, authenticate_token, bearer_token
-from tasks_app.errors import TaskNotFound
+from tasks_app.errors import Forbidden, TaskNotFound
+from tasks_app.models import Role
 from tasks_app.selectors import task_snapshot
 from tasks_app.streams.publish import channel_for
 
@@ -63,7 +64,8 @@ def _allowed_still(
         try:
             if token is not None:
                 try:
-                    return authenticate_token(token)[1].tenant.pk == tenant_id
+                    who = authenticate_token(token)[1]
+                    return who.tenant.pk == tenant_id and who.has_role(Role.VIEWER)
                 except (AuthenticationFailed, PermissionDenied, oauth.IssuerUnavailable):
                     return False
             if user_id is None or session_key is None:
@@ -140,6 +142,10 @@ def task_events(request: HttpRequest, task_id: str) -> HttpResponseBase:
     who: Principal | User
     if authenticated is not None:
         request.user, who = authenticated
+        try:  # reading a stream is the read scope's, as reading the task over REST is
+            access.check_role(who, Role.VIEWER)
+        except Forbidden as exc:
+            return JsonResponse(error_body("permission_denied", str(exc)), status=403)
     elif request.user.is_authenticated:
         who = request.user  # a dashboard session: the person's tenants
     else:

@@ -192,6 +192,20 @@ def test_a_key_that_expires_cannot_make_one_that_outlives_it(alice):
     assert sooner.status_code == 201
 
 
+def test_a_key_without_the_read_scope_cannot_open_a_stream(alice):
+    """Reading streams is the read scope's, as reading tasks over REST is."""
+    task = new_task(alice, steps=1)
+    april = make_persona("acme", "april", "approver")
+    for scopes in (["operate"], ["approve"]):
+        key = make_key(april, scopes=scopes)
+        response = rest(key["token"], path=f"/runtime/tasks/{task.id}/events")
+        assert response.status_code == 403 and response.json()["error"]["code"] == "permission_denied", scopes
+        assert rest(key["token"], path=f"/runtime/tasks/{task.id}").status_code == 403  # as REST
+    reader = rest(make_key(april, scopes=["read"])["token"], path=f"/runtime/tasks/{task.id}/events")
+    assert reader.status_code == 200 and reader.streaming
+    reader.close()
+
+
 def test_rotation_keeps_two_keys_live_until_the_old_one_expires(alice, settings):
     settings.RUNTIME = {
         **settings.RUNTIME,
