@@ -506,6 +506,7 @@ KeyRotateSchema = _view(
             201: KeyRotated,
             **ON_KEY,
             400: _error("a revoked key, or one wider or longer-lived than this one, cannot be rotated"),
+            403: _error("another user's key: only its own user rotates it (an admin may revoke it)"),
         },
     },
 )

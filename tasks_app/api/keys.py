@@ -1,7 +1,8 @@
 """REST edge for API keys: list, create, rotate, revoke (the same lifecycle as the admin's).
 
-A key manages its own user's keys in its tenant; a tenant admin's key manages all of the
-tenant's keys. A key never makes a key wider than itself (auth.check_key_grant).
+A key manages its own user's keys in its tenant; a tenant admin's key also lists and revokes
+the tenant's other keys (rotating one would hand the admin a key acting as its user). A key
+never makes a key wider than itself, nor one that outlives it (auth.check_key_grant).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from django.contrib.auth.models import User
 from django.http import Http404
 from django.utils import timezone
 from rest_framework import serializers, status
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -124,6 +125,10 @@ class KeyRotateApi(APIView):
 
     def post(self, request: Request, key_id: str) -> Response:
         key = manageable_key(request, key_id)
+        if key.user_id != request.user.pk:
+            # The new token is the caller's to hold: another user's would let an admin act as
+            # them (their actor in the audit, their approvals). An admin revokes it instead.
+            raise PermissionDenied("only a key's own user may rotate it; a tenant admin may revoke it")
         try:
             # The caller gets the new key: it may be no wider than the caller's own (a read-only
             # key must not rotate its user's full key into its hands).

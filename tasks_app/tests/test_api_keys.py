@@ -178,6 +178,25 @@ def test_a_narrower_key_cannot_rotate_a_wider_one_into_its_own_hands(alice):
     assert rest(alice.token, "post", f"/runtime/keys/{full.prefix}/rotate").status_code == 201
 
 
+def test_a_tenant_admin_cannot_rotate_another_user_s_key_into_their_own_hands(alice, settings):
+    """Rotating answers with the new token: an admin rotating an approver's key held a key
+    acting as that approver (the audit's actor), and approved the guarded calls of a task
+    the admin started although approver_not_creator forbids it. Others' keys an admin may
+    list and revoke; only their holder rotates them."""
+    settings.RUNTIME = {**settings.RUNTIME, "security": {**settings.RUNTIME["security"], "approver_not_creator": True}}
+    ada, april = make_persona("acme", "ada", "admin"), make_persona("acme", "april", "approver")
+    task, key = waiting_task(ada, "approval")
+    Task.objects.filter(id=task.id).update(created_by=f"user:{ada.user.pk}")
+    assert rest(ada.token, "post", f"/runtime/tasks/{task.id}/inputs/{key}", {"answer": True}).status_code == 403
+    aprils = ApiKey.objects.get(user=april.user)
+    rotated = rest(ada.token, "post", f"/runtime/keys/{aprils.prefix}/rotate")
+    assert rotated.status_code == 403, rotated.content
+    assert "token" not in rotated.json() and not ApiKey.objects.filter(rotated_from=aprils).exists()
+    assert aprils.prefix in {k["id"] for k in rest(ada.token, path="/runtime/keys").json()["keys"]}
+    assert rest(ada.token, "delete", f"/runtime/keys/{aprils.prefix}").status_code == 200
+    assert rest(april.token).status_code == 401
+
+
 def test_a_key_that_expires_cannot_make_one_that_outlives_it(alice):
     """A child is at most as wide as its maker in time too: by default it expires with it."""
     ends = timezone.now() + timedelta(days=1)
