@@ -218,6 +218,17 @@ def authenticate_token(token: str) -> tuple[Any, Principal]:
     return authenticate_key(token)
 
 
+def reauthenticate(token: str) -> Principal | None:
+    """The credential a long-lived stream was opened with (SSE, an MCP subscriptions/listen or
+    blocking tasks/result), asked again every stream.auth_recheck_seconds: who it speaks for
+    now, or None once it no longer works (revoked, expired, its user deactivated or out of the
+    tenant, a token whose grant is gone). Not rate limited: the stream's request was."""
+    try:
+        return authenticate_token(token)[1]
+    except (exceptions.AuthenticationFailed, exceptions.PermissionDenied, oauth.IssuerUnavailable):
+        return None
+
+
 class ApiKeyAuthentication(authentication.BaseAuthentication):
     def authenticate(self, request: Request | HttpRequest) -> tuple[Any, Principal] | None:
         # Reads only headers, so the SSE and /mcp views call it with their plain Django request.

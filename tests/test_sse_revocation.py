@@ -11,9 +11,12 @@ import pytest
 from django.test import Client
 
 from conftest import Processes, SseClient, free_port, make_persona, wait_until
+from mcp_server.protocol import MODERN, TASKS_EXT
+from tasks_app import engine
 from tasks_app.auth import issue_api_key, revoke_api_key
 from tasks_app.models import ApiKey
 from tasks_app.tests.test_engine import new_task
+from tests.mcp_stream import PostStream
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -96,3 +99,36 @@ def test_the_stream_of_a_session_that_logged_out_or_lost_its_password_ends(base,
     assert streams["carol"].live
     again = httpx.get(url, cookies={"sessionid": streams["alice"].session}, timeout=10)
     assert again.status_code == 401
+
+
+def test_an_mcp_stream_of_a_revoked_key_ends_before_it_hands_over_the_result(base, alice):
+    """/mcp has long-lived answers too: subscriptions/listen and the legacy blocking
+    tasks/result. They kept streaming to a revoked key, the task's result included."""
+    task = new_task(alice, steps=2)  # no worker: the streams wait until the test runs it
+    _, other_token = issue_api_key(alice.tenant, alice.user, role="operator", name="second")
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": MODERN,
+        "io.modelcontextprotocol/clientCapabilities": {"extensions": {TASKS_EXT: {}}},
+    }
+    listen = {"jsonrpc": "2.0", "id": 1, "method": "subscriptions/listen"}
+    listen["params"] = {"_meta": meta, "notifications": {"taskIds": [str(task.id)]}}
+    modern = {"MCP-Protocol-Version": MODERN, "Mcp-Method": "subscriptions/listen"}
+    legacy = {"MCP-Protocol-Version": "2025-11-25"}
+    blocking = {"jsonrpc": "2.0", "id": 3, "method": "tasks/result", "params": {"taskId": str(task.id)}}
+
+    def opened(body: dict, headers: dict, token: str) -> PostStream:
+        auth = {"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream"}
+        return PostStream(f"{base}/mcp", body, {**auth, **headers})
+
+    revoked = [opened(listen, modern, alice.token), opened(blocking, legacy, alice.token)]
+    kept = opened(listen, modern, other_token)
+    wait_until(lambda: revoked[0].first("notifications/tasks") and kept.first("notifications/tasks"), timeout=20)
+    revoke_api_key(ApiKey.objects.get(name="alice-key"))
+    wait_until(lambda: all(s.closed for s in revoked), timeout=20, what="the revoked key's /mcp streams to end")
+    for stream in revoked:
+        assert stream.response()["error"]["code"] == -32000 and "Unauthorized" in stream.response()["error"]["message"]
+    assert not kept.closed
+    while engine.run_slice(task.id, worker_id="w1") is engine.SliceOutcome.CONTINUE:
+        pass
+    wait_until(lambda: kept.response() is not None, timeout=20, what="the other key's stream to end with the task")
+    assert all("result" not in (s.response() or {}) for s in revoked)

@@ -28,7 +28,7 @@ from common.json_safety import UnsafeInput, check
 from runtime_site.errors import DATABASE_UNAVAILABLE, error_body, unsafe_input_body
 from runtime_site.ratelimit import RateLimited
 from tasks_app import access, oauth
-from tasks_app.auth import ApiKeyAuthentication, Principal, authenticate_token, bearer_token
+from tasks_app.auth import ApiKeyAuthentication, Principal, bearer_token, reauthenticate
 from tasks_app.errors import Forbidden, TaskNotFound
 from tasks_app.models import Role
 from tasks_app.selectors import task_snapshot
@@ -55,7 +55,7 @@ def _allowed_still(
     token: str | None, session_key: str | None, user_id: int | None, tenant_id: int
 ) -> Callable[[], bool]:
     """Whether the stream's caller may still read it: its key is still good (not revoked or
-    expired, its user active and a member: authenticate_token, no rate limit), or for a
+    expired, its user active and a member: auth.reauthenticate), or for a
     dashboard session, the session still signs in its user (not signed out or expired, nor
     made before a password change: auth.get_user), who is active and still a member of the
     task's tenant."""
@@ -63,11 +63,8 @@ def _allowed_still(
     def check() -> bool:
         try:
             if token is not None:
-                try:
-                    who = authenticate_token(token)[1]
-                    return who.tenant.pk == tenant_id and who.has_role(Role.VIEWER)
-                except (AuthenticationFailed, PermissionDenied, oauth.IssuerUnavailable):
-                    return False
+                who = reauthenticate(token)
+                return who is not None and who.tenant.pk == tenant_id and who.has_role(Role.VIEWER)
             if user_id is None or session_key is None:
                 return False
             probe = HttpRequest()  # what auth.get_user reads of a request: its session
