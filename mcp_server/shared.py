@@ -24,7 +24,6 @@ from mcp_server import tools
 from mcp_server.protocol import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
-    INVALID_REQUEST,
     MISSING_CAPABILITY,
     TASKS_EXT,
     Message,
@@ -300,15 +299,15 @@ def provide_answers(call: Call, task: Task, responses: dict[str, Any]) -> None:
     """Each usable answer becomes a provide_input command (as REST's inputs endpoint does:
     the same command id, so the same answer twice is a replay). An open question the caller
     may not answer (an approval without the approve scope, say) refuses the whole update
-    with 403, as REST does: acking it would say "accepted" while nothing happens."""
+    with Forbidden, which the error table answers (403) as it does on REST: acking it
+    would say "accepted" while nothing happens."""
     who = call.principal
     open_requests = {
         r.key: r for r in InputRequest.objects.filter(task=task, key__in=list(responses), status=InputStatus.OPEN)
     }
     refused = {key: why for key, r in open_requests.items() if (why := answer_refusal(who, task, r.kind))}
     if refused:
-        reasons = "; ".join(f"{key}: {why}" for key, why in sorted(refused.items()))
-        raise RpcError(INVALID_REQUEST, f"Forbidden: {reasons}"[:500], {"refused": sorted(refused)}, http_status=403)
+        raise Forbidden("; ".join(f"{key}: {why}" for key, why in sorted(refused.items())))
     for key, response in responses.items():
         request = open_requests.get(key)
         if request is None:

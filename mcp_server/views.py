@@ -48,7 +48,7 @@ from runtime_site.errors import DATABASE_UNAVAILABLE, RETRY_AFTER_SECONDS, error
 from runtime_site.middleware import request_texts
 from runtime_site.ratelimit import RateLimited
 from tasks_app import oauth
-from tasks_app.auth import ApiKeyAuthentication, Principal
+from tasks_app.auth import ApiKeyAuthentication, Principal, bearer_token, reauthenticate
 from tasks_app.errors import DomainError
 from tasks_app.models import Task
 
@@ -165,11 +165,42 @@ def _sse(payload: dict[str, Any]) -> str:
     return f"event: message\ndata: {json.dumps(payload, separators=(',', ':'))}\n\n"
 
 
-async def _waited(message: Message, wait: Wait) -> AsyncIterator[dict[str, Any] | None]:
+REVOKED = RpcError(SERVER_ERROR, "Unauthorized: the credential this request came with no longer works")
+
+
+class Recheck:
+    """An answer that waits (subscriptions/listen, a blocking tasks/result, a synchronous
+    tools/call) outlives its request's authentication: like an SSE stream, it asks again every
+    stream.auth_recheck_seconds whether its credential still speaks for its tenant, and ends
+    with REVOKED when not, before it hands a revoked key anything more."""
+
+    def __init__(self, request: HttpRequest, principal: Principal) -> None:
+        self.token, self.tenant_id = bearer_token(request), principal.tenant.pk
+        self.every = float(settings.RUNTIME["stream"].get("auth_recheck_seconds", 5))
+        self.due = time.monotonic() + self.every
+
+    async def revoked(self) -> bool:
+        if time.monotonic() < self.due:
+            return False
+        self.due = time.monotonic() + self.every
+        return not await sync_to_async(self._still)()
+
+    def _still(self) -> bool:
+        try:
+            who = reauthenticate(self.token) if self.token else None
+            return who is not None and who.tenant.pk == self.tenant_id
+        finally:
+            connection.close()
+
+
+async def _waited(message: Message, wait: Wait, recheck: Recheck) -> AsyncIterator[dict[str, Any] | None]:
     """Yields progress notifications and server requests (dicts) and None as keep-alive
     ticks, then the response."""
     started, last_tick, last_progress, interval = time.monotonic(), time.monotonic(), None, 0.02
     while True:
+        if await recheck.revoked():
+            yield REVOKED.body(message.id)
+            return
         timed_out = wait.seconds is not None and time.monotonic() - started >= wait.seconds
         try:
             answer, progress, requests = await sync_to_async(_poll)(wait, timed_out)
@@ -210,7 +241,7 @@ def _listen_poll(listen: modern.Listen) -> list[dict[str, Any]]:
         connection.close()
 
 
-async def _listened(message: Message, listen: modern.Listen) -> AsyncIterator[dict[str, Any] | None]:
+async def _listened(message: Message, listen: modern.Listen, recheck: Recheck) -> AsyncIterator[dict[str, Any] | None]:
     """subscriptions/listen: the ack first, then notifications/tasks (a full DetailedTask)
     for each subscribed task now and whenever its status or open questions change. The
     database is the only source, so a change made by any worker shows. Ends with the
@@ -224,6 +255,9 @@ async def _listened(message: Message, listen: modern.Listen) -> AsyncIterator[di
     seen: dict[str, tuple[str, tuple[str, ...]]] = {}
     last_tick = time.monotonic()
     while True:
+        if await recheck.revoked():
+            yield REVOKED.body(message.id)
+            return
         if "taskIds" in listen.acknowledged:  # else nothing we honour was asked: keep-alives only
             try:
                 tasks = await sync_to_async(_listen_poll)(listen)
@@ -249,10 +283,14 @@ async def _listened(message: Message, listen: modern.Listen) -> AsyncIterator[di
         await asyncio.sleep(LISTEN_POLL_SECONDS if "taskIds" in listen.acknowledged else 1.0)
 
 
-def _respond_wait(request: HttpRequest, message: Message, wait: Wait | modern.Listen) -> HttpResponseBase:
+def _respond_wait(
+    request: HttpRequest, message: Message, wait: Wait | modern.Listen, recheck: Recheck
+) -> HttpResponseBase:
     async def stream() -> AsyncIterator[str]:
         yield ": waiting for the task\n\n"
-        items = _listened(message, wait) if isinstance(wait, modern.Listen) else _waited(message, wait)
+        items = (
+            _listened(message, wait, recheck) if isinstance(wait, modern.Listen) else _waited(message, wait, recheck)
+        )
         async for item in items:
             yield ": keep-alive\n\n" if item is None else _sse(item)
 
@@ -262,11 +300,14 @@ def _respond_wait(request: HttpRequest, message: Message, wait: Wait | modern.Li
     return response
 
 
-async def _respond_wait_json(message: Message, wait: Wait) -> HttpResponse:
-    async for item in _waited(message, wait):
+async def _respond_wait_json(request: HttpRequest, message: Message, wait: Wait, recheck: Recheck) -> HttpResponse:
+    async for item in _waited(message, wait, recheck):
         if item is not None and "method" not in item:
             if item.get("error", {}).get("code") == SERVICE_UNAVAILABLE:
                 return JsonResponse(item, status=503, headers=RETRY)
+            if item.get("error", {}).get("message") == REVOKED.message:
+                challenge = oauth.challenge(request, "invalid_token", REVOKED.message)
+                return JsonResponse(item, status=401, headers={"WWW-Authenticate": challenge})
             status = 200 if "result" in item or not message.modern else 500
             return JsonResponse(item, status=status)
     raise AssertionError("unreachable: _waited always ends with a response")
@@ -300,6 +341,12 @@ async def _endpoint(request: HttpRequest) -> HttpResponseBase:
             request_id_of(request.body),
             status=403,
             headers={"WWW-Authenticate": oauth.challenge(request, "insufficient_scope", str(exc.detail))},
+        )
+    except oauth.IssuerUnavailable as exc:  # not the token's fault: the client keeps it and retries
+        return _error(
+            RpcError(SERVICE_UNAVAILABLE, f"Service unavailable: {exc.detail}"),
+            request_id_of(request.body),
+            headers={"Retry-After": str(exc.wait)},
         )
     except exceptions.AuthenticationFailed as exc:
         principal, reason = None, str(exc.detail)
@@ -335,8 +382,11 @@ async def _endpoint(request: HttpRequest) -> HttpResponseBase:
     if message.is_response:  # the answer to an elicitation/create sent on a tasks/result stream
         try:
             known = await sync_to_async(_answer)(principal, message)
-        except RpcError as exc:  # not this caller's to answer (an approval without the approve scope)
+        except RpcError as exc:
             return _error(exc, status=exc.http_status)
+        except DomainError as exc:  # not this caller's to answer (an approval without the approve scope)
+            refused = rpc_error(exc)
+            return _error(refused, status=refused.http_status)
         except DATABASE_UNAVAILABLE:
             raise
         except Exception:
@@ -370,11 +420,11 @@ async def _endpoint(request: HttpRequest) -> HttpResponseBase:
         logger.exception("mcp: %s failed", message.method)
         return _error(RpcError(INTERNAL_ERROR, "Internal error"), message.id)
     if isinstance(outcome, modern.Listen):  # always a stream: it is nothing else
-        return _respond_wait(request, message, outcome)
+        return _respond_wait(request, message, outcome, Recheck(request, principal))
     if isinstance(outcome, Wait):
         if "text/event-stream" in request.headers.get("Accept", ""):
-            return _respond_wait(request, message, outcome)
-        return await _respond_wait_json(message, outcome)
+            return _respond_wait(request, message, outcome, Recheck(request, principal))
+        return await _respond_wait_json(request, message, outcome, Recheck(request, principal))
     response = JsonResponse(result_body(message.id, _with_server_info(message, outcome)))
     if not message.modern and message.method == "initialize":
         # Signed, never stored: carries the client's capabilities to later requests.

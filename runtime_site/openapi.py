@@ -81,7 +81,7 @@ COMMON = {
     401: _error("no or an invalid API key or access token (WWW-Authenticate names the resource metadata)"),
     403: _error("the key's role does not allow this, or the access token grants nothing here"),
     429: _error(RATE_LIMITED),
-    503: _error("the database is unavailable; retry"),
+    503: _error("the database, or the issuer of an access token, is unavailable; retry"),
 }
 ON_TASK = {**COMMON, 404: _error("no such task in the key's tenant")}
 ON_KEY = {**COMMON, 404: _error("no such key among those this key may manage")}
@@ -480,7 +480,7 @@ KeyListCreateSchema = _view(
     },
     post={
         "operation_id": "createKey",
-        "summary": "Make a key, at most as wide as this one",
+        "summary": "Make a key, at most as wide as this one and expiring no later (by default, with it)",
         "request": VIEW_INPUT,
         "responses": {201: KeyIssued, **COMMON},
     },
@@ -502,7 +502,12 @@ KeyRotateSchema = _view(
         "summary": "A new key with the same grant; the old one keeps working for security.key_rotation_grace_seconds",
         "parameters": [KEY_ID],
         "request": None,
-        "responses": {201: KeyRotated, **ON_KEY, 400: _error("a revoked key cannot be rotated")},
+        "responses": {
+            201: KeyRotated,
+            **ON_KEY,
+            400: _error("a revoked key, or one wider or longer-lived than this one, cannot be rotated"),
+            403: _error("another user's key: only its own user rotates it (an admin may revoke it)"),
+        },
     },
 )
 
@@ -550,10 +555,10 @@ SSE_OPERATION = {
                 for code, description in (
                     (400, "a malformed Last-Event-ID"),
                     (401, "no or an invalid API key or access token"),
-                    (403, "an access token that grants nothing here (unknown tenant or user)"),
+                    (403, "a key without the read scope, or an access token that grants nothing here"),
                     (404, "no such task in the key's tenant"),
                     (429, RATE_LIMITED),
-                    (503, "the database is unavailable; retry"),
+                    (503, "the database, or the issuer of an access token, is unavailable; retry"),
                 )
             },
         },

@@ -19,7 +19,7 @@ import hmac
 import json
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
@@ -171,11 +171,25 @@ def verify_anchors(
     problems). `since` skips older anchors (after deleting old tasks by retention policy)."""
     store = store or blob_store()
     keys = _verification_keys()
+    if since is not None and since.tzinfo is None:
+        since = since.replace(tzinfo=UTC)  # an anchor's time has its zone: a bare --since means UTC
     checked, problems = 0, []
     for name in store.list(ANCHOR_PREFIX):
-        anchor = json.loads(store.get(name))
-        body = {k: v for k, v in anchor.items() if k not in ("kid", "signature")}
-        if since is not None and datetime.fromisoformat(body["taken_at"]) < since:
+        try:
+            anchor = json.loads(store.get(name))
+            if not isinstance(anchor, dict):
+                raise ValueError("not a JSON object")
+            body = {k: v for k, v in anchor.items() if k not in ("kid", "signature")}
+            taken_at = datetime.fromisoformat(str(body["taken_at"]))
+            if taken_at.tzinfo is None:
+                raise ValueError("taken_at has no time zone")
+        except (ValueError, KeyError, RecursionError) as exc:
+            # Not written by anchor_heads: planted or mangled in the blob store. Named, and the
+            # other anchors are still checked (a verifier that stops here hides what they catch).
+            checked += 1
+            problems.append(BrokenLink("", None, f"anchor {name}: not an anchor ({type(exc).__name__}: {exc})"))
+            continue
+        if since is not None and taken_at < since:
             continue
         checked += 1
         secret = keys.get(anchor.get("kid", ""))

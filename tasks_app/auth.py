@@ -46,6 +46,7 @@ class Principal:
     actor: str  # the audit actor string
     scopes: frozenset[str] | None = None
     key: str | None = None  # the API key's prefix (its public id); None for a person's session
+    expires_at: datetime | None = None  # when the key (or access token) stops working; None: it does not
 
     def has_role(self, minimum: str) -> bool:
         """The role's rank, and for a key the scope that power needs: every role check of
@@ -64,9 +65,12 @@ def effective_scopes(role: str, scopes: list[str] | frozenset[str]) -> frozenset
     return frozenset(scopes) & scopes_within(role) if scopes else scopes_within(role)
 
 
-def check_key_grant(role: str, scopes: list[str] | None, *, granted_by: Principal | None = None) -> None:
-    """A key's role and scopes must fit each other and, when a key makes a key, the maker's
-    own: no key can mint a wider one. Raises ValueError naming the problem."""
+def check_key_grant(
+    role: str, scopes: list[str] | None, *, expires_at: datetime | None = None, granted_by: Principal | None = None
+) -> None:
+    """A key's role and scopes must fit each other and, when a key makes a key (or rotates one,
+    which hands the caller a new key with the rotated one's grant), the maker's own: no key can
+    mint a wider one, nor one that outlives it. Raises ValueError naming the problem."""
     if role not in Role.values:
         raise ValueError(f"unknown role {role!r}")
     unknown = set(scopes or []) - set(Scope.values)
@@ -81,6 +85,9 @@ def check_key_grant(role: str, scopes: list[str] | None, *, granted_by: Principa
         wanted = effective_scopes(role, scopes or [])
         if granted_by.scopes is not None and not wanted <= granted_by.scopes:
             raise ValueError(f"scopes {sorted(wanted - granted_by.scopes)} are beyond this key's own")
+        ends = granted_by.expires_at
+        if ends is not None and (expires_at is None or expires_at > ends):
+            raise ValueError(f"a key that expires at {ends.isoformat()} may not make one that outlives it")
 
 
 def issue_api_key(
@@ -183,6 +190,7 @@ def authenticate_key(token: str) -> tuple[Any, Principal]:
         actor=f"user:{key.user_id}",
         scopes=effective_scopes(key.role, key.scopes),
         key=key.prefix,
+        expires_at=key.expires_at,
     )
 
 
@@ -204,8 +212,21 @@ def authenticate_token(token: str) -> tuple[Any, Principal]:
         grant = oauth.authenticate_jwt(token)
         # key: what rate limits count by, per token subject (never the token, which is renewed)
         key = f"oauth-{grant.user.pk}"
-        return grant.user, Principal(grant.tenant, grant.role, f"user:{grant.user.pk}", grant.scopes, key=key)
+        return grant.user, Principal(
+            grant.tenant, grant.role, f"user:{grant.user.pk}", grant.scopes, key=key, expires_at=grant.expires_at
+        )
     return authenticate_key(token)
+
+
+def reauthenticate(token: str) -> Principal | None:
+    """The credential a long-lived stream was opened with (SSE, an MCP subscriptions/listen or
+    blocking tasks/result), asked again every stream.auth_recheck_seconds: who it speaks for
+    now, or None once it no longer works (revoked, expired, its user deactivated or out of the
+    tenant, a token whose grant is gone). Not rate limited: the stream's request was."""
+    try:
+        return authenticate_token(token)[1]
+    except (exceptions.AuthenticationFailed, exceptions.PermissionDenied, oauth.IssuerUnavailable):
+        return None
 
 
 class ApiKeyAuthentication(authentication.BaseAuthentication):

@@ -499,7 +499,7 @@ def _commit_step(run: _Run, ctx: agents.StepContext, new_state: dict[str, Any], 
         # task table's indexes, at every step); steps_done and event_seq are not.
         fields["lease_expires_at"] = leases.deadline(settings.RUNTIME_LEASE_SECONDS)
         run.renewed_at = time.monotonic()
-    if ctx.cost:
+    if ctx.cost and not rerun:
         fields["cost"] = F("cost") + ctx.cost
         run.task.cost += ctx.cost
     if not rerun and (ctx.progress_value is not None or ctx.phase is not None or ctx.message is not None):
@@ -535,7 +535,7 @@ def _commit_step(run: _Run, ctx: agents.StepContext, new_state: dict[str, Any], 
         output=ctx.summary,
     )
     fields["event_seq"] = F("event_seq") + len(items)
-    # A rerun's cost was counted when the step first committed (the tenant's day, not the task's).
+    # A rerun's cost was counted when the step first committed (the tenant's day, as the task's above).
     counts_cost = bool(ctx.cost) and not rerun and quotas.enabled()
     if not (items or due or rerun or ctx.audits or counts_cost):
         # The common step: fence, progress and step row in one statement, its own transaction.

@@ -11,8 +11,10 @@ a user by username, the tenant claim a tenant by slug, and the token's OAuth sco
 runtime's role and scopes (`scopes`: {oauth scope: read | operate | approve | admin}),
 capped, like an API key, by the user's membership role.
 
-Every failure is AuthenticationFailed (401, the token is no good) or TokenForbidden
-(403, a good token that grants nothing here); nothing a caller sends can make a 500.
+Every failure is AuthenticationFailed (401, the token is no good), TokenForbidden (403, a
+good token that grants nothing here) or IssuerUnavailable (503, the issuer's keys cannot be
+read now); nothing a caller sends can make a 500, and a slow issuer holds a request for at
+most one fetch.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import json
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -38,7 +41,8 @@ logger = logging.getLogger(__name__)
 ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
 MAX_TOKEN_BYTES = 8192  # far above any real access token; a bigger header is never parsed
 MAX_JWKS_BYTES = 256 * 1024
-JWKS_TIMEOUT = 5.0
+JWKS_TIMEOUT = 5.0  # one fetch of the issuer's keys, in all
+FAILED_FETCH_BACKOFF = 5.0  # after a failed fetch the issuer is not asked again for this long
 ADMIN = "admin"  # a mapping value: every scope and the admin role
 
 
@@ -95,17 +99,42 @@ def looks_like_jwt(token: str) -> bool:
     return token.count(".") == 2
 
 
-@dataclass
+@dataclass(frozen=True)
 class _KeySet:
     keys: dict[str, jwt.PyJWK]
-    fetched_at: float
+    fetched_at: float  # the last fetch that worked (time.monotonic()), -inf before the first
+    tried_at: float  # the last fetch, whether it worked or not
+    failed: bool = False  # the last fetch did not work: the keys are the ones from before
+
+    def due(self, cfg: dict[str, Any], now: float) -> bool:
+        """Whether to ask the issuer, for a kid missing from `keys` or keys gone stale."""
+        if self.failed:
+            return now - self.tried_at >= FAILED_FETCH_BACKOFF
+        if now - self.fetched_at >= float(cfg.get("jwks_cache_seconds", 300)):
+            return True
+        return now - self.tried_at >= float(cfg.get("jwks_refresh_seconds", 30))
 
 
-_lock = threading.Lock()
+_NONE_YET = _KeySet({}, float("-inf"), float("-inf"))
 _cache: dict[str, _KeySet] = {}
+_fetch_locks: dict[str, threading.Lock] = {}
+_lock = threading.Lock()  # guards _fetch_locks
+
+
+class IssuerUnavailable(exceptions.APIException):
+    """The issuer's keys cannot be fetched now and none cached verifies the token: 503 with
+    Retry-After. Not the token's fault, so not a 401, which tells a client to drop it."""
+
+    status_code = 503
+    default_code = "issuer_unavailable"
+    default_detail = "the issuer's signing keys cannot be fetched now; retry shortly"
+    wait = int(FAILED_FETCH_BACKOFF)  # DRF's handler sends it as Retry-After
 
 
 def _fetch(uri: str) -> dict[str, jwt.PyJWK]:
+    """The issuer's signing keys by kid. ValueError for anything but a key set within
+    MAX_JWKS_BYTES and JWKS_TIMEOUT in all (a server trickling bytes cannot hold us longer)."""
+    deadline = time.monotonic() + JWKS_TIMEOUT
     with httpx.Client(timeout=JWKS_TIMEOUT, follow_redirects=False) as client, client.stream("GET", uri) as response:
         response.raise_for_status()
         body = b""
@@ -113,8 +142,13 @@ def _fetch(uri: str) -> dict[str, jwt.PyJWK]:
             body += chunk
             if len(body) > MAX_JWKS_BYTES:
                 raise ValueError(f"the JWKS at {uri} is larger than {MAX_JWKS_BYTES} bytes")
+            if time.monotonic() > deadline:
+                raise ValueError(f"the JWKS at {uri} took longer than {JWKS_TIMEOUT:g} s")
+    document = json.loads(body)
+    if not isinstance(document, dict) or not isinstance(document.get("keys", []), list):
+        raise ValueError(f"the JWKS at {uri} is not a key set ({{'keys': [...]}})")
     keys: dict[str, jwt.PyJWK] = {}
-    for raw in json.loads(body).get("keys", []):
+    for raw in document.get("keys", []):
         if not isinstance(raw, dict) or raw.get("use", "sig") != "sig":
             continue
         try:
@@ -125,32 +159,48 @@ def _fetch(uri: str) -> dict[str, jwt.PyJWK]:
     return keys
 
 
+def _refresh(uri: str, seen: _KeySet) -> _KeySet:
+    """Fetch the key set again, one request at a time per JWKS: the others wait for that
+    fetch and take its outcome, so a slow issuer costs each request at most one fetch's
+    timeout, never its place in a queue of fetches. A failed fetch keeps the keys from
+    before and is not tried again for FAILED_FETCH_BACKOFF."""
+    with _lock:
+        fetch_lock = _fetch_locks.setdefault(uri, threading.Lock())
+    if not fetch_lock.acquire(timeout=JWKS_TIMEOUT):
+        return replace(_cache.get(uri, _NONE_YET), failed=True)  # still fetching: the issuer is slow
+    try:
+        current = _cache.get(uri, _NONE_YET)
+        if current.tried_at > seen.tried_at:
+            return current  # fetched (or failed) while this request waited
+        now = time.monotonic()
+        try:
+            current = _KeySet(_fetch(uri), now, now)
+        except (httpx.HTTPError, ValueError) as exc:
+            logger.warning("oauth: cannot fetch the issuer's JWKS from %s: %s", uri, exc)
+            current = replace(current, tried_at=now, failed=True)
+        _cache[uri] = current
+        return current
+    finally:
+        fetch_lock.release()
+
+
 def signing_key(kid: str) -> jwt.PyJWK:
     """The issuer's key `kid`, from the cache; an unknown kid fetches the JWKS again (the
     issuer rotated), but not more often than jwks_refresh_seconds: random kids in forged
-    tokens must not turn us into a flood against the issuer."""
+    tokens must not turn us into a flood against the issuer. While the issuer cannot be
+    read, the keys it published last go on verifying tokens; a kid not among them is
+    IssuerUnavailable (503), since the issuer may well have published it."""
     cfg = config()
     uri = str(cfg["jwks_uri"])
-    now = time.monotonic()
-    with _lock:
-        cached = _cache.get(uri)
-        fresh = cached is not None and now - cached.fetched_at < float(cfg.get("jwks_cache_seconds", 300))
-        if fresh and cached is not None and kid in cached.keys:
-            return cached.keys[kid]
-        may_refetch = (
-            cached is None or not fresh or now - cached.fetched_at >= float(cfg.get("jwks_refresh_seconds", 30))
-        )
-        if may_refetch:
-            try:
-                cached = _cache[uri] = _KeySet(_fetch(uri), now)
-            except (httpx.HTTPError, ValueError) as exc:
-                logger.warning("oauth: cannot fetch the issuer's JWKS from %s: %s", uri, exc)
-                if cached is None:
-                    raise exceptions.AuthenticationFailed("the issuer's signing keys cannot be fetched now") from exc
-        assert cached is not None
-        if kid not in cached.keys:
-            raise exceptions.AuthenticationFailed("the token is signed with a key the issuer does not publish")
-        return cached.keys[kid]
+    keys, now = _cache.get(uri, _NONE_YET), time.monotonic()
+    fresh = now - keys.fetched_at < float(cfg.get("jwks_cache_seconds", 300))
+    if not (fresh and kid in keys.keys) and keys.due(cfg, now):
+        keys = _refresh(uri, keys)
+    if kid in keys.keys:
+        return keys.keys[kid]
+    if keys.failed:
+        raise IssuerUnavailable()
+    raise exceptions.AuthenticationFailed("the token is signed with a key the issuer does not publish")
 
 
 def audience() -> str:
@@ -227,6 +277,7 @@ class Grant:
     tenant: Tenant
     role: str
     scopes: frozenset[str]
+    expires_at: datetime  # the token's exp
 
 
 def authenticate_jwt(token: str) -> Grant:
@@ -244,4 +295,8 @@ def authenticate_jwt(token: str) -> Grant:
     member_role = Membership.objects.filter(tenant=tenant, user=user).values_list("role", flat=True).first()
     if member_role is None:
         raise TokenForbidden("the token's user is not a member of its tenant")
-    return Grant(user, tenant, min(role, member_role, key=lambda r: ROLE_RANK[Role(r)]), scopes)
+    try:  # required, and a number (jwt.decode checked it)
+        expires_at = datetime.fromtimestamp(claims["exp"], UTC)
+    except (OverflowError, ValueError, OSError):  # past what a datetime holds (year 9999)
+        expires_at = datetime.max.replace(tzinfo=UTC)
+    return Grant(user, tenant, min(role, member_role, key=lambda r: ROLE_RANK[Role(r)]), scopes, expires_at)

@@ -23,11 +23,15 @@ def ec_key() -> ec.EllipticCurvePrivateKey:
 
 
 class Issuer:
-    """Serves GET /jwks (counting fetches); sign() makes tokens with one of its keys."""
+    """Serves GET /jwks (counting fetches); sign() makes tokens with one of its keys.
+
+    `mode` makes its JWKS endpoint misbehave: "error" answers 500, "garbage" a JSON body that
+    is no key set, "hang" holds every request without an answer until mode changes back."""
 
     def __init__(self) -> None:
         self.private: dict[str, tuple[Any, str]] = {}  # kid -> (private key, alg)
         self.fetches = 0
+        self.mode = "ok"
         self.add("rsa-1", rsa_key(), "RS256")
         self.add("ec-1", ec_key(), "ES256")
         issuer = self
@@ -35,8 +39,10 @@ class Issuer:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 issuer.fetches += 1
-                body = json.dumps(issuer.jwks()).encode()
-                self.send_response(200 if self.path == "/jwks" else 404)
+                while issuer.mode == "hang":
+                    time.sleep(0.05)
+                body = json.dumps(issuer.jwks() if issuer.mode != "garbage" else [issuer.jwks()]).encode()
+                self.send_response(500 if issuer.mode == "error" else 200 if self.path == "/jwks" else 404)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -111,5 +117,6 @@ class Issuer:
         }
 
     def close(self) -> None:
+        self.mode = "ok"  # lets a held request go, so shutdown need not wait for it
         self.server.shutdown()
         self.server.server_close()

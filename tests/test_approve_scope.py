@@ -13,11 +13,13 @@ import pytest
 from mcp.shared.exceptions import MCPError
 
 from conftest import Processes, free_port, make_persona, wait_until
+from mcp_server.shared import rpc_error
 from steering_app.models import InputRequest, InputStatus, SteeringCommand
 from tasks_app import engine
 from tasks_app.access import console
 from tasks_app.actions import do_create_task
 from tasks_app.auth import issue_api_key
+from tasks_app.errors import Forbidden
 from tasks_app.models import Task
 from tests import mcp_client as mc
 from tests.mcp_stream import PostStream
@@ -37,6 +39,12 @@ def awaiting_approval(persona) -> tuple[Task, str]:
     request = InputRequest.objects.get(task=task, status=InputStatus.OPEN)
     assert request.kind == "approval" and Task.objects.get(id=task.id).status == "input_required"
     return task, request.key
+
+
+def refusal(key: str) -> Any:
+    """What the one error table (tasks_app/errors.py) answers on MCP for an approval
+    answered without the approve scope: the same on both wires as on REST."""
+    return rpc_error(Forbidden(f"{key}: answering an approval needs the approver role"))
 
 
 @pytest.fixture
@@ -74,6 +82,12 @@ def test_tasks_update_answers_an_approval_only_with_the_approve_scope(live, keys
     for scope in ("read", "operate"):
         refused = asyncio.run(update(keys[scope]))
         assert isinstance(refused, MCPError) and "approv" in refused.error.message, refused
+        expected = refusal(key)
+        assert (refused.error.code, refused.error.message, refused.error.data) == (
+            expected.code,
+            expected.message,
+            None,
+        )
         assert answers_of(task) == []
     assert not isinstance(asyncio.run(update(keys["approve"])), MCPError)
     assert len(answers_of(task)) == 1
@@ -116,8 +130,9 @@ def test_a_legacy_elicitation_answer_needs_the_approve_scope(live, keys, alice):
     # The same approver's narrower keys carry the same actor, so the id reads back, but the scope does not suffice.
     for scope in ("read", "operate"):
         refused = post(keys[scope], {"jsonrpc": "2.0", "id": asked["id"], "result": accept})
-        assert refused.status_code == 403, refused.content
+        assert refused.status_code == refusal(key).http_status == 403, refused.content
         assert "approv" in refused.json()["error"]["message"]
+        assert refused.json() == refusal(key).body(None)
     assert answers_of(task) == []
     answered = post(keys["approve"], {"jsonrpc": "2.0", "id": asked["id"], "result": accept}, session_id)
     assert answered.status_code == 202, answered.content

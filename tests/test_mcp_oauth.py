@@ -8,21 +8,24 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import concurrent.futures
 import hashlib
 import hmac
 import json
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
+import httpx
 import jwt
 import pytest
 from cryptography.hazmat.primitives import serialization
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from conftest import Processes, free_port
+from conftest import Processes, free_port, wait_until
 from mcp_server.protocol import MODERN, TASKS_EXT
-from tasks_app.models import Task
+from tasks_app.models import ApiKey, Task
 from tests import mcp_client as mc
 from tests.oauth_issuer import Issuer, ec_key, rsa_key
 
@@ -215,3 +218,80 @@ def test_an_sdk_client_completes_a_task_with_a_jwt(issuer, alice, processes: Pro
             return (await http.post(url, headers={"Authorization": f"Bearer {wrong}"}, json={})).status_code
 
     assert asyncio.run(refused()) == 401
+
+
+def test_an_issuer_that_cannot_be_read_is_503_and_asked_once_per_backoff(configured, alice, settings):
+    """An unreachable issuer is not the token's fault: a token whose key is cached goes on
+    working, one whose key is not is 503 with Retry-After (a 401 would make the client throw
+    a good token away), and the issuer is asked once per back-off, not once per request."""
+    settings.RUNTIME["oauth"]["jwks_cache_seconds"] = 0  # every request finds the keys stale
+    token = configured.sign(configured.claims(AUDIENCE))
+    assert mcp(token).status_code == 200
+    configured.mode = "error"
+    fetched = configured.fetches
+    for _ in range(10):
+        assert mcp(token).status_code == 200  # the keys it had
+    assert configured.fetches - fetched <= 1
+    configured.add("rsa-2", rsa_key(), "RS256")  # a key it has not seen, while it cannot be read
+    unseen = configured.sign(configured.claims(AUDIENCE), kid="rsa-2")
+    refused = mcp(unseen)
+    assert refused.status_code == 503 and int(refused["Retry-After"]) >= 1, refused.content
+    assert refused.json()["error"]["code"] == -32003 and refused.json()["id"] == 5
+    rest = Client(headers={"Authorization": f"Bearer {unseen}"}).get("/runtime/tasks")
+    assert rest.status_code == 503 and int(rest["Retry-After"]) >= 1
+    assert rest.json()["error"]["code"] == "issuer_unavailable"
+    assert configured.fetches - fetched <= 1
+
+
+def test_a_key_set_that_is_no_key_set_is_503_not_500(configured, alice):
+    configured.mode = "garbage"  # a JSON list, not {"keys": [...]}
+    token = configured.sign(configured.claims(AUDIENCE))
+    assert mcp(token).status_code == 503
+    assert Client(headers={"Authorization": f"Bearer {token}"}).get("/runtime/tasks").status_code == 503
+
+
+def test_a_hung_issuer_holds_no_request_longer_than_one_fetch(issuer, alice, processes: Processes):
+    """uvicorn with the issuer's JWKS endpoint holding every request: eight clients at once
+    are each answered 503 within one fetch's timeout (they queued behind one another's
+    fetches, 5 s each, 40 s for the last), and once the issuer answers again tokens work."""
+    from tasks_app.oauth import JWKS_TIMEOUT
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/mcp"
+    processes.web(port, **issuer.env(url))
+    token = issuer.sign(issuer.claims(url))
+    issuer.mode = "hang"
+
+    def send(_: int) -> tuple[int, float, httpx.Response]:
+        began = time.monotonic()
+        response = httpx.post(url, headers={"Authorization": f"Bearer {token}"}, json={}, timeout=120)
+        return response.status_code, time.monotonic() - began, response
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(send, range(8)))
+    for status, took, response in answers:
+        assert status == 503 and took < JWKS_TIMEOUT + 3, (status, took, response.text[:200])
+        assert int(response.headers["Retry-After"]) >= 1 and response.json()["error"]["code"] == -32003
+    assert issuer.fetches <= 2
+    issuer.mode = "ok"
+    wait_until(
+        lambda: httpx.post(url, headers={"Authorization": f"Bearer {token}"}, json={}).status_code != 503,
+        timeout=30,
+        what="the issuer's keys to be fetched again",
+    )
+
+
+def test_a_key_made_with_a_token_expires_with_it(configured, alice):
+    """A stolen access token lives minutes; a key it made must not outlive it (nor the
+    issuer's say over the user: signing them out there ends both)."""
+    claims = configured.claims(AUDIENCE)
+    client = Client(headers={"Authorization": f"Bearer {configured.sign(claims)}"})
+    made = client.post("/runtime/keys", data={"name": "from a token"}, content_type="application/json")
+    assert made.status_code == 201, made.content
+    assert ApiKey.objects.get(prefix=made.json()["id"]).expires_at == datetime.fromtimestamp(claims["exp"], UTC)
+    forever = client.post(
+        "/runtime/keys", data={"name": "forever", "expiresAt": "2999-01-01T00:00:00Z"}, content_type="application/json"
+    )
+    assert forever.status_code == 400 and "outlive" in forever.json()["error"]["message"]
+    far = configured.sign({**claims, "exp": 10**15})  # past year 9999: no datetime holds it
+    assert Client(headers={"Authorization": f"Bearer {far}"}).get("/runtime/tasks").status_code == 200

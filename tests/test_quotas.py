@@ -4,7 +4,9 @@ HTTP remote (tests/sink.py), which counts what actually went out."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any, ClassVar
 
 import pytest
 
@@ -12,7 +14,8 @@ from conftest import FAST_LEASES, settled, wait_until
 from tasks_app import engine, quotas
 from tasks_app.access import console
 from tasks_app.actions import do_create_task
-from tasks_app.models import Task, TenantDailyUsage
+from tasks_app.agents import base as agents
+from tasks_app.models import Step, Task, TenantDailyUsage
 from tests.test_kill_running import calls
 from tests.test_ledger import Sink
 
@@ -67,3 +70,75 @@ def test_the_cost_quota_stops_the_next_step_and_counts_each_step_once(alice, set
     assert task.status == "failed" and task.error["code"] == "quota_exceeded"
     assert "cost 3 of 2.5 today (limits.cost_per_tenant_day)" in task.error["message"]
     assert task.steps_done == 3 and usage(alice.tenant).cost == 3.0
+
+
+def test_a_step_run_again_after_a_worker_is_killed_counts_its_cost_once(alice, processes):
+    """Steps committed after the last checkpoint run again when a worker dies; what they
+    report was counted when they first committed, on the task (its maxCost) and the day."""
+    env = {**FAST, "RUNTIME_SLICE_STEPS": "1000", "RUNTIME_SLICE_SECONDS": "600", "LIMITS_COST_PER_TENANT_DAY": "1000"}
+    processes.beat(**env)
+    worker = processes.worker(**env)
+    task, _ = do_create_task(
+        alice.tenant,
+        actor="user:test",
+        agent="noop",
+        input={"steps": 16, "sleepMs": 300, "costPerStep": 1},
+        checkpoint_policy={"everySteps": 10},
+    )
+    wait_until(lambda: Task.objects.get(id=task.id).steps_done >= 13, timeout=60, what="steps past the checkpoint")
+    processes.kill(worker)  # SIGKILL: steps 11..13 committed after checkpoint 10 run again
+    processes.worker(**env)
+    assert settled(task, timeout=120).status == "completed"
+    assert Step.objects.filter(task=task, sequence=11, attempt=2).exists()  # a real re-run
+    task.refresh_from_db()
+    assert task.cost == 16.0 and usage(alice.tenant).cost == 16.0
+
+
+class CostReporter(agents.Agent):
+    """Reports what its input says a step cost, as a plugin passing on a provider's figure."""
+
+    name = "cost_reporter"
+    input_schema: ClassVar[dict[str, Any]] = {"type": "object", "properties": {"cost": {"type": "string"}}}
+
+    def start(self, input: dict[str, Any], goal: str) -> dict[str, Any]:
+        return {"done": False}
+
+    def next_step(self, state: dict[str, Any]) -> str | None:
+        return None if state["done"] else "spend"
+
+    def run_step(self, ctx: agents.StepContext, state: dict[str, Any]) -> dict[str, Any]:
+        ctx.report_cost(float(ctx.input["cost"]))
+        return {"done": True}
+
+    def result(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+
+@pytest.fixture
+def cost_reporter() -> Iterator[None]:
+    agents._REGISTRY[CostReporter.name] = CostReporter
+    yield
+    del agents._REGISTRY[CostReporter.name]
+
+
+def run(task: Task) -> Task:
+    while engine.run_slice(task.id, worker_id="w1") is engine.SliceOutcome.CONTINUE:
+        pass
+    return Task.objects.get(id=task.id)
+
+
+def test_a_cost_that_is_not_a_finite_number_fails_its_step_and_never_reaches_the_day(alice, settings, cost_reporter):
+    """NaN compares false with every cap (a day at NaN is never over it) and infinity is over
+    every cap: either, added to the tenant's day, would switch the quota off or on for the
+    whole tenant until midnight."""
+    settings.RUNTIME = {**settings.RUNTIME, "limits": {**settings.RUNTIME["limits"], "cost_per_tenant_day": 2.5}}
+    for bad in ("nan", "inf", "-inf"):
+        task, _ = do_create_task(alice.tenant, actor="user:test", agent="cost_reporter", input={"cost": bad})
+        task = run(task)
+        assert task.status == "failed" and "finite" in task.error["message"], (bad, task.error)
+        assert task.cost == 0.0
+    assert not TenantDailyUsage.objects.filter(tenant=alice.tenant, cost__gt=0).exists()
+    # the day's quota still holds, at the same step as in the test above
+    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 10, "costPerStep": 1})
+    task = run(task)
+    assert task.status == "failed" and task.error["code"] == "quota_exceeded" and task.steps_done == 3

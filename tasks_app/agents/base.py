@@ -3,6 +3,7 @@ context; they never see Celery, leases or SQL (DESIGN §4)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -75,10 +76,13 @@ class StepContext:
             self.message = message
 
     def report_cost(self, amount: float) -> None:
-        """Add to the task's cost (in whatever unit its budget's maxCost uses)."""
-        if amount < 0:
-            raise ValueError("a cost cannot be negative")
-        self.cost += float(amount)
+        """Add to the task's cost (in whatever unit its budget's maxCost uses). A finite
+        number, at least 0: NaN is under every cap and infinity over it, so either would
+        switch maxCost and the tenant's daily quota off or on (limits.cost_per_tenant_day)."""
+        amount = float(amount)
+        if not math.isfinite(amount) or amount < 0:
+            raise ValueError(f"a cost must be a finite number, at least 0 (not {amount})")
+        self.cost += amount
 
     def log(self, message: str, **fields: Any) -> None:
         self.logs.append({"message": message, **fields})

@@ -1,7 +1,8 @@
 """REST edge for API keys: list, create, rotate, revoke (the same lifecycle as the admin's).
 
-A key manages its own user's keys in its tenant; a tenant admin's key manages all of the
-tenant's keys. A key never makes a key wider than itself (auth.check_key_grant).
+A key manages its own user's keys in its tenant; a tenant admin's key also lists and revokes
+the tenant's other keys (rotating one would hand the admin a key acting as its user). A key
+never makes a key wider than itself, nor one that outlives it (auth.check_key_grant).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from django.contrib.auth.models import User
 from django.http import Http404
 from django.utils import timezone
 from rest_framework import serializers, status
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -45,6 +46,12 @@ def key_body(key: ApiKey, token: str | None = None) -> dict[str, Any]:
     if token is not None:
         body["token"] = token  # shown this once; only its hash is stored
     return body
+
+
+def _field_of(exc: ValueError) -> str:
+    """The request field a check_key_grant refusal is about."""
+    text = str(exc)
+    return "expiresAt" if "outlives" in text else "scopes" if "scope" in text else "role"
 
 
 def manageable_keys(who: Principal, user_id: Any) -> Any:
@@ -81,12 +88,14 @@ class KeyListCreateApi(APIView):
         role = body.get("role", who.role)
         # A narrow key's child is at most as narrow: it inherits the maker's scopes by default.
         scopes = body.get("scopes") or (sorted(who.scopes) if who.scopes is not None else None)
-        if (expires := body.get("expiresAt")) is not None and expires <= timezone.now():
+        # ... and expires with it by default (a key, or an access token, that expires).
+        expires = body.get("expiresAt", who.expires_at)
+        if expires is not None and expires <= timezone.now():
             raise ValidationError({"expiresAt": "must be in the future"})
         try:
-            check_key_grant(role, scopes, granted_by=who)
+            check_key_grant(role, scopes, expires_at=expires, granted_by=who)
         except ValueError as exc:
-            raise ValidationError({"scopes" if "scope" in str(exc) else "role": str(exc)}) from None
+            raise ValidationError({_field_of(exc): str(exc)}) from None
         # cast: IsPrincipal let only an authenticated user through.
         key, token = issue_api_key(
             who.tenant, cast(User, request.user), role=role, name=body["name"], scopes=scopes, expires_at=expires
@@ -116,6 +125,16 @@ class KeyRotateApi(APIView):
 
     def post(self, request: Request, key_id: str) -> Response:
         key = manageable_key(request, key_id)
+        if key.user_id != request.user.pk:
+            # The new token is the caller's to hold: another user's would let an admin act as
+            # them (their actor in the audit, their approvals). An admin revokes it instead.
+            raise PermissionDenied("only a key's own user may rotate it; a tenant admin may revoke it")
+        try:
+            # The caller gets the new key: it may be no wider than the caller's own (a read-only
+            # key must not rotate its user's full key into its hands).
+            check_key_grant(key.role, key.scopes, expires_at=key.expires_at, granted_by=principal(request))
+        except ValueError as exc:
+            raise ValidationError({_field_of(exc): f"this key may not rotate {key.prefix}: {exc}"}) from None
         try:
             new, token = rotate_api_key(key)
         except ValueError as exc:  # revoked meanwhile

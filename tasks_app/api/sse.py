@@ -10,9 +10,11 @@ import asyncio
 import logging
 import re
 from collections.abc import AsyncIterator, Callable
+from importlib import import_module
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.contrib import auth
 from django.contrib.auth.models import User
 from django.db import connection
 from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
@@ -25,9 +27,10 @@ from rest_framework.exceptions import AuthenticationFailed, PermissionDenied
 from common.json_safety import UnsafeInput, check
 from runtime_site.errors import DATABASE_UNAVAILABLE, error_body, unsafe_input_body
 from runtime_site.ratelimit import RateLimited
-from tasks_app import access
-from tasks_app.auth import ApiKeyAuthentication, Principal, authenticate_token, bearer_token
-from tasks_app.errors import TaskNotFound
+from tasks_app import access, oauth
+from tasks_app.auth import ApiKeyAuthentication, Principal, bearer_token, reauthenticate
+from tasks_app.errors import Forbidden, TaskNotFound
+from tasks_app.models import Role
 from tasks_app.selectors import task_snapshot
 from tasks_app.streams.publish import channel_for
 
@@ -48,19 +51,26 @@ def check_last_event_id(request: HttpRequest) -> None:
             raise UnsafeInput(name, "not an event id this stream sent (<channel>:<seq>)")
 
 
-def _allowed_still(token: str | None, user_id: int | None, tenant_id: int) -> Callable[[], bool]:
+def _allowed_still(
+    token: str | None, session_key: str | None, user_id: int | None, tenant_id: int
+) -> Callable[[], bool]:
     """Whether the stream's caller may still read it: its key is still good (not revoked or
-    expired, its user active and a member: authenticate_token, no rate limit), or for a
-    dashboard session, its user is active and still a member of the task's tenant."""
+    expired, its user active and a member: auth.reauthenticate), or for a
+    dashboard session, the session still signs in its user (not signed out or expired, nor
+    made before a password change: auth.get_user), who is active and still a member of the
+    task's tenant."""
 
     def check() -> bool:
         try:
             if token is not None:
-                try:
-                    return authenticate_token(token)[1].tenant.pk == tenant_id
-                except (AuthenticationFailed, PermissionDenied):
-                    return False
-            return user_id is not None and (
+                who = reauthenticate(token)
+                return who is not None and who.tenant.pk == tenant_id and who.has_role(Role.VIEWER)
+            if user_id is None or session_key is None:
+                return False
+            probe = HttpRequest()  # what auth.get_user reads of a request: its session
+            probe.session = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
+            signed_in = auth.get_user(probe)
+            return signed_in.pk == user_id and (
                 User.objects.filter(pk=user_id, is_active=True, memberships__tenant_id=tenant_id).exists()
             )
         finally:
@@ -118,6 +128,10 @@ def task_events(request: HttpRequest, task_id: str) -> HttpResponseBase:
         return JsonResponse(error_body("authentication_failed", str(exc.detail)), status=401)
     except PermissionDenied as exc:  # an access token that grants nothing here (tasks_app/oauth.py)
         return JsonResponse(error_body("permission_denied", str(exc.detail)), status=403)
+    except oauth.IssuerUnavailable as exc:  # its issuer's keys cannot be read now
+        return JsonResponse(
+            error_body("issuer_unavailable", str(exc.detail)), status=503, headers={"Retry-After": str(exc.wait)}
+        )
     except RateLimited as exc:
         return JsonResponse(
             error_body("throttled", str(exc.detail)), status=429, headers={"Retry-After": str(exc.wait)}
@@ -125,6 +139,10 @@ def task_events(request: HttpRequest, task_id: str) -> HttpResponseBase:
     who: Principal | User
     if authenticated is not None:
         request.user, who = authenticated
+        try:  # reading a stream is the read scope's, as reading the task over REST is
+            access.check_role(who, Role.VIEWER)
+        except Forbidden as exc:
+            return JsonResponse(error_body("permission_denied", str(exc)), status=403)
     elif request.user.is_authenticated:
         who = request.user  # a dashboard session: the person's tenants
     else:
@@ -149,7 +167,7 @@ def task_events(request: HttpRequest, task_id: str) -> HttpResponseBase:
     listener.user_id = request.user.pk
     listener.channels = event_request.channels
     first = sse_encode_event("task.snapshot", snapshot, event_id=f"{channel}:{task.event_seq}", json_encode=True)
-    allowed = _allowed_still(bearer_token(request), request.user.pk, task.tenant_id)
+    allowed = _allowed_still(bearer_token(request), request.session.session_key, request.user.pk, task.tenant_id)
     every = float(settings.RUNTIME["stream"].get("auth_recheck_seconds", 5))
 
     async def body() -> AsyncIterator[str]:

@@ -162,6 +162,69 @@ def test_an_approve_scoped_key_approves_but_cannot_operate(alice):
     )
 
 
+def test_a_narrower_key_cannot_rotate_a_wider_one_into_its_own_hands(alice):
+    """Rotation makes a key with the rotated key's grant and hands its token to the caller:
+    a read-only key rotating its user's full key got a working operator key, and a key that
+    expires tomorrow a key that never does."""
+    full = ApiKey.objects.get(user=alice.user)
+    tomorrow = (timezone.now() + timedelta(days=1)).isoformat()
+    for narrow in (make_key(alice, scopes=["read"]), make_key(alice, expiresAt=tomorrow)):
+        refused = rest(narrow["token"], "post", f"/runtime/keys/{full.prefix}/rotate")
+        assert refused.status_code == 400, refused.content
+        assert ApiKey.objects.filter(rotated_from=full).count() == 0
+        assert ApiKey.objects.get(pk=full.pk).expires_at is None  # the old key was left alone
+    # a key rotates itself, and a wider key a narrower one
+    assert rest(alice.token, "post", f"/runtime/keys/{narrow['id']}/rotate").status_code == 201
+    assert rest(alice.token, "post", f"/runtime/keys/{full.prefix}/rotate").status_code == 201
+
+
+def test_a_tenant_admin_cannot_rotate_another_user_s_key_into_their_own_hands(alice, settings):
+    """Rotating answers with the new token: an admin rotating an approver's key held a key
+    acting as that approver (the audit's actor), and approved the guarded calls of a task
+    the admin started although approver_not_creator forbids it. Others' keys an admin may
+    list and revoke; only their holder rotates them."""
+    settings.RUNTIME = {**settings.RUNTIME, "security": {**settings.RUNTIME["security"], "approver_not_creator": True}}
+    ada, april = make_persona("acme", "ada", "admin"), make_persona("acme", "april", "approver")
+    task, key = waiting_task(ada, "approval")
+    Task.objects.filter(id=task.id).update(created_by=f"user:{ada.user.pk}")
+    assert rest(ada.token, "post", f"/runtime/tasks/{task.id}/inputs/{key}", {"answer": True}).status_code == 403
+    aprils = ApiKey.objects.get(user=april.user)
+    rotated = rest(ada.token, "post", f"/runtime/keys/{aprils.prefix}/rotate")
+    assert rotated.status_code == 403, rotated.content
+    assert "token" not in rotated.json() and not ApiKey.objects.filter(rotated_from=aprils).exists()
+    assert aprils.prefix in {k["id"] for k in rest(ada.token, path="/runtime/keys").json()["keys"]}
+    assert rest(ada.token, "delete", f"/runtime/keys/{aprils.prefix}").status_code == 200
+    assert rest(april.token).status_code == 401
+
+
+def test_a_key_that_expires_cannot_make_one_that_outlives_it(alice):
+    """A child is at most as wide as its maker in time too: by default it expires with it."""
+    ends = timezone.now() + timedelta(days=1)
+    short = make_key(alice, expiresAt=ends.isoformat())["token"]
+    later = rest(short, "post", "/runtime/keys", {"name": "later", "expiresAt": (ends + timedelta(days=1)).isoformat()})
+    assert later.status_code == 400 and "outlive" in later.json()["error"]["message"], later.content
+    child = rest(short, "post", "/runtime/keys", {"name": "child"})
+    assert child.status_code == 201 and ApiKey.objects.get(prefix=child.json()["id"]).expires_at == ends
+    sooner = rest(
+        short, "post", "/runtime/keys", {"name": "sooner", "expiresAt": (ends - timedelta(hours=1)).isoformat()}
+    )
+    assert sooner.status_code == 201
+
+
+def test_a_key_without_the_read_scope_cannot_open_a_stream(alice):
+    """Reading streams is the read scope's, as reading tasks over REST is."""
+    task = new_task(alice, steps=1)
+    april = make_persona("acme", "april", "approver")
+    for scopes in (["operate"], ["approve"]):
+        key = make_key(april, scopes=scopes)
+        response = rest(key["token"], path=f"/runtime/tasks/{task.id}/events")
+        assert response.status_code == 403 and response.json()["error"]["code"] == "permission_denied", scopes
+        assert rest(key["token"], path=f"/runtime/tasks/{task.id}").status_code == 403  # as REST
+    reader = rest(make_key(april, scopes=["read"])["token"], path=f"/runtime/tasks/{task.id}/events")
+    assert reader.status_code == 200 and reader.streaming
+    reader.close()
+
+
 def test_rotation_keeps_two_keys_live_until_the_old_one_expires(alice, settings):
     settings.RUNTIME = {
         **settings.RUNTIME,

@@ -154,3 +154,22 @@ def test_the_beat_job_anchors_only_what_grew(alice, anchors_dir, settings):
     anchor_audit()
     anchor_audit()  # nothing grew: no second object
     assert len(list(anchors_dir.rglob("*.json"))) == 1
+
+
+def test_an_anchor_that_is_not_one_is_reported_and_every_other_still_checked(alice, anchors_dir):
+    """Planting junk beside the anchors (or naming --since without a zone) made verify_audit
+    die with a traceback before it named the rewrite the real anchor catches."""
+    task = finished_task(alice)
+    audit.anchor_heads()
+    rewrite_chain_with_sql(task)
+    junk = {"not-json": b"{not json", "a-list": b"[1, 2]", "no-time": json.dumps({"version": 1, "heads": []}).encode()}
+    for name, body in junk.items():
+        (anchors_dir / f"{name}.json").write_bytes(body)
+    for since in ([], ["--since", "2020-01-01T00:00:00"], ["--since", "2020-01-01T00:00:00+02:00"]):
+        out, err = io.StringIO(), io.StringIO()
+        with pytest.raises(CommandError):
+            call_command("verify_audit", *since, stdout=out, stderr=err)
+        problems = err.getvalue()
+        assert f"task {task.id}: record {task.audit_seq}: differs from its anchor" in problems, (since, problems)
+        for name in junk:
+            assert f"anchor {audit.ANCHOR_PREFIX}/{name}.json: not an anchor" in problems, (since, name, problems)
