@@ -15,6 +15,7 @@ from celery.signals import (
 )
 
 from runtime_site.patches import kombu as kombu_patches
+from runtime_site.patches import prefork as prefork_patches
 from tasks_app import shutdown  # here, so its flag is mapped before a worker's pool forks
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "runtime_site.settings")
@@ -62,6 +63,7 @@ app = Celery("runtime_site")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 kombu_patches.install()  # before any worker consumes: broker losses must not kill it
+prefork_patches.install()  # a stopping worker acknowledges what its pool ran
 
 
 @worker_ready.connect
