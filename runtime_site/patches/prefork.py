@@ -2,18 +2,29 @@
 out of the way at once (issue 12 #8; install() says what and why).
 
 Written against celery 5.7.0 and billiard 4.3.2: they replace library internals
-(AsynPool.flush), so another release must be read against them before it is let in.
+(AsynPool.flush and join, billiard's pool process exit, the time module as Celery's
+prefork pool sees it), so another release must be read against them before it is let in.
 """
 
 from __future__ import annotations
 
 import inspect
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
 from importlib.metadata import version
 from typing import Any
 
+from billiard import pool as _billiard_pool
 from celery.concurrency import asynpool as _asynpool
+from celery.concurrency import prefork as _celery_prefork
 
-asynpool: Any = _asynpool  # internals the type stubs do not show
+# Internals the type stubs do not show.
+billiard_pool: Any = _billiard_pool
+asynpool: Any = _asynpool
+celery_prefork: Any = _celery_prefork
 
 WRITTEN_FOR = {"celery": "5.7.0", "billiard": "4.3.2"}
 if found := {name: version(name) for name in WRITTEN_FOR if version(name) != WRITTEN_FOR[name]}:
@@ -23,16 +34,25 @@ if found := {name: version(name) for name in WRITTEN_FOR if version(name) != WRI
     )
 
 
-def install() -> None:
-    """A worker told to stop (SIGTERM) with a message in hand, its job already written to a
-    pool process but the "accepted" reply not read yet when the signal came: AsynPool.flush
-    dropped the job from the pool's books ("it will be redelivered by the broker"). The pool
-    process runs it all the same; nothing then reads its result, so the pool process waits
-    30 s for that (billiard's _ensure_messages_consumed) while the worker waits for the pool
-    process: 31.5 s to stop (measured, bench/soak.py; its replacement, in deploys that stop
-    a worker before starting the next, waited that long), and the message, never
-    acknowledged, was given back at the end and ran a second time. Such jobs stay in the
-    books now: the shutdown reads their results and acknowledges their messages."""
+def install(stopping_warmly: Callable[[], bool]) -> None:
+    """What kept a worker told to stop (SIGTERM) alive long after its slices had handed their
+    tasks over (measured, bench/soak.py); in deploys that stop a worker before starting the
+    next (compose, systemd), its replacement waited for it to be gone:
+
+    1. A message whose job was written to a pool process, but whose "accepted" reply the
+       worker had not read yet when the signal came, was dropped from the pool's books by
+       AsynPool.flush ("it will be redelivered by the broker"). The pool process runs it all
+       the same; nothing then read its result, so the pool process waited 30 s for that
+       (billiard's _ensure_messages_consumed) while the worker waited for the pool process:
+       31.5 s to stop, and the message, never acknowledged, was given back at the end and
+       ran a second time. Such jobs stay in the books now: the shutdown reads their results
+       and acknowledges their messages.
+    2. Every pool process sleeps 1 s before it exits (so that its pool reads its last
+       message while it still runs). In a warm shutdown the pool reads nothing more from
+       it: it exits at once.
+    3. While the pool drains, a thread of Celery's keeps the event loop's timers firing,
+       sleeping 0.5 s between rounds, and the worker waits for that thread after the pool
+       has joined: every stop took half a second more. Its sleep now ends with the join."""
     flush = asynpool.AsynPool.flush
 
     def flush_keeping_jobs_sent(self: Any) -> None:
@@ -43,5 +63,43 @@ def install() -> None:
             if writer is None or inspect.getgeneratorstate(writer) == inspect.GEN_CLOSED:  # all of it written
                 self._cache.setdefault(job._job, job)
 
-    # Replacing the method is the point of this patch (see the docstring).
+    do_exit = billiard_pool.Worker._do_exit
+
+    def do_exit_at_once_when_stopping(self: Any, pid: int, exitcode: int | None, exc: Exception | None = None) -> None:
+        if not stopping_warmly() or sys.platform == "win32":
+            return do_exit(self, pid, exitcode, exc)
+        if exitcode is None:
+            exitcode = billiard_pool.EX_FAILURE if exc else billiard_pool.EX_OK
+        try:
+            if self.on_exit is not None:
+                self.on_exit(pid, exitcode)
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, {billiard_pool.TERM_SIGNAL})
+            try:
+                self.outq.put((billiard_pool.DEATH, (pid, exitcode)))
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        finally:
+            os._exit(exitcode)
+
+    joined = threading.Event()
+    join = asynpool.AsynPool.join
+
+    def join_and_say_so(self: Any) -> None:
+        try:
+            join(self)
+        finally:
+            joined.set()
+
+    class TimerThreadClock:
+        """Stands in for the time module in celery.concurrency.prefork, whose one use of it
+        is the timer thread's sleep (TaskPool.on_stop)."""
+
+        @staticmethod
+        def sleep(seconds: float) -> None:
+            joined.wait(seconds)
+
+    # Replacing the methods is the point of this patch (see the docstring).
     asynpool.AsynPool.flush = flush_keeping_jobs_sent
+    asynpool.AsynPool.join = join_and_say_so
+    billiard_pool.Worker._do_exit = do_exit_at_once_when_stopping
+    celery_prefork.time = TimerThreadClock
