@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 from celery import Celery
@@ -13,8 +14,10 @@ from celery.signals import (
     worker_ready,
     worker_shutting_down,
 )
+from kombu.asynchronous import get_event_loop
 
 from runtime_site.patches import kombu as kombu_patches
+from runtime_site.patches import prefork as prefork_patches
 from tasks_app import shutdown  # here, so its flag is mapped before a worker's pool forks
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "runtime_site.settings")
@@ -62,6 +65,7 @@ app = Celery("runtime_site")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 kombu_patches.install()  # before any worker consumes: broker losses must not kill it
+prefork_patches.install(stopping_warmly=shutdown.stopping_warmly)  # a stopping worker is gone at once
 
 
 @worker_ready.connect
@@ -97,6 +101,20 @@ def warm_tool_clients(**_: Any) -> None:
     mcp_client.warm()
 
 
+@worker_init.connect
+def freeze_the_loaded_heap(**_: Any) -> None:
+    """Last before the pool forks: what the worker has loaded (Django, the apps, the tool
+    clients) lives as long as the process, so the garbage collector stops walking it
+    (gc.freeze, as the gc docs advise before a fork). Pool processes then share those pages
+    instead of copying them when a collection touches them, their collections stay short
+    (the GIL a lease's heartbeat needs), and a stopping worker skips the collection at its
+    exit, which took 2 s of a stop before its replacement could start (measured)."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
 @worker_process_init.connect
 def keep_database_connections(**_: Any) -> None:
     """Worker processes are long-lived and run one slice at a time: keep their database
@@ -128,9 +146,20 @@ def pool_process_init(**_: Any) -> None:
 def hand_over_running_tasks(how: str, **_: Any) -> None:
     """Warm shutdown (SIGTERM): running slices yield at their next safe point instead of
     running out their budget, so other workers take their tasks over at once. (Called in
-    the main process's signal handler: it only sets a flag.)"""
+    the main process's signal handler: it only sets flags.)
+
+    Celery stops consuming when its event loop next looks at its own flag, set right after
+    this; the loop sleeps in poll() up to a second, and a message it receives meanwhile is
+    held until the worker has stopped. Ringing the loop's waker (from a thread: a wake from
+    the loop's own thread is skipped) makes it look now."""
     if how == "Warm":
         shutdown.request()
+        if hub := get_event_loop():
+            threading.Thread(target=hub.call_soon, args=(_nothing,), daemon=True).start()
+
+
+def _nothing() -> None:
+    pass
 
 
 @task_prerun.connect

@@ -312,6 +312,10 @@ if REDIS_URL:
         "socket_timeout": 30,
         "socket_connect_timeout": 5,
         "health_check_interval": 25,
+        # An idle worker's BRPOP waits this long on the server (kombu's default: 1 s). A worker
+        # told to stop reads the reply of the one in flight before it closes the connection (a
+        # message popped meanwhile goes back to the queue), so this is time a stop takes.
+        "polling_interval": 0.25,
         # Task priority 0 (most urgent) .. 9: on Redis a lower number is served first.
         "priority_steps": [0, 3, 6, 9],
     }

@@ -40,6 +40,12 @@ def requested() -> bool:
     return bool(_warm[0]) or _signalled
 
 
+def stopping_warmly() -> bool:
+    """The worker (its main process) is in a warm shutdown: its pool closes when the slices
+    have handed over."""
+    return bool(_warm[0])
+
+
 def defer_sigterm() -> None:
     """In a pool process: a SIGTERM during a task asks its slice to yield instead of
     killing it mid-step."""

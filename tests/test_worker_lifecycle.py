@@ -6,10 +6,15 @@ are counted by independent receivers (tests/mcp_remote.py, tests/sink.py)."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+import re
 import signal
+import socket
+import struct
 import subprocess
 import sys
+import termios
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,18 +38,23 @@ def log_of(proc: subprocess.Popen[bytes]) -> str:
     return Path(proc.log_path).read_text(errors="replace")  # type: ignore[attr-defined]
 
 
-def worker_on(processes: Processes, queue: str, **env: str) -> subprocess.Popen[bytes]:
-    """A worker of one queue (slices: "steps"; the beat's jobs: "maintenance"), once ready."""
+def worker_on(
+    processes: Processes, queue: str, *, wait: bool = True, log_level: str = "INFO", **env: str
+) -> subprocess.Popen[bytes]:
+    """A worker of one queue (slices: "steps"; the beat's jobs: "maintenance"), once ready
+    (or at once: wait=False)."""
+    replace = {"steps,maintenance": queue, "INFO": log_level}
     args = [
         sys.executable,
         "-m",
-        *(queue if arg == "steps,maintenance" else arg for arg in WORKER),
+        *(replace.get(arg, arg) for arg in WORKER),
         "1",
         "-n",
         f"{queue}-{len(processes.procs)}@%h",
     ]
     proc = processes.start("worker", args, **env)
-    wait_until(lambda: " ready." in log_of(proc), timeout=60, what="the worker to be ready")
+    if wait:
+        wait_until(lambda: " ready." in log_of(proc), timeout=60, what="the worker to be ready")
     return proc
 
 
@@ -210,6 +220,72 @@ def test_a_worker_told_to_stop_hands_its_task_over_before_its_lease_would_expire
         started for _, _, worker, started in steps if worker != at_signal.lease_owner and started > at_signal.updated_at
     )
     assert taken_over < at_signal.lease_expires_at  # before the stopping worker's lease could have run out
+
+
+def unread_pipe_bytes(pid: int) -> int:
+    """Bytes waiting in the pipes of a process (a pool process's job queue) that it has not read."""
+    waiting = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            if not os.readlink(fd).startswith("pipe:"):
+                continue
+            pipe = os.open(fd, os.O_RDONLY | os.O_NONBLOCK)  # the same pipe, opened anew
+            try:
+                waiting += struct.unpack("i", fcntl.ioctl(pipe, termios.FIONREAD, b"\0" * 4))[0]
+            finally:
+                os.close(pipe)
+    return waiting
+
+
+def unacked() -> int:
+    """Messages delivered to a worker and not yet acknowledged (kombu's unacked hash)."""
+    import redis
+    from django.conf import settings
+
+    return int(redis.Redis.from_url(settings.REDIS_URL).hlen(f"{settings.RUNTIME_DEPLOYMENT}:unacked"))
+
+
+def received_ids(log: str) -> list[str]:
+    return re.findall(r"Task tasks\.run_task_slice\[([0-9a-f-]+)\] received", log)
+
+
+def test_a_worker_told_to_stop_with_a_message_in_hand_runs_it_once_and_a_starting_worker_takes_over(alice, processes):
+    # A rolling restart: the stopping worker has just been handed a slice (the job is written
+    # to its pool process, whose "accepted" reply it has not read yet) and its replacement is
+    # still starting. Its pool process is held stopped so that moment lasts: Celery's shutdown
+    # used to drop such a job from the pool's books, wait 30 s for the pool process, which ran
+    # it anyway and waited for its result to be read, and give the message back unacknowledged,
+    # to be run a second time by the next worker.
+    env = {**FAST, "RUNTIME_SLICE_STEPS": "1000"}
+    stopping = worker_on(processes, "steps", log_level="DEBUG", **env)
+    (pool,) = wait_until(lambda: pool_pids(stopping), timeout=30, what="the pool process")
+    first, _ = do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 1})
+    assert settled(first).status == "completed"  # the pool process is up (the worker is ready before it)
+    os.kill(pool, signal.SIGSTOP)
+    wait_until(lambda: stopped(pool), timeout=5, what="the pool process to be stopped")
+    task, _ = do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 20, "sleepMs": 50})
+    wait_until(lambda: unread_pipe_bytes(pool) > 4, timeout=30, what="the slice to be written to the pool process")
+    in_hand = received_ids(log_of(stopping))[-1]
+
+    os.kill(stopping.pid, signal.SIGTERM)  # the main process, as docker stop and Kubernetes do
+    starting = worker_on(processes, "steps", wait=False, **env)
+    wait_until(
+        lambda: "Worker: Stopping Pool" in log_of(stopping), timeout=30, what="the stopping worker to close its pool"
+    )
+    os.kill(pool, signal.SIGCONT)  # it reads the job now: too late for the worker to know of it before
+    assert stopping.wait(timeout=90) == 0  # a warm shutdown that completed
+    assert Task.objects.get(id=task.id).lease_owner != f"{socket.gethostname()}:{pool}"  # handed over, not held
+
+    task = settled(task)
+    assert task.status == "completed" and task.result == {"steps": 20} and task.recoveries == 0
+    wait_until(lambda: not messages_in("steps") and not unacked(), timeout=30, what="the queue to be empty")
+    assert in_hand not in received_ids(log_of(starting))  # acknowledged once run, never given back
+    assert received_ids(log_of(stopping))[-1] == in_hand  # and it took no other
+    steps = list(Step.objects.filter(task=task).order_by("sequence").values_list("sequence", "attempt", "worker"))
+    assert [(seq, attempt) for seq, attempt, _ in steps] == [(n, 1) for n in range(1, 21)]
+    # The stopping worker's slice yielded before its first step: the starting worker ran them all.
+    starting_pool = {f"{socket.gethostname()}:{pid}" for pid in pool_pids(starting)}
+    assert {worker for _, _, worker in steps} <= starting_pool
 
 
 def messages_in(queue: str) -> int:
