@@ -1,5 +1,6 @@
 """The lean path (runtime_site/lean.py) through the web process's ASGI handler, in process:
-the snapshot and the probes are answered on the event loop, with no thread hop, and every answer is the full path's own, byte for byte (headers included);
+the snapshot, the event stream's start and the probes are answered on the event loop, with
+no thread hop, and every answer is the full path's own, byte for byte (headers included);
 whatever the lean path does not answer itself, the full path does."""
 
 from __future__ import annotations
@@ -12,15 +13,17 @@ from typing import Any
 import pytest
 from asgiref.sync import SyncToAsync
 from asgiref.testing import ApplicationCommunicator
+from django.db import connection, transaction
 from django.utils import timezone
 
 from conftest import Persona, make_persona
 from runtime_site import dbpool, lean, ratelimit
 from runtime_site.handlers import ByViewKind
-from tasks_app import engine
+from tasks_app import engine, events
 from tasks_app.auth import issue_api_key, revoke_api_key
 from tasks_app.models import ApiKey, Task
 from tasks_app.selectors import SNAPSHOT_FIELDS, task_snapshot, with_snapshot
+from tasks_app.streams.hub import loop_hub
 from tasks_app.tests.test_engine import new_task
 
 # The lean reads use connections of their own, which see only committed rows.
@@ -239,3 +242,52 @@ def test_the_snapshot_fields_are_every_field_task_snapshot_reads(alice, django_a
     with django_assert_num_queries(0):  # a field it reads that the lean read leaves out would be a query
         snapshot = task_snapshot(loaded)
     assert snapshot == task_snapshot(Task.objects.get(id=task.id))
+
+
+async def first_chunks(app: Any, path: str, headers: dict[str, str], n: int) -> tuple[Any, dict[str, Any], bytes]:
+    communicator = ApplicationCommunicator(app, scope(path, headers))
+    await communicator.send_input({"type": "http.request", "body": b""})
+    start = await communicator.receive_output(10)
+    body = b""
+    for _ in range(n):
+        body += (await communicator.receive_output(10))["body"]
+    return communicator, start, body
+
+
+def emit_log(task_id: Any) -> None:
+    try:
+        with transaction.atomic():
+            events.emit(Task.objects.get(id=task_id), "log", {"line": "hello"})
+    finally:
+        connection.close()
+
+
+def test_an_event_stream_opens_on_the_event_loop_as_the_full_path_opens_it_and_carries_events(alice, monkeypatch):
+    task = new_task(alice)
+    url = f"/runtime/tasks/{task.id}/events"
+    app, hops = ByViewKind(), Hops(monkeypatch)
+
+    async def scenario() -> tuple[Any, ...]:
+        hub = loop_hub()
+        hops.count = 0
+        stream, start, opened = await first_chunks(app, url, bearer(alice.token), 2)
+        made = hops.count
+        app.lean_path.enabled = False
+        full, full_start, full_opened = await first_chunks(app, url, bearer(alice.token), 2)
+        await full.send_input({"type": "http.disconnect"})
+        await full.wait(10)
+        async with asyncio.timeout(10):
+            while not hub.live:  # the process's subscription is up (a deadline, not a sleep)
+                await asyncio.sleep(0.01)
+        await asyncio.to_thread(emit_log, task.id)
+        event = (await stream.receive_output(10))["body"]
+        await stream.send_input({"type": "http.disconnect"})
+        await stream.wait(10)
+        return start, opened, made, event, hub.open_streams, full_start, full_opened
+
+    start, opened, made, event, open_after, full_start, full_opened = run(scenario)
+    assert (start["status"], made) == (200, 0)
+    assert (start, opened) == (full_start, full_opened)  # status, headers, snapshot, stream-open
+    seq = Task.objects.get(id=task.id).event_seq
+    assert b"event: log\n" in event and f":{seq}\n".encode() in event
+    assert open_after == 0  # the client went: its stream left the hub
