@@ -8,6 +8,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -112,6 +113,23 @@ def operator_key() -> tuple[object, str]:
     return tenant, issue_api_key(tenant, user, role="operator", name="bench")[1]
 
 
+def export(ref: str) -> Path:
+    """`ref` of this repository as plain files in a temp folder (no worktree, no checkout)."""
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix=f"bench-{ref.replace('/', '_')}-"))
+    archive = subprocess.run(["git", "archive", ref], cwd=ROOT, check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+    return folder
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far: the machine is shared, so beside latency
+    the benches report what the work cost a process, which other load moves less."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def free_port() -> int:
     import socket
 
@@ -142,3 +160,69 @@ def web(logs: Path, *extra: str, cwd: Path = ROOT, **env: str) -> tuple[subproce
 
     wait(up, timeout=30, interval=0.1)
     return proc, base
+
+
+class RawHttp:
+    """An HTTP/1.1 client of one keep-alive connection, for load: httpx spends 3-4 ms of CPU
+    per request on this machine (more than the web process it measures, which then waits
+    on the client's event loop); this one a tenth of that. It speaks only what the benches
+    need: a request with an optional JSON body, an answer with Content-Length or chunked."""
+
+    def __init__(self, base: str, token: str) -> None:
+        host, _, port = base.removeprefix("http://").partition(":")
+        self.host, self.port, self.token = host, int(port or 80), token
+        self.reader: Any = None
+        self.writer: Any = None
+
+    async def _open(self) -> None:
+        import asyncio
+
+        self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+
+    async def request(self, method: str, path: str, body: object = None) -> tuple[int, bytes]:
+        import json
+
+        if self.writer is None:
+            await self._open()
+        payload = b"" if body is None else json.dumps(body).encode()
+        head = f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\nAuthorization: Bearer {self.token}\r\n"
+        if body is not None:
+            head += f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+        self.writer.write(head.encode() + b"\r\n" + payload)
+        status, headers = await self._head()
+        if headers.get(b"transfer-encoding") == b"chunked":
+            data = b""
+            while size := int((await self.reader.readline()).strip(), 16):
+                data += (await self.reader.readexactly(size + 2))[:-2]
+            await self.reader.readline()
+        else:
+            data = await self.reader.readexactly(int(headers.get(b"content-length", b"0")))
+        if headers.get(b"connection") == b"close":
+            await self.close()
+        return status, data
+
+    async def _head(self) -> tuple[int, dict[bytes, bytes]]:
+        lines = (await self.reader.readuntil(b"\r\n\r\n")).split(b"\r\n")
+        headers = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            headers[name.strip().lower()] = value.strip()
+        return int(lines[0].split(b" ")[1]), headers
+
+    async def stream(self, path: str) -> Any:
+        """GET `path` and yield the decoded chunks of its chunked answer as they arrive."""
+        if self.writer is None:
+            await self._open()
+        self.writer.write(
+            f"GET {path} HTTP/1.1\r\nHost: {self.host}\r\nAuthorization: Bearer {self.token}\r\n\r\n".encode()
+        )
+        status, _ = await self._head()
+        if status != 200:
+            raise RuntimeError(f"GET {path}: {status}")
+        while size := int((await self.reader.readline()).strip(), 16):
+            yield (await self.reader.readexactly(size + 2))[:-2].decode()
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = self.reader = None

@@ -1,6 +1,7 @@
 """Reads and writes on one web process under concurrent readers, before and after, in one run.
 
     .venv/bin/python bench/api.py --readers 50 --seconds 10 --baseline main
+    .venv/bin/python bench/api.py --readers 50 --seconds 10 --baseline main --rate 2   # open loop
 
 One uvicorn process at a time against one PostgreSQL + Redis, 100 running no-op tasks
 (one worker, -c 1, 20 ms steps, so rows change under the readers). For each web build
@@ -13,6 +14,16 @@ database, the same client), in interleaved rounds:
    (POST /runtime/tasks), one steering (POST .../steering set_priority on a fresh version)
    and one GET /healthz; each timed per request.
 
+The readers are closed loop by default (each sends its next read when the last is answered,
+so latency is the queue of 50 in the web process); with --rate R each reader sends R reads a
+second on a fixed schedule (open loop), and a read's latency runs from when it was due, so
+a read that had to wait for the one before it counts the wait.
+
+Each client is one keep-alive connection of _common.RawHttp: httpx costs 3-4 ms of CPU per
+request on this machine, more than the web process it measures, which then waits on the
+client; `--client httpx` measures with it as before. The client's own CPU per request is
+printed beside the web process's.
+
 Prints p50/p95/p99 per request kind and build, reads/s, and the issue's targets
 (snapshot p95 <= 20 ms, create p95 <= 40 ms, steering accept p99 <= 50 ms, healthz p50 <= 2 ms).
 """
@@ -21,42 +32,43 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import random
+import resource
 import shutil
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import _common
 
 
-def export(ref: str) -> Path:
-    """`ref` of this repository as plain files in a temp folder (no worktree, no checkout)."""
-    folder = Path(tempfile.mkdtemp(prefix=f"bench-api-{ref.replace('/', '_')}-"))
-    archive = subprocess.run(["git", "archive", ref], cwd=_common.ROOT, check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
-    return folder
-
-
-async def timed(samples: list[float], call) -> object:
-    t0 = time.perf_counter()
+async def timed(samples: list[float], call: Any, since: float | None = None) -> Any:
+    t0 = time.perf_counter() if since is None else since
     response = await call
     samples.append((time.perf_counter() - t0) * 1000)
     return response
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far: the machine is shared, so beside latency
-    the bench reports what a request costs the web process, which other load does not move."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+class HttpxClient:
+    """The RawHttp interface over one httpx client (--client httpx)."""
+
+    def __init__(self, http: Any) -> None:
+        self.http = http
+
+    async def request(self, method: str, path: str, body: object = None) -> tuple[int, bytes]:
+        r = await self.http.request(method, path, json=body)
+        return r.status_code, r.content
+
+    async def close(self) -> None:
+        pass
 
 
 async def measure(
-    base: str, token: str, task_ids: list[str], readers: int, seconds: float, pid: int
+    base: str, token: str, task_ids: list[str], readers: int, seconds: float, pid: int, rate: float, client: str
 ) -> dict[str, list[float]]:
     import httpx
 
@@ -67,34 +79,52 @@ async def measure(
     async with httpx.AsyncClient(
         base_url=base, headers={"Authorization": f"Bearer {token}"}, limits=limits, timeout=30
     ) as http:
+
+        def connection() -> Any:
+            return _common.RawHttp(base, token) if client == "raw" else HttpxClient(http)
+
+        idle = connection()
         for _ in range(100):
-            await timed(out["idle healthz"], http.get("/healthz"))
+            await timed(out["idle healthz"], idle.request("GET", "/healthz"))
         for _ in range(100):
-            await timed(out["idle snapshot"], http.get(f"/runtime/tasks/{random.choice(task_ids)}"))
+            await timed(out["idle snapshot"], idle.request("GET", f"/runtime/tasks/{random.choice(task_ids)}"))
+        await idle.close()
         stop = time.monotonic() + seconds
         steer_task = task_ids[0]
 
         async def reader() -> None:
+            conn = connection()
+            due = time.perf_counter() + random.random() / rate if rate else None
             while time.monotonic() < stop:
-                r = await timed(out["snapshot"], http.get(f"/runtime/tasks/{random.choice(task_ids)}"))
-                assert r.status_code == 200, r.text
+                if due is not None:  # open loop: the read is due now, answered or not the last one
+                    await asyncio.sleep(max(0.0, due - time.perf_counter()))
+                path = f"/runtime/tasks/{random.choice(task_ids)}"
+                status, body = await timed(out["snapshot"], conn.request("GET", path), since=due)
+                assert status == 200, body
+                if due is not None:
+                    due += 1 / rate
+            await conn.close()
 
         async def lister() -> None:
+            conn = connection()
             while time.monotonic() < stop:
-                r = await timed(out["list"], http.get("/runtime/tasks?limit=50"))
-                assert r.status_code == 200, r.text
+                status, body = await timed(out["list"], conn.request("GET", "/runtime/tasks?limit=50"))
+                assert status == 200, body
+            await conn.close()
 
         async def creator() -> None:
+            conn = connection()
             while time.monotonic() < stop:
-                r = await timed(
-                    out["create"], http.post("/runtime/tasks", json={"agent": "noop", "input": {"steps": 1}})
-                )
-                assert r.status_code == 201, r.text
+                body = {"agent": "noop", "input": {"steps": 1}}
+                status, answer = await timed(out["create"], conn.request("POST", "/runtime/tasks", body))
+                assert status == 201, answer
                 await asyncio.sleep(0.02)
+            await conn.close()
 
         async def steerer() -> None:
+            conn = connection()
             while time.monotonic() < stop:
-                version = (await http.get(f"/runtime/tasks/{steer_task}")).json()["stateVersion"]
+                version = json.loads((await conn.request("GET", f"/runtime/tasks/{steer_task}"))[1])["stateVersion"]
                 body = {
                     "commandId": f"c{time.monotonic_ns()}",
                     "type": "set_priority",
@@ -102,24 +132,30 @@ async def measure(
                     "expectedVersion": version,
                 }
                 t0 = time.perf_counter()
-                r = await http.post(f"/runtime/tasks/{steer_task}/steering", json=body)
-                if r.status_code == 202:  # a 409 (the worker moved the version) is retried, not timed
+                status, answer = await conn.request("POST", f"/runtime/tasks/{steer_task}/steering", body)
+                if status == 202:  # a 409 (the worker moved the version) is retried, not timed
                     out["steer accept"].append((time.perf_counter() - t0) * 1000)
                 else:
-                    assert r.status_code == 409, r.text
+                    assert status == 409, answer
                 await asyncio.sleep(0.02)
+            await conn.close()
 
         async def health() -> None:
+            conn = connection()
             while time.monotonic() < stop:
-                await timed(out["healthz"], http.get("/healthz"))
+                await timed(out["healthz"], conn.request("GET", "/healthz"))
                 await asyncio.sleep(0.02)
+            await conn.close()
 
-        cpu = cpu_seconds(pid)
+        cpu, own = _common.cpu_seconds(pid), resource.getrusage(resource.RUSAGE_SELF)
         await asyncio.gather(*(reader() for _ in range(readers)), lister(), creator(), steerer(), health())
-        cpu = cpu_seconds(pid) - cpu
+        cpu = _common.cpu_seconds(pid) - cpu
+        after = resource.getrusage(resource.RUSAGE_SELF)
     out["reads/s"] = [len(out["snapshot"]) / seconds]
     served = sum(len(out[k]) for k in ("snapshot", "list", "create", "steer accept", "healthz"))
     out["cpu ms/request"] = [cpu * 1000 / served]
+    client_cpu = after.ru_utime + after.ru_stime - own.ru_utime - own.ru_stime
+    out["client cpu ms/request"] = [client_cpu * 1000 / served]
     return out
 
 
@@ -130,6 +166,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--baseline", help="a git ref to measure beside this checkout, e.g. main")
+    parser.add_argument("--rate", type=float, default=0, help="reads per second per reader (open loop); 0: closed loop")
+    parser.add_argument("--client", choices=("raw", "httpx"), default="raw")
     args = parser.parse_args()
     _common.setup(RUNTIME_SLICE_STEPS="50")
     from tasks_app.access import console
@@ -145,7 +183,7 @@ def main() -> None:
     ]
     builds = {"this checkout": _common.ROOT}
     if args.baseline:
-        builds = {args.baseline: export(args.baseline), **builds}
+        builds = {args.baseline: _common.export(args.baseline), **builds}
     worker = _common.worker(logs / "worker.log")
     results: dict[str, dict[str, list[float]]] = {name: {} for name in builds}
     try:
@@ -155,7 +193,9 @@ def main() -> None:
                 # under load is closed under the request that reuses it.
                 web, base = _common.web(logs, "--timeout-keep-alive", "120", cwd=folder)
                 try:
-                    got = asyncio.run(measure(base, token, task_ids, args.readers, args.seconds, web.pid))
+                    got = asyncio.run(
+                        measure(base, token, task_ids, args.readers, args.seconds, web.pid, args.rate, args.client)
+                    )
                 finally:
                     web.terminate()
                     web.wait()
@@ -168,10 +208,11 @@ def main() -> None:
             if folder != _common.ROOT:
                 shutil.rmtree(folder, ignore_errors=True)
 
+    loop = f"open loop, {args.rate:g} reads/s each" if args.rate else "closed loop"
     print(
         f"one uvicorn process; {args.tasks} running no-op tasks (one worker -c 1); {args.readers} concurrent "
-        f"snapshot readers + 1 list, 1 create, 1 steering, 1 healthz client; {args.rounds} x {args.seconds:g} s "
-        f"per build, interleaved"
+        f"snapshot readers ({loop}) + 1 list, 1 create, 1 steering, 1 healthz client; {args.client} client; "
+        f"{args.rounds} x {args.seconds:g} s per build, interleaved; load average {os.getloadavg()[0]:.1f}"
     )
     print(f"{'build':16} {'request':16} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'n':>7}")
     for name, got in results.items():
@@ -185,6 +226,7 @@ def main() -> None:
         print(
             f"{name:16} {'web CPU ms/req':16} {statistics.mean(got['cpu ms/request']):8.2f}   (under load, all kinds)"
         )
+        print(f"{name:16} {'client CPU ms/req':16} {statistics.mean(got['client cpu ms/request']):8.2f}")
     print("targets: snapshot p95 <= 20 ms, create p95 <= 40 ms, steer accept p99 <= 50 ms, idle healthz p50 <= 2 ms")
 
 

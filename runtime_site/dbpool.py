@@ -1,4 +1,5 @@
-"""The web process's connection pool (psycopg_pool, through Django) across database restarts.
+"""The web process's connection pools across database restarts: the sync views' (psycopg_pool,
+through Django) and the event loop's (below).
 
 Two psycopg_pool defaults turn a restart into minutes of 500s: a connection is handed out
 without a look (dead ones fail the request that gets them), and a failed reconnection is
@@ -9,10 +10,17 @@ reconnect_timeout; runtime_site.errors answers what still fails meanwhile with a
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
 import select
+import weakref
+from collections.abc import AsyncIterator
+from datetime import UTC
 from typing import Any
 
-from psycopg_pool import ConnectionPool
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 
 def check_connection(conn: Any) -> None:
@@ -44,3 +52,104 @@ def _readable(conn: Any) -> bool:
         return bool(poller.poll(0))
     except (OSError, ValueError):  # no socket any more
         return True
+
+
+# --- The event loop's own pool -----------------------------------------------------------
+#
+# The lean read paths (runtime_site/lean.py: the task snapshot, the event stream's start and
+# its catch-up reads) query PostgreSQL from the event loop with psycopg's async connections,
+# without a thread hop and without the ORM. They borrow from a small pool of their own, one
+# per event loop (uvicorn runs one): its size bounds what the streams of a web process hold,
+# whatever their number. Across a database restart it behaves as the sync pool above: every
+# connection is checked before it is handed out (a dead one drains the pool), a failed
+# reconnection is retried for 5 s, and a borrower waits at most `timeout`; what fails
+# meanwhile is a psycopg OperationalError, which the lean views answer with a 503.
+
+ASYNC_POOL_MAX = int(os.getenv("RUNTIME_DB_ASYNC_POOL_MAX", "4"))
+_async_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncConnectionPool] = weakref.WeakKeyDictionary()
+
+
+def async_available() -> bool:
+    """Whether the lean paths read the database from the event loop (settings.RUNTIME_DB_ASYNC_POOL:
+    the web process on PostgreSQL); if not, they leave their requests to the full path."""
+    from django.conf import settings
+
+    return bool(getattr(settings, "RUNTIME_DB_ASYNC_POOL", False))
+
+
+async def _check_async(conn: AsyncConnection[Any]) -> None:
+    """check_connection, for the event loop's pool: a query only when the socket says the
+    server spoke (it ended the connection), and on failure a drain."""
+    if not conn.closed and not _readable(conn):
+        return
+    try:
+        await AsyncConnectionPool.check_connection(conn)
+    except Exception:
+        pool = _async_pools.get(asyncio.get_running_loop())
+        if pool is not None:
+            await pool.drain()
+        raise
+
+
+async def _configure_async(conn: AsyncConnection[Any]) -> None:
+    # Statements run one at a time and only read, or write one row (a key's last use).
+    await conn.set_autocommit(True)
+
+
+def _async_params() -> dict[str, Any]:
+    """The connection parameters of DATABASES["default"] (those Django itself connects with),
+    with psycopg's own loaders (jsonb as Python values) and timestamps in UTC, as the ORM reads them."""
+    from django.db import connections
+    from django.db.backends.postgresql.psycopg_any import register_tzloader
+    from psycopg import adapt, adapters
+
+    params = connections["default"].get_connection_params()
+    for django_only in ("context", "cursor_factory", "prepare_threshold"):
+        params.pop(django_only, None)
+    # Server-side prepared statements: the lean read joins five tables, and planning it took
+    # longer than running it (0.4 ms of 0.5). Django leaves them off for poolers in
+    # transaction mode that predate their support (PgBouncer < 1.21); such a deployment sets
+    # RUNTIME_DB_PREPARE_THRESHOLD=off.
+    threshold = os.getenv("RUNTIME_DB_PREPARE_THRESHOLD", "5")
+    params["prepare_threshold"] = None if threshold in ("off", "") else int(threshold)
+    context = adapt.AdaptersMap(adapters)
+    register_tzloader(UTC, context)
+    params["context"] = context
+    return params
+
+
+def async_pool() -> AsyncConnectionPool:
+    """This event loop's pool, opened on first use."""
+    loop = asyncio.get_running_loop()
+    pool = _async_pools.get(loop)
+    if pool is None:
+        pool = AsyncConnectionPool(
+            kwargs=_async_params(),
+            min_size=1,
+            max_size=ASYNC_POOL_MAX,
+            open=False,
+            timeout=float(os.getenv("RUNTIME_DB_POOL_TIMEOUT", "5")),
+            reconnect_timeout=5.0,
+            check=_check_async,
+            configure=_configure_async,
+            name="lean",
+        )
+        _async_pools[loop] = pool
+    return pool
+
+
+@contextlib.asynccontextmanager
+async def borrow() -> AsyncIterator[AsyncConnection[Any]]:
+    """`async with borrow() as conn:` a connection of this loop's pool, opened on first use."""
+    pool = async_pool()
+    if pool.closed:
+        await pool.open(wait=False)
+    async with pool.connection() as conn:
+        yield conn
+
+
+async def close_async_pool() -> None:
+    """Close this loop's pool (tests that run a loop of their own; a web process never does)."""
+    pool = _async_pools.pop(asyncio.get_running_loop(), None)
+    if pool is not None:
+        await pool.close()

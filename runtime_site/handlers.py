@@ -21,9 +21,10 @@ from django.core.exceptions import BadRequest, SuspiciousOperation
 from django.core.handlers import base
 from django.core.handlers.asgi import ASGIHandler
 from django.http import HttpRequest, HttpResponseBase, JsonResponse
-from django.urls import Resolver404, get_resolver
+from django.urls import Resolver404, ResolverMatch, get_resolver
 
 from runtime_site.errors import error_body
+from runtime_site.lean import LeanPath
 
 
 class RequestCheckingHandler(ASGIHandler):
@@ -53,24 +54,36 @@ class SyncChainHandler(RequestCheckingHandler):
 
 
 class ByViewKind:
-    """Sends each HTTP request to the handler for its view's kind: async views (and anything
-    not HTTP) to Django's own ASGIHandler, every other request to SyncChainHandler."""
+    """Sends each HTTP request to the handler for its view's kind: a GET whose view has a
+    lean variant to the lean path (runtime_site/lean.py), async views (and anything not
+    HTTP) to Django's own ASGIHandler, every other request to SyncChainHandler."""
 
     def __init__(self) -> None:
         self.async_handler = RequestCheckingHandler()
         self.sync_handler = SyncChainHandler()
+        self.lean_path = LeanPath()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        handler = self.async_handler if scope["type"] != "http" or _async_view(scope) else self.sync_handler
-        await handler(scope, receive, send)
+        if scope["type"] != "http":
+            return await self.async_handler(scope, receive, send)
+        match = _resolve(scope)
+        full = self.async_handler if match is not None and iscoroutinefunction(match.func) else self.sync_handler
+        view = getattr(match.func, "lean", None) if match is not None and scope["method"] == "GET" else None
+        if view is not None and self.lean_path.enabled:
+            return await self.lean_path(scope, receive, send, view, match.kwargs, full)  # type: ignore[union-attr]
+        await full(scope, receive, send)
 
 
-def _async_view(scope: dict[str, Any]) -> bool:
+def _resolve(scope: dict[str, Any]) -> ResolverMatch | None:
     path, root = scope["path"], scope.get("root_path", "")
     if root and path.startswith(root):
         path = path[len(root) :]
     try:
-        match = get_resolver().resolve(path)
+        return get_resolver().resolve(path)
     except Resolver404:
-        return False  # a 404 page, rendered by the sync chain
-    return iscoroutinefunction(match.func)
+        return None  # a 404 page, rendered by the sync chain
+
+
+def _async_view(scope: dict[str, Any]) -> bool:
+    match = _resolve(scope)
+    return match is not None and iscoroutinefunction(match.func)

@@ -8,6 +8,7 @@ answers 503 naming what is missing: don't route traffic here (yet), the process 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from functools import cache
 from pathlib import Path
@@ -19,7 +20,10 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_safe
 
+from runtime_site.lean import lean
+
 TIMEOUT = 3  # seconds per check: a probe must answer before the orchestrator gives up on it
+MIGRATIONS = "SELECT app, name FROM django_migrations"
 
 
 def read_only(view: Any) -> Any:
@@ -28,30 +32,60 @@ def read_only(view: Any) -> Any:
     return csrf_exempt(require_safe(view))
 
 
+async def lean_healthz(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"ok": True})
+
+
+@lean(lean_healthz)  # on the event loop: a probe never waits behind the thread pool's requests
 @read_only
 def healthz(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"ok": True})
 
 
+async def lean_readyz(request: HttpRequest) -> JsonResponse | None:
+    """readyz on the event loop, for PostgreSQL and Redis (the embedded profile's SQLite file
+    and broker folder are checked by the full view)."""
+    if settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql" or not _redis_broker():
+        return None
+    applied: set[tuple[str, str]] | None = None
+    database = broker = "ok"
+    try:
+        applied = await _applied_migrations_async()
+    except Exception as exc:  # noqa: BLE001 (a probe: any failure is "unreachable", with its reason)
+        database = f"unreachable: {_brief(exc)}"
+    try:
+        await _ping_broker_async()
+    except Exception as exc:  # noqa: BLE001 (a probe: any failure is "unreachable", with its reason)
+        broker = f"unreachable: {_brief(exc)}"
+    on_disk = await asyncio.to_thread(_migrations_on_disk) if applied is not None else frozenset()
+    return _ready(database, _migrations(applied, on_disk), broker)
+
+
+@lean(lean_readyz)
 @read_only
 def readyz(request: HttpRequest) -> JsonResponse:
-    checks: dict[str, Any] = {}
+    applied: set[tuple[str, str]] | None = None
+    database = broker = "ok"
     try:
         applied = _applied_migrations()
-        checks["database"] = "ok"
     except Exception as exc:  # noqa: BLE001 (a probe: any failure is "unreachable", with its reason)
-        applied = None
-        checks["database"] = f"unreachable: {_brief(exc)}"
-    if applied is not None:
-        pending = sorted(f"{app}.{name}" for app, name in _migrations_on_disk() - applied)
-        checks["migrations"] = "ok" if not pending else f"{len(pending)} not applied: {', '.join(pending[:5])}"
-    else:
-        checks["migrations"] = "unknown: the database is unreachable"
+        database = f"unreachable: {_brief(exc)}"
     try:
         _ping_broker()
-        checks["broker"] = "ok"
     except Exception as exc:  # noqa: BLE001 (a probe: any failure is "unreachable", with its reason)
-        checks["broker"] = f"unreachable: {_brief(exc)}"
+        broker = f"unreachable: {_brief(exc)}"
+    return _ready(database, _migrations(applied, _migrations_on_disk() if applied is not None else frozenset()), broker)
+
+
+def _migrations(applied: set[tuple[str, str]] | None, on_disk: frozenset[tuple[str, str]]) -> str:
+    if applied is None:
+        return "unknown: the database is unreachable"
+    pending = sorted(f"{app}.{name}" for app, name in on_disk - applied)
+    return "ok" if not pending else f"{len(pending)} not applied: {', '.join(pending[:5])}"
+
+
+def _ready(database: str, migrations: str, broker: str) -> JsonResponse:
+    checks = {"database": database, "migrations": migrations, "broker": broker}
     ok = all(value == "ok" for value in checks.values())
     return JsonResponse({"ok": ok, "checks": checks}, status=200 if ok else 503)
 
@@ -64,14 +98,33 @@ def _applied_migrations() -> set[tuple[str, str]]:
     """(app, name) of applied migrations. On PostgreSQL through a connection of its own with
     a short connect timeout: the web process's pool would wait up to its own timeout (30 s)
     for a database that is down, far longer than a probe may take."""
-    db = settings.DATABASES["default"]
-    query = "SELECT app, name FROM django_migrations"
-    if db["ENGINE"] != "django.db.backends.postgresql":
+    if settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
         with connections["default"].cursor() as cursor:  # the embedded SQLite file
-            cursor.execute(query)
+            cursor.execute(MIGRATIONS)
             return set(cursor.fetchall())
     import psycopg
 
+    with psycopg.connect(**_probe_params()) as conn:
+        try:
+            return set(conn.execute(MIGRATIONS).fetchall())
+        except psycopg.errors.UndefinedTable:
+            return set()  # a database that has never been migrated
+
+
+async def _applied_migrations_async() -> set[tuple[str, str]]:
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(**_probe_params()) as conn:
+        try:
+            return set(await (await conn.execute(MIGRATIONS)).fetchall())
+        except psycopg.errors.UndefinedTable:
+            return set()
+
+
+def _probe_params() -> dict[str, Any]:
+    """A connection of the probe's own with a short connect timeout: the web process's pools
+    would wait up to their own timeout for a database that is down, longer than a probe may take."""
+    db = settings.DATABASES["default"]
     params: dict[str, Any] = {
         "dbname": db["NAME"],
         "user": db["USER"],
@@ -79,15 +132,11 @@ def _applied_migrations() -> set[tuple[str, str]]:
         "host": db["HOST"] or None,
         "port": db["PORT"] or None,
     }
-    with psycopg.connect(
+    return {
         **{k: v for k, v in params.items() if v},
-        connect_timeout=TIMEOUT,
-        options=f"-c statement_timeout={TIMEOUT * 1000}",
-    ) as conn:
-        try:
-            return set(conn.execute(query).fetchall())
-        except psycopg.errors.UndefinedTable:
-            return set()  # a database that has never been migrated
+        "connect_timeout": TIMEOUT,
+        "options": f"-c statement_timeout={TIMEOUT * 1000}",
+    }
 
 
 @cache
@@ -97,6 +146,20 @@ def _migrations_on_disk() -> frozenset[tuple[str, str]]:
 
     loader = MigrationLoader(None, ignore_no_migrations=True)
     return frozenset(loader.graph.leaf_nodes())  # the newest of each app; the rest come before them
+
+
+def _redis_broker() -> bool:
+    return settings.CELERY_BROKER_URL.startswith(("redis://", "rediss://"))
+
+
+async def _ping_broker_async() -> None:
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis.from_url(settings.CELERY_BROKER_URL, socket_connect_timeout=TIMEOUT, socket_timeout=TIMEOUT)
+    try:
+        await client.ping()
+    finally:
+        await client.aclose()
 
 
 def _ping_broker() -> None:

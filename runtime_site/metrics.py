@@ -221,12 +221,10 @@ def _age(ready_at: float | None, now: float) -> float:
 
 def _web_process() -> Iterator[Metric]:
     from django.db import connections
-    from django_eventstream.views import get_listener_manager
 
-    manager = get_listener_manager()
-    with manager.lock:
-        streams = {id(listener) for listeners in manager.listeners_by_channel.values() for listener in listeners}
-    yield GaugeMetricFamily("runtime_sse_open_streams", "SSE streams open on this web process.", value=len(streams))
+    from tasks_app.streams.hub import open_streams
+
+    yield GaugeMetricFamily("runtime_sse_open_streams", "SSE streams open on this web process.", value=open_streams())
     pool = getattr(connections["default"], "pool", None)
     if pool is not None:
         stats = pool.get_stats()

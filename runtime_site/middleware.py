@@ -18,6 +18,11 @@ class BodySizeLimitMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
+        return self.check(request) or self.get_response(request)
+
+    @staticmethod
+    def check(request: HttpRequest) -> HttpResponse | None:
+        """The refusal, or None (also the lean path's check: runtime_site/lean.py)."""
         limit = settings.RUNTIME_MAX_BODY_BYTES
         try:
             length = int(request.META.get("CONTENT_LENGTH") or 0)
@@ -27,7 +32,7 @@ class BodySizeLimitMiddleware:
             return JsonResponse(
                 error_body("body_too_large", f"request body is {length} bytes; the limit is {limit}"), status=413
             )
-        return self.get_response(request)
+        return None
 
 
 def request_texts(request: HttpRequest) -> dict[str, Any]:
@@ -50,12 +55,17 @@ class UnsafeTextMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
+        return self.check(request) or self.get_response(request)
+
+    @staticmethod
+    def check(request: HttpRequest) -> HttpResponse | None:
+        """The refusal, or None (also the lean path's check: runtime_site/lean.py)."""
         if request.path != "/mcp":
             try:
                 json_safety.check(request_texts(request))
             except json_safety.UnsafeInput as exc:
                 return JsonResponse(unsafe_input_body(exc), status=400)
-        return self.get_response(request)
+        return None
 
 
 class ChunkedBodyASGI:

@@ -10,13 +10,16 @@ for a few seconds so a dead server costs no timeout per request.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import threading
 import time
-from typing import TYPE_CHECKING
+import weakref
+from typing import TYPE_CHECKING, NamedTuple
 
 import redis
+import redis.asyncio as aioredis
 from django.conf import settings
 from rest_framework.exceptions import Throttled
 
@@ -66,7 +69,6 @@ def _client(url: str) -> redis.Redis:
 
 def _counts(keys: list[str], window: int) -> list[int] | None:
     """INCR each key (expiring with its window) in one round trip; None when Redis fails."""
-    global _skip_until  # noqa: PLW0603 (one process-wide back-off after a Redis failure)
     if time.monotonic() < _skip_until:
         return None
     try:
@@ -76,31 +78,84 @@ def _counts(keys: list[str], window: int) -> list[int] | None:
             pipe.expire(key, window + 1, nx=True)
         return pipe.execute()[::2]
     except redis.RedisError as exc:
-        _skip_until = time.monotonic() + BACKOFF_SECONDS
-        logger.warning(
-            "rate limits not enforced for %.0f s: Redis failed (%s: %s); requests are let through",
-            BACKOFF_SECONDS,
-            type(exc).__name__,
-            exc,
-        )
+        _failed(exc)
         return None
+
+
+def _failed(exc: Exception) -> None:
+    global _skip_until  # noqa: PLW0603 (one process-wide back-off after a Redis failure)
+    _skip_until = time.monotonic() + BACKOFF_SECONDS
+    logger.warning(
+        "rate limits not enforced for %.0f s: Redis failed (%s: %s); requests are let through",
+        BACKOFF_SECONDS,
+        type(exc).__name__,
+        exc,
+    )
+
+
+class _Count(NamedTuple):
+    keys: list[str]  # the key's counter, then the tenant's
+    window: int
+    per_key: int
+    per_tenant: int
+    now: float
+
+
+def _count_for(principal: Principal, surface: str) -> _Count | None:
+    """What to count for this request; None when nothing is limited."""
+    limits = settings.RUNTIME.get("limits", {})
+    per_key, per_tenant = limits.get(f"{surface}_per_key", 0), limits.get(f"{surface}_per_tenant", 0)
+    if not (per_key or per_tenant) or not settings.REDIS_URL or principal.key is None:
+        return None  # no limit configured, or the embedded profile (no Redis): see docs/operations.md
+    window = max(1, int(limits.get("window_seconds", 60)))
+    now = time.time()
+    prefix = f"{settings.RUNTIME_DEPLOYMENT}:ratelimit:{surface}:{int(now // window)}"
+    keys = [f"{prefix}:key:{principal.key}", f"{prefix}:tenant:{principal.tenant.pk}"]
+    return _Count(keys, window, per_key, per_tenant, now)
+
+
+def _judge(count: _Count, counts: list[int] | None) -> None:
+    if counts is None:
+        return
+    wait = max(1, math.ceil((int(count.now // count.window) + 1) * count.window - count.now))
+    if count.per_key and counts[0] > count.per_key:
+        raise RateLimited(wait, "key")
+    if count.per_tenant and counts[1] > count.per_tenant:
+        raise RateLimited(wait, "tenant")
 
 
 def enforce(principal: Principal, surface: str) -> None:
     """Count this request against its key and its tenant; raise RateLimited past either."""
-    limits = settings.RUNTIME.get("limits", {})
-    per_key, per_tenant = limits.get(f"{surface}_per_key", 0), limits.get(f"{surface}_per_tenant", 0)
-    if not (per_key or per_tenant) or not settings.REDIS_URL or principal.key is None:
-        return  # no limit configured, or the embedded profile (no Redis): see docs/operations.md
-    window = max(1, int(limits.get("window_seconds", 60)))
-    now = time.time()
-    slot = int(now // window)
-    prefix = f"{settings.RUNTIME_DEPLOYMENT}:ratelimit:{surface}:{slot}"
-    counts = _counts([f"{prefix}:key:{principal.key}", f"{prefix}:tenant:{principal.tenant.pk}"], window)
-    if counts is None:
+    if (count := _count_for(principal, surface)) is not None:
+        _judge(count, _counts(count.keys, count.window))
+
+
+# The event loop's client (the lean paths: runtime_site/lean.py), one per loop as redis-py's
+# asyncio connections belong to the loop that made them.
+_async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, aioredis.Redis]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def aenforce(principal: Principal, surface: str) -> None:
+    """enforce() on the event loop: the same counters, limits, timeout and fail-open back-off."""
+    if (count := _count_for(principal, surface)) is None or time.monotonic() < _skip_until:
         return
-    wait = max(1, math.ceil((slot + 1) * window - now))
-    if per_key and counts[0] > per_key:
-        raise RateLimited(wait, "key")
-    if per_tenant and counts[1] > per_tenant:
-        raise RateLimited(wait, "tenant")
+    clients = _async_clients.setdefault(asyncio.get_running_loop(), {})
+    if (client := clients.get(settings.REDIS_URL)) is None:
+        client = clients[settings.REDIS_URL] = aioredis.Redis.from_url(
+            settings.REDIS_URL,
+            socket_connect_timeout=REDIS_TIMEOUT,
+            socket_timeout=REDIS_TIMEOUT,
+            retry_on_timeout=False,
+        )
+    try:
+        pipe = client.pipeline(transaction=False)
+        for key in count.keys:
+            pipe.incr(key)
+            pipe.expire(key, count.window + 1, nx=True)
+        counts = (await pipe.execute())[::2]
+    except (redis.RedisError, OSError, TimeoutError) as exc:
+        _failed(exc)
+        return
+    _judge(count, counts)

@@ -205,6 +205,11 @@ else:
             "reconnect_timeout": 5.0,
             "check": dbpool.check_connection,
         }
+# The event loop's own pool (runtime_site/dbpool.py: the lean reads of runtime_site/lean.py)
+# exists where the sync pool does, on PostgreSQL; elsewhere those reads go the full way.
+RUNTIME_DB_ASYNC_POOL = DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and env_bool(
+    "RUNTIME_DB_POOL", False
+)
 
 # --- Runtime knobs (config/runtime.yaml, overridable by environment) ---------------------
 RUNTIME = config.load()

@@ -9,6 +9,5 @@ class TasksAppConfig(AppConfig):
         # Built-in agents register themselves on import.
         from runtime_site.patches import eventstream
         from tasks_app import agents  # noqa: F401
-        from tasks_app.streams import wakeups
 
-        eventstream.install(on_listener=wakeups.ensure_running)
+        eventstream.install()

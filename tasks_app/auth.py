@@ -150,41 +150,57 @@ def _member_role() -> Subquery:
     return Subquery(Membership.objects.filter(tenant=OuterRef("tenant"), user=OuterRef("user")).values("role")[:1])
 
 
+def parse_key(token: str) -> tuple[str, str]:
+    """(prefix, secret) of an API key; AuthenticationFailed for anything not shaped like one."""
+    shape = KEY_SHAPE.match(token.strip())
+    if shape is None:
+        raise exceptions.AuthenticationFailed("malformed API key: expected rt_<prefix>_<secret>")
+    prefix, secret = shape.groups()
+    return prefix, secret
+
+
 def authenticate_key(token: str) -> tuple[Any, Principal]:
     """The one check every edge's API key goes through (REST, /mcp, SSE): the key exists, is
     neither revoked nor expired, its user is active and still a member of its tenant, and it
     acts with the lower of its own role and the membership's, within its scopes. Read on
     every request, so a deactivation or a lost membership takes effect on the next one."""
-    shape = KEY_SHAPE.match(token.strip())
-    if shape is None:
-        raise exceptions.AuthenticationFailed("malformed API key: expected rt_<prefix>_<secret>")
-    prefix, secret = shape.groups()
+    prefix, secret = parse_key(token)
     key = (
         ApiKey.objects.select_related("tenant", "user")
         .annotate(member_role=_member_role())
         .filter(prefix=prefix)
         .first()
     )
-    # compare_digest even on a miss would not hide much: prefixes are not secret.
-    if key is None or not hmac.compare_digest(key.key_hash, _hash(secret)) or key.revoked_at is not None:
-        raise exceptions.AuthenticationFailed("invalid or revoked API key")
-    # The holder proved the secret: they may know why it stopped working.
     now = timezone.now()
-    if key.expires_at is not None and key.expires_at <= now:
-        raise exceptions.AuthenticationFailed("this API key has expired")
-    if not key.user.is_active:
-        raise exceptions.AuthenticationFailed("this API key's user is deactivated")
-    if key.member_role is None:
-        raise exceptions.AuthenticationFailed("this API key's user is no longer a member of its tenant")
-    role = min(key.role, key.member_role, key=lambda r: ROLE_RANK[Role(r)])
-    if key.last_used_at is None or now - key.last_used_at >= LAST_USED_EVERY:
+    who = check_key(key, secret, now)
+    assert key is not None  # check_key refuses a missing key
+    if last_use_stale(key, now):
         # Conditional, so concurrent requests of one key write once between them.
         (
             ApiKey.objects.filter(pk=key.pk)
             .filter(Q(last_used_at__isnull=True) | Q(last_used_at__lte=now - LAST_USED_EVERY))
             .update(last_used_at=now)
         )
-    return key.user, Principal(
+    return key.user, who
+
+
+def check_key(key: ApiKey | None, secret: str, now: datetime) -> Principal:
+    """The rules of authenticate_key over a key as read (with its tenant, its user and the
+    `member_role` annotation), apart from the read: the lean read path (tasks_app/api/lean.py)
+    reads the same row in its own query and asks the same rules."""
+    # compare_digest even on a miss would not hide much: prefixes are not secret.
+    if key is None or not hmac.compare_digest(key.key_hash, _hash(secret)) or key.revoked_at is not None:
+        raise exceptions.AuthenticationFailed("invalid or revoked API key")
+    # The holder proved the secret: they may know why it stopped working.
+    if key.expires_at is not None and key.expires_at <= now:
+        raise exceptions.AuthenticationFailed("this API key has expired")
+    if not key.user.is_active:
+        raise exceptions.AuthenticationFailed("this API key's user is deactivated")
+    member_role = getattr(key, "member_role", None)
+    if member_role is None:
+        raise exceptions.AuthenticationFailed("this API key's user is no longer a member of its tenant")
+    role = min(key.role, member_role, key=lambda r: ROLE_RANK[Role(r)])
+    return Principal(
         tenant=key.tenant,
         role=role,
         actor=f"user:{key.user_id}",
@@ -192,6 +208,11 @@ def authenticate_key(token: str) -> tuple[Any, Principal]:
         key=key.prefix,
         expires_at=key.expires_at,
     )
+
+
+def last_use_stale(key: ApiKey, now: datetime) -> bool:
+    """Whether this use of the key should be written to last_used_at (LAST_USED_EVERY)."""
+    return key.last_used_at is None or now - key.last_used_at >= LAST_USED_EVERY
 
 
 def bearer_token(request: Request | HttpRequest) -> str | None:

@@ -46,6 +46,35 @@ def _last_checkpoint(checkpoints: QuerySet[Any]) -> QuerySet[Any]:
     return checkpoints.filter(discarded=False).order_by("-sequence", "-id").values_list("sequence", flat=True)
 
 
+# The Task fields task_snapshot() reads, with event_seq and tenant for a stream's start: what
+# a read that builds only a snapshot loads (tasks_app/api/lean.py). A test fails when
+# task_snapshot() reads one more.
+SNAPSHOT_FIELDS = [
+    "id",
+    "agent",
+    "status",
+    "status_message",
+    "progress",
+    "phase",
+    "state_version",
+    "plan_version",
+    "steps_done",
+    "cost",
+    "recoveries",
+    "infra_faults",
+    "priority",
+    "cancel_requested",
+    "error",
+    "goal",
+    "constraints",
+    "event_seq",
+    "tenant",
+    "created_at",
+    "updated_at",
+    "expires_at",
+]
+
+
 def task_snapshot(task: Task) -> dict[str, Any]:
     from checkpoints_app.models import Checkpoint
     from steering_app.models import InputRequest, InputStatus

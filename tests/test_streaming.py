@@ -198,3 +198,60 @@ def test_progress_of_a_fast_task_is_coalesced_and_the_latest_value_is_delivered(
     assert len(progress) <= 2 + elapsed / 0.25, (len(progress), elapsed)  # not one per step
     assert len(progress) < 300
     assert progress[-1].data["progress"] == 1.0
+
+
+def test_many_streams_share_one_subscription_and_a_few_database_connections(alice, processes, private_redis):
+    """Sixty streams of one task on one web process: they connect at once, through one
+    pub/sub subscription, and every stream carries every event. Their snapshot reads and
+    the task's catch-up reads share the web process's small event-loop pool
+    (RUNTIME_DB_ASYNC_POOL_MAX, 4); beside it the sync pool keeps one connection, and a
+    second while the credential recheck (a thread, every few seconds) meets the request
+    that answers the question. Each connecting stream held one of the sync pool's 20
+    before (issue 14: 500 streams, 20 connections)."""
+    import threading
+
+    import httpx
+    import psycopg
+    import redis
+
+    port, start_redis = private_redis
+    start_redis()
+    base = web_and_worker(
+        processes,
+        web_env={"DATABASE_URL": database_url() + "?application_name=sse-many"},
+        REDIS_URL=f"redis://127.0.0.1:{port}/0",
+    )
+    auth = {"Authorization": f"Bearer {alice.token}"}
+    created = httpx.post(
+        f"{base}/runtime/tasks", json={"agent": "noop", "input": {"steps": 30, "sleepMs": 30, "askAt": 1}}, headers=auth
+    ).json()
+    task_id = created["taskId"]
+    wait_until(lambda: Task.objects.get(id=task_id).status == "input_required", timeout=30, what="the question")
+
+    held: list[int] = []
+    sampling = threading.Event()
+
+    def sample() -> None:
+        with psycopg.connect(database_url(), autocommit=True) as conn:
+            while not sampling.is_set():
+                query = "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'sse-many'"
+                held.append(conn.execute(query).fetchone()[0])
+                sampling.wait(0.02)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        clients = [SseClient(events_url(base, task_id), alice.token) for _ in range(60)]
+        wait_until(lambda: all(c.of("task.snapshot") for c in clients), timeout=60, what="every stream's snapshot")
+        subscriptions = redis.Redis(port=port).pubsub_numsub("events_channel")[0][1]
+        answered = httpx.post(f"{base}/runtime/tasks/{task_id}/inputs/continue", json={"answer": True}, headers=auth)
+        assert answered.status_code == 202, answered.text
+        wait_until(lambda: all(c.of("terminal") for c in clients), timeout=90, what="every stream's terminal event")
+    finally:
+        sampling.set()
+        sampler.join()
+    for client in clients:
+        client.close()
+        assert_no_gap(client, task_id, client.events[0]["data"]["seq"])
+    assert subscriptions == 1  # the web process's; the worker only publishes
+    assert max(held) <= 6, f"the web process held {max(held)} database connections"

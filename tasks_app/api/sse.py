@@ -1,7 +1,9 @@
 """GET /runtime/tasks/{id}/events: the SSE edge (docs/streaming.md).
 
-The stream plumbing under it (storage, channel manager, the django-eventstream patches)
-is tasks_app/streams/; this module is only the view a client talks to.
+A stream is its task's snapshot, then every event after it, from the process's fan-out
+(tasks_app/streams/hub.py). A caller with an API key is served on the lean path
+(runtime_site/lean.py: `lean_task_events`, on the event loop); a dashboard session, a JWT
+and every refusal go through `task_events`, the full view. Both send the same bytes.
 """
 
 from __future__ import annotations
@@ -9,8 +11,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import AsyncIterator, Callable
+import weakref
+from collections.abc import AsyncIterator
 from importlib import import_module
+from typing import NamedTuple
+from uuid import UUID
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -19,25 +24,33 @@ from django.contrib.auth.models import User
 from django.db import connection
 from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
 from django.http.response import HttpResponseBase
-from django_eventstream.eventrequest import EventRequest
 from django_eventstream.utils import add_default_headers, sse_encode_event
-from django_eventstream.views import Listener, stream
 from rest_framework.exceptions import AuthenticationFailed, PermissionDenied
 
 from common.json_safety import UnsafeInput, check
-from runtime_site.errors import DATABASE_UNAVAILABLE, error_body, unsafe_input_body
+from runtime_site.errors import DATABASE_UNAVAILABLE, error_body, unavailable, unsafe_input_body
+from runtime_site.lean import LeanStream
 from runtime_site.ratelimit import RateLimited
 from tasks_app import access, oauth
+from tasks_app.api import lean
 from tasks_app.auth import ApiKeyAuthentication, Principal, bearer_token, reauthenticate
 from tasks_app.errors import Forbidden, TaskNotFound
-from tasks_app.models import Role
+from tasks_app.models import Role, Task
 from tasks_app.selectors import task_snapshot
+from tasks_app.streams.hub import StreamEnded, Subscriber
 from tasks_app.streams.publish import channel_for
+from tasks_app.streams.wakeups import get_hub
 
 logger = logging.getLogger(__name__)
 
 # An id this stream gives out: <channel>:<seq> (django-eventstream joins several with ",").
 LAST_EVENT_ID = re.compile(r"[^\s:,]+:[0-9]{1,18}(,[^\s:,]+:[0-9]{1,18})*")
+
+# As django-eventstream's stream: a padding comment (for proxies that buffer the first
+# bytes) and stream-open once the stream has caught up and listens; a keep-alive after
+# hub.KEEP_ALIVE_SECONDS without an event.
+STREAM_OPEN = ":" + " " * 2048 + "\n\nevent: stream-open\ndata:\n\n"
+KEEP_ALIVE = "event: keep-alive\ndata:\n\n"
 
 
 def check_last_event_id(request: HttpRequest) -> None:
@@ -51,69 +64,105 @@ def check_last_event_id(request: HttpRequest) -> None:
             raise UnsafeInput(name, "not an event id this stream sent (<channel>:<seq>)")
 
 
-def _allowed_still(
-    token: str | None, session_key: str | None, user_id: int | None, tenant_id: int
-) -> Callable[[], bool]:
+class Credential(NamedTuple):
+    """What a stream's caller proved when it opened: an API key or JWT (`token`), or a
+    dashboard session (its key and user), for one tenant."""
+
+    token: str | None
+    session_key: str | None
+    user_id: int | None
+    tenant_id: int
+
+
+def allowed_still(credential: Credential) -> bool:
     """Whether the stream's caller may still read it: its key is still good (not revoked or
-    expired, its user active and a member: auth.reauthenticate), or for a
+    expired, its user active and a member: auth.reauthenticate, no rate limit), or for a
     dashboard session, the session still signs in its user (not signed out or expired, nor
     made before a password change: auth.get_user), who is active and still a member of the
-    task's tenant."""
-
-    def check() -> bool:
-        try:
-            if token is not None:
-                who = reauthenticate(token)
-                return who is not None and who.tenant.pk == tenant_id and who.has_role(Role.VIEWER)
-            if user_id is None or session_key is None:
-                return False
-            probe = HttpRequest()  # what auth.get_user reads of a request: its session
-            probe.session = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
-            signed_in = auth.get_user(probe)
-            return signed_in.pk == user_id and (
-                User.objects.filter(pk=user_id, is_active=True, memberships__tenant_id=tenant_id).exists()
-            )
-        finally:
-            connection.close()
-
-    return check
+    task's tenant. Raises DATABASE_UNAVAILABLE when it cannot tell."""
+    if credential.token is not None:
+        who = reauthenticate(credential.token)
+        return who is not None and who.tenant.pk == credential.tenant_id and who.has_role(Role.VIEWER)
+    if credential.user_id is None or credential.session_key is None:
+        return False
+    probe = HttpRequest()  # what auth.get_user reads of a request: its session
+    probe.session = import_module(settings.SESSION_ENGINE).SessionStore(credential.session_key)
+    signed_in = auth.get_user(probe)
+    return signed_in.pk == credential.user_id and (
+        User.objects.filter(pk=credential.user_id, is_active=True, memberships__tenant_id=credential.tenant_id).exists()
+    )
 
 
-async def _guarded(chunks: AsyncIterator[str], allowed: Callable[[], bool], every: float) -> AsyncIterator[str]:
-    """The chunks of `chunks` while allowed() holds, asked every `every` seconds whether
-    events flow or not: a stream outlives its request's authentication by hours, and a key
-    revoked or a user deactivated meanwhile must stop reading within that bound. The stream
-    is pumped by its own task so the check never waits for the next event."""
-    queue: asyncio.Queue[str] = asyncio.Queue(maxsize=64)
-
-    async def pump() -> None:
-        async for chunk in chunks:
-            await queue.put(chunk)
-
-    loop = asyncio.get_running_loop()
-    producer = asyncio.ensure_future(pump())
-    next_check = loop.time() + every
+def _judge(credentials: list[Credential]) -> dict[Credential, str | None]:
+    """Each credential's verdict: None (still allowed), "forbidden" or "unavailable"."""
+    verdicts: dict[Credential, str | None] = {}
     try:
-        while True:
-            getter = asyncio.ensure_future(queue.get())
-            await asyncio.wait(
-                {getter, producer}, timeout=max(0.0, next_check - loop.time()), return_when=asyncio.FIRST_COMPLETED
-            )
-            if not getter.done():
-                getter.cancel()
-            if getter.done() and not getter.cancelled():
-                yield getter.result()
-            elif producer.done() and queue.empty():
-                producer.result()  # the stream's own error (the database went away), or its end
-                return
-            if loop.time() >= next_check:
-                if not await sync_to_async(allowed)():
-                    # The client reconnects, as SSE does, and gets the 401 that says why.
-                    logger.info("an event stream ended: its key or user may no longer read it")
-                    return
-                next_check = loop.time() + every
+        for credential in credentials:
+            try:
+                verdicts[credential] = None if allowed_still(credential) else "forbidden"
+            except DATABASE_UNAVAILABLE:
+                verdicts[credential] = "unavailable"
     finally:
-        producer.cancel()
+        connection.close()  # pitfall 1: a thread of the pool, not a stream's
+    return verdicts
+
+
+class Rechecks:
+    """Every stream's caller asked again every stream.auth_recheck_seconds, events or not:
+    a stream outlives its request's authentication by hours, and a key revoked or a user
+    deactivated meanwhile must stop reading within that bound. One check per credential
+    per round, however many streams it holds open."""
+
+    def __init__(self) -> None:
+        self.streams: dict[Subscriber, Credential] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def watch(self, sub: Subscriber, credential: Credential) -> None:
+        self.streams[sub] = credential
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def forget(self, sub: Subscriber) -> None:
+        self.streams.pop(sub, None)
+
+    async def _run(self) -> None:
+        while self.streams:
+            await asyncio.sleep(float(settings.RUNTIME["stream"].get("auth_recheck_seconds", 5)))
+            credentials = sorted(set(self.streams.values()), key=repr)
+            verdicts = await sync_to_async(_judge, thread_sensitive=False)(credentials)
+            for sub, credential in list(self.streams.items()):
+                if (verdict := verdicts.get(credential)) is not None:
+                    sub.end(verdict)
+
+
+_rechecks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Rechecks] = weakref.WeakKeyDictionary()
+
+
+def _snapshot_event(task: Task, channel: str) -> str:
+    snapshot = {"seq": task.event_seq, **task_snapshot(task)}
+    return sse_encode_event("task.snapshot", snapshot, event_id=f"{channel}:{task.event_seq}", json_encode=True)
+
+
+async def _events(sub: Subscriber, first: str, task_id: UUID, credential: Credential) -> AsyncIterator[str]:
+    """The stream's body: its snapshot, then its events until it ends or its caller goes."""
+    rechecks = _rechecks.setdefault(asyncio.get_running_loop(), Rechecks())
+    rechecks.watch(sub, credential)
+    try:
+        yield first
+        await sub.started.wait()
+        yield STREAM_OPEN + (sub.take() or "")
+        while True:
+            chunk = await sub.next()
+            yield KEEP_ALIVE if chunk is None else chunk
+    except StreamEnded as end:
+        if end.reason == "forbidden":
+            # The client reconnects, as SSE does, and gets the 401 that says why.
+            logger.info("an event stream ended: its key or user may no longer read it")
+        elif end.reason == "unavailable":  # the client reconnects and gets 503 until it is back
+            logger.warning("the stream of task %s ended: the database is unavailable", task_id)
+    finally:
+        rechecks.forget(sub)
+        sub.hub.unsubscribe(sub)
 
 
 def task_events(request: HttpRequest, task_id: str) -> HttpResponseBase:
@@ -133,9 +182,7 @@ def task_events(request: HttpRequest, task_id: str) -> HttpResponseBase:
             error_body("issuer_unavailable", str(exc.detail)), status=503, headers={"Retry-After": str(exc.wait)}
         )
     except RateLimited as exc:
-        return JsonResponse(
-            error_body("throttled", str(exc.detail)), status=429, headers={"Retry-After": str(exc.wait)}
-        )
+        return _throttled(exc)
     who: Principal | User
     if authenticated is not None:
         request.user, who = authenticated
@@ -153,31 +200,68 @@ def task_events(request: HttpRequest, task_id: str) -> HttpResponseBase:
         return JsonResponse(error_body("not_found", str(exc)), status=404)
 
     channel = channel_for(task.id)
-    snapshot = {"seq": task.event_seq, **task_snapshot(task)}
-    # Made here, not from the request: its query (es-meta, recover, link) is not ours to
-    # honour, and django-eventstream's parsing of it answers anything malformed with a 500.
-    event_request = EventRequest()
-    event_request.channels, event_request.user = {channel}, request.user
-    event_request.is_next = event_request.is_recover = False
-    # Pitfall 3: start from an explicit id, the snapshot's; never from "now".
-    event_request.channel_last_ids = {channel: str(task.event_seq)}
+    first = _snapshot_event(task, channel)
+    token = bearer_token(request)
+    credential = Credential(
+        token, None if token else request.session.session_key, None if token else request.user.pk, task.tenant_id
+    )
     connection.close()  # pitfall 1: the request's connection would otherwise live as long as the stream
 
-    listener = Listener()
-    listener.user_id = request.user.pk
-    listener.channels = event_request.channels
-    first = sse_encode_event("task.snapshot", snapshot, event_id=f"{channel}:{task.event_seq}", json_encode=True)
-    allowed = _allowed_still(bearer_token(request), request.session.session_key, request.user.pk, task.tenant_id)
-    every = float(settings.RUNTIME["stream"].get("auth_recheck_seconds", 5))
-
     async def body() -> AsyncIterator[str]:
-        yield first
-        try:
-            async for chunk in _guarded(stream(event_request, listener), allowed, every):
-                yield chunk
-        except DATABASE_UNAVAILABLE:  # the client reconnects, as SSE does, and gets 503 until it is back
-            logger.warning("the stream of task %s ended: the database is unavailable", task.id)
+        # Registered after the snapshot was read (this view runs on a thread): it catches up
+        # from the database before it opens.
+        hub = get_hub()
+        sub = hub.subscribe(channel)
+        hub.start(sub, task.event_seq, registered_before_read=False)
+        async for chunk in _events(sub, first, task.id, credential):
+            yield chunk
 
     response = StreamingHttpResponse(body(), content_type="text/event-stream")
+    add_default_headers(response, request=request)
+    return response
+
+
+def _throttled(exc: RateLimited) -> JsonResponse:
+    return JsonResponse(error_body("throttled", str(exc.detail)), status=429, headers={"Retry-After": str(exc.wait)})
+
+
+async def lean_task_events(request: HttpRequest, task_id: str) -> HttpResponseBase | None:
+    """task_events on the event loop, for an API key and a task of its tenant; anything else
+    (a session, a JWT, a refusal) is the full view's."""
+    from runtime_site import dbpool
+
+    try:
+        check_last_event_id(request)
+        uuid = UUID(task_id)
+    except (UnsafeInput, ValueError):
+        return None
+    if not dbpool.async_available():
+        return None
+    hub = get_hub()
+    channel = channel_for(uuid)
+    sub = hub.subscribe(channel)  # before the snapshot is read: no read needed to start (hub.py)
+    try:
+        try:
+            caller = await lean.read_caller(request, uuid)
+        except lean.UNAVAILABLE:
+            hub.unsubscribe(sub)
+            return unavailable()
+        if caller is None or caller.task is None:
+            hub.unsubscribe(sub)
+            return None  # 401, 404: the full view's answers (and its count, made once)
+        if (refused := await lean.over_limit(caller.who, "sse")) is not None:
+            hub.unsubscribe(sub)
+            return _throttled(refused)
+    except BaseException:
+        hub.unsubscribe(sub)
+        raise
+    task = caller.task
+    hub.start(sub, task.event_seq)
+    credential = Credential(bearer_token(request), None, None, task.tenant_id)
+    response = LeanStream(
+        _events(sub, _snapshot_event(task, channel), task.id, credential),
+        content_type="text/event-stream",
+        on_close=lambda: hub.unsubscribe(sub),
+    )
     add_default_headers(response, request=request)
     return response

@@ -1,2 +1,2 @@
-"""Live progress over SSE (DESIGN §7): publish.py stores and rings, wakeups.py wakes the
-streams of this web process; the view is tasks_app/api/sse.py."""
+"""Live progress over SSE (DESIGN §7): publish.py stores and rings, wakeups.py brings the
+events to this web process, hub.py fans them out to its streams; the view is tasks_app/api/sse.py."""

@@ -1,19 +1,22 @@
 """Live progress over SSE through django-eventstream (DESIGN §7, STACK-NOTES §1).
 
 Events are stored with the task's seq in the transaction of the change
-(tasks_app.events); this module publishes them after commit and is the storage and channel
-manager django-eventstream serves them from (the view: tasks_app/api/sse.py).
+(tasks_app.events); this module publishes them after commit and is the storage
+django-eventstream's send_event stores through (the view: tasks_app/api/sse.py; the
+fan-out to a web process's streams: hub.py).
 
 The four verified pitfalls of django-eventstream 5.3, and what we do about each:
-1. A database connection held per open stream: our storage and channel manager close
-   the connection of the thread they ran on; the view closes its own before streaming.
+1. A database connection held per open stream: a stream holds none; its reads (its start,
+   and the catch-up reads hub.py shares per task) borrow one of a small pool for the read
+   only, or, without that pool, close the connection of the thread they ran on.
 2. The Redis listener dies silently when Redis restarts: wakeups.py replaces it with one
    that reconnects with backoff and, after every (re)subscribe, makes each open stream
-   re-read storage from its last id, so events published during the outage still arrive
-   (runtime_site/patches/eventstream.py hooks it in).
-3. The start-up race: every stream starts from an explicit last id (the snapshot's seq),
-   so the server never skips an event; a duplicate is possible and clients drop any
-   event whose seq is not above the last one they saw (docs/streaming.md).
+   catch up from storage from its last seq, so events published during the outage still
+   arrive (runtime_site/patches/eventstream.py keeps the library's from starting).
+3. The start-up race: every stream starts from the snapshot's seq and is registered with
+   the hub before that snapshot is read, so the server never skips an event; a duplicate
+   is possible and clients drop any event whose seq is not above the last one they saw
+   (docs/streaming.md).
 4. One shared pub/sub channel for all deployments: channel names carry the deployment
    prefix (RUNTIME_DEPLOYMENT), so a web process only ever wakes its own streams.
 Without Redis (the embedded default), a small database-polling bridge in the web

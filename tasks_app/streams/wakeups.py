@@ -1,49 +1,32 @@
 """Waking this web process's open streams (pitfalls 2 and 4 in publish.py).
 
-With Redis, a reconnecting listener of django-eventstream's pub/sub channel replaces the
-library's own, which dies silently when Redis restarts; without Redis (the embedded
-profile), a database-polling bridge wakes the streams whose task's event_seq moved. One
-background task per process runs either, started with the first stream and restarted if
-it ended (ensure_running, hooked in by runtime_site/patches/eventstream.py).
+With Redis, one reconnecting subscription per process to django-eventstream's pub/sub
+channel feeds the hub (hub.py), replacing the library's own listener, which dies silently
+when Redis restarts; after every (re)subscribe the hub's streams catch up from the database,
+so events published during the outage still arrive. Without Redis (the embedded profile), a
+database-polling bridge tells the hub which tasks' event_seq moved. One background task per
+event loop runs either, started with the first stream and restarted if it ended.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
+import weakref
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connection
-from django_eventstream.event import Event
 
 from tasks_app.models import Task
+from tasks_app.streams.hub import Hub, loop_hub, parse_message
 from tasks_app.streams.publish import task_id_from
 
 logger = logging.getLogger(__name__)
 
 
-def wake_all(channels: set[str] | None = None) -> None:
-    """Make open streams (of `channels`, or all) re-read storage from their last id.
-
-    Queued items are dropped: the stream would send them before re-reading, move its
-    last id past the events it missed, and skip those (they are all in storage)."""
-    from django_eventstream.views import get_listener_manager
-
-    manager = get_listener_manager()
-    with manager.lock:
-        for channel, listeners in manager.listeners_by_channel.items():
-            if channels is None or channel in channels:
-                for listener in listeners:
-                    listener.overflow = True
-                    listener.channel_items = {}
-                    listener.wake_threadsafe()
-
-
-async def _resilient_listen() -> None:
-    from django_eventstream.views import get_listener_manager
+async def _resilient_listen(hub: Hub) -> None:
     from redis.asyncio import Redis
 
     backoff = 0.2
@@ -57,20 +40,17 @@ async def _resilient_listen() -> None:
                     # First subscribe, or redis-py's own silent re-subscribe after a
                     # reconnect: whatever was published meanwhile is only in storage.
                     backoff = 0.2
-                    wake_all()
+                    hub.subscribed()
                     continue
                 if message["type"] != "message":
                     continue
-                event = json.loads(message["data"])
-                if task_id_from(event["channel"]) is None:
-                    continue  # pitfall 4: another deployment's event
-                get_listener_manager().add_to_queues(
-                    event["channel"], Event(event["channel"], event["event_type"], event["data"], id=event["pub_id"])
-                )
+                if (event := parse_message(message["data"])) is not None:  # None: pitfall 4
+                    hub.publish(*event)
             raise ConnectionError("pub/sub stream ended")
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 (the listener outlives any failure: it reconnects)
+            hub.lost()
             logger.warning("SSE Redis listener lost its connection (%s); reconnecting in %.1fs", exc, backoff)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 5.0)
@@ -88,42 +68,38 @@ def _seqs(channels: list[str]) -> dict[str, int]:
         connection.close()
 
 
-async def _poll_bridge(interval: float) -> None:
+async def _poll_bridge(hub: Hub, interval: float) -> None:
     """Embedded profile: no Redis, so watch event_seq of the tasks that have open streams."""
-    from django_eventstream.views import get_listener_manager
-
-    seen: dict[str, int] = {}
     read = sync_to_async(_seqs, thread_sensitive=False)
     while True:
         await asyncio.sleep(interval)
-        manager = get_listener_manager()
-        with manager.lock:
-            channels = list(manager.listeners_by_channel)
-        if not channels:
-            seen.clear()
+        if not hub.channels:
             continue
         try:
-            current = await read(channels)
+            current = await read(list(hub.channels))
         except Exception:
             logger.exception("SSE database bridge failed to poll")
             continue
-        moved = {c for c, seq in current.items() if seen.get(c) != seq}  # a new stream counts as moved
-        seen = current
-        if moved:
-            wake_all(moved)
+        hub.resync(current)
 
 
-_background: dict[str, asyncio.Task[None]] = {}  # strong references: the loop keeps only weak ones
+_background: weakref.WeakKeyDictionary[Hub, asyncio.Task[None]] = weakref.WeakKeyDictionary()
 
 
-def ensure_running() -> None:
+def ensure_running(hub: Hub) -> None:
     """On every new stream: the reconnecting Redis listener, or the database bridge without
-    Redis, runs in this process (django-eventstream starts its own listener with a bare
-    loop.create_task() and never again: once that task dies, no stream gets a live event)."""
-    task = _background.get("task")
+    Redis, feeds `hub` (the running loop's)."""
+    task = _background.get(hub)
     if task is None or task.done():
         if getattr(settings, "EVENTSTREAM_REDIS", None):
-            coroutine = _resilient_listen()
+            coroutine = _resilient_listen(hub)
         else:
-            coroutine = _poll_bridge(settings.RUNTIME["stream"]["poll_seconds"])
-        _background["task"] = asyncio.get_event_loop().create_task(coroutine)
+            coroutine = _poll_bridge(hub, settings.RUNTIME["stream"]["poll_seconds"])
+        _background[hub] = asyncio.get_running_loop().create_task(coroutine)
+
+
+def get_hub() -> Hub:
+    """The running event loop's hub, fed by its subscription (started here if it is not running)."""
+    hub = loop_hub()
+    ensure_running(hub)
+    return hub
