@@ -333,7 +333,7 @@ class Heartbeat:
 
     def __exit__(self, *exc: object) -> None:
         if recycle_stuck_processes:
-            faulthandler.cancel_dump_traceback_later()
+            _watchdog(0)
         self._stop.set()
         assert self._beating is not None
         self._beating.result()
@@ -345,15 +345,12 @@ class Heartbeat:
         if not recycle_stuck_processes:
             return
         # This thread abandons the step, if it gets the GIL: a step stuck in a C call that
-        # holds it starves both the deadline and the renewals. faulthandler's watchdog is a
-        # C thread that needs no GIL: a lease length past the deadline (the heartbeat had
-        # its chance) it writes where the step is stuck to the log and ends the process,
-        # which its pool replaces; the lease, no longer renewed, has run out, and the
-        # reaper recovers the task as after a crash.
-        if seconds:
-            faulthandler.dump_traceback_later(seconds + self.ttl, exit=True, file=2)
-        else:
-            faulthandler.cancel_dump_traceback_later()
+        # holds it starves both the deadline and the renewals. The watchdog needs no GIL: a
+        # lease length past the deadline (the heartbeat had its chance) it writes where the
+        # step is stuck to the log and ends the process, which its pool replaces; the
+        # lease, no longer renewed, has run out, and the reaper recovers the task as after
+        # a crash.
+        _watchdog(seconds + self.ttl if seconds else 0)
 
     def _run(self) -> None:
         beat = time.monotonic()
@@ -415,6 +412,29 @@ class Heartbeat:
 # they end: a process stuck in an abandoned step ends itself. Elsewhere (tests calling the
 # engine, a solo pool) the stuck thread is left alone.
 recycle_stuck_processes = False
+_alarm_handler_in: set[int] = set()  # the processes (pids) whose SIGALRM dumps and ends them
+
+
+def _watchdog(seconds: float) -> None:
+    """Arm (seconds > 0) or disarm this process's watchdog: when it fires, where each thread
+    is goes to stderr and the process ends (the signal's default action). A kernel timer
+    (SIGALRM) whose handler is faulthandler's, in C, so it needs no GIL; arming and
+    disarming it is one system call. faulthandler.dump_traceback_later, used before,
+    started and joined a thread at each call, twice a step: a tenth of a worker's time at
+    short steps (py-spy), more on a busy machine, where each join waits to be scheduled.
+    Signal handlers are set from the main thread only, where a prefork pool runs its tasks;
+    elsewhere the thread-based watchdog does it."""
+    if threading.current_thread() is not threading.main_thread():
+        if seconds:
+            faulthandler.dump_traceback_later(seconds, exit=True, file=2)
+        else:
+            faulthandler.cancel_dump_traceback_later()
+        return
+    if os.getpid() not in _alarm_handler_in:
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)  # the default action ends the process ...
+        faulthandler.register(signal.SIGALRM, file=2, all_threads=True, chain=True)  # ... after the dump
+        _alarm_handler_in.add(os.getpid())
+    signal.setitimer(signal.ITIMER_REAL, seconds)
 
 
 _executors: dict[int, ThreadPoolExecutor] = {}
