@@ -13,6 +13,8 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections.abc import Iterator
+from uuid import UUID
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -20,7 +22,7 @@ from django.db import connection
 from django_eventstream.event import Event
 
 from tasks_app.models import Task
-from tasks_app.streams.publish import task_id_from
+from tasks_app.streams.publish import channel_for, task_id_from
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +44,32 @@ def wake_all(channels: set[str] | None = None) -> None:
                     listener.wake_threadsafe()
 
 
+_waiters: dict[str, set[asyncio.Event]] = {}  # channel -> what waits in this process for its next event
+
+
+@contextlib.contextmanager
+def waiting_for(task_id: UUID) -> Iterator[asyncio.Event]:
+    """On the event loop: an asyncio.Event set whenever the task publishes an event (read
+    by this process's Redis listener, which this starts if it is not running) and whenever
+    the listener (re)subscribes (it may have missed some). A hint to look at the database
+    again, as every wakeup is: without Redis it is never set, and the waiter polls."""
+    ensure_running()
+    channel, woken = channel_for(task_id), asyncio.Event()
+    _waiters.setdefault(channel, set()).add(woken)
+    try:
+        yield woken
+    finally:
+        waiting = _waiters.get(channel, set())
+        waiting.discard(woken)
+        if not waiting:
+            _waiters.pop(channel, None)
+
+
+def _wake_waiters(channel: str | None = None) -> None:
+    for woken in _waiters.get(channel, set()) if channel is not None else set().union(*_waiters.values()):
+        woken.set()
+
+
 async def _resilient_listen() -> None:
     from django_eventstream.views import get_listener_manager
     from redis.asyncio import Redis
@@ -58,12 +86,14 @@ async def _resilient_listen() -> None:
                     # reconnect: whatever was published meanwhile is only in storage.
                     backoff = 0.2
                     wake_all()
+                    _wake_waiters()
                     continue
                 if message["type"] != "message":
                     continue
                 event = json.loads(message["data"])
                 if task_id_from(event["channel"]) is None:
                     continue  # pitfall 4: another deployment's event
+                _wake_waiters(event["channel"])
                 get_listener_manager().add_to_queues(
                     event["channel"], Event(event["channel"], event["event_type"], event["data"], id=event["pub_id"])
                 )
