@@ -22,8 +22,7 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F, Max
-from django.db.models.functions import Greatest
+from django.db.models import Max
 from django.utils import timezone
 
 from checkpoints_app import actions as checkpoints
@@ -536,15 +535,15 @@ def _commit_step(
     due = every or time.monotonic() - run.checkpoint_clock >= run.max_interval
     reason = "every_steps" if every else "interval" if due else "slice_end" if last else None
     items: list[tuple[str, dict[str, Any]]] = []
-    fields: dict[str, Any] = {"steps_done": Greatest(F("steps_done"), sequence)}
+    fields: dict[str, Any] = {"steps_done": leases.AtLeast(sequence)}
     if time.monotonic() - run.renewed_at >= settings.RUNTIME_HEARTBEAT_SECONDS:
         # Renewed here as often as the heartbeat renews, not at every step: lease_expires_at
         # is indexed, and a write to it cannot be a HOT update (a new entry in each of the
         # task table's indexes, at every step); steps_done and event_seq are not.
-        fields["lease_expires_at"] = leases.deadline(settings.RUNTIME_LEASE_SECONDS)
+        fields["lease_expires_at"] = leases.Deadline(settings.RUNTIME_LEASE_SECONDS)
         run.renewed_at = time.monotonic()
     if ctx.cost:
-        fields["cost"] = F("cost") + ctx.cost
+        fields["cost"] = leases.Add(ctx.cost)
         run.task.cost += ctx.cost
     if not rerun and (ctx.progress_value is not None or ctx.phase is not None or ctx.message is not None):
         task = run.task
@@ -586,7 +585,7 @@ def _commit_step(
         duration_ms=ms,
         output=ctx.summary,
     )
-    fields["event_seq"] = F("event_seq") + len(items)
+    fields["event_seq"] = leases.Add(len(items))
     # A rerun's cost was counted when the step first committed (the tenant's day, not the task's).
     counts_cost = bool(ctx.cost) and not rerun and quotas.enabled()
     if not (items or reason or rerun or ctx.audits or counts_cost):
