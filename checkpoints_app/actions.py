@@ -38,6 +38,35 @@ def record_checkpoint(
 ) -> Checkpoint:
     """In-transaction helper: the caller's (fenced) transaction commits it with the step."""
     assert transaction.get_connection().in_atomic_block, "record_checkpoint needs the caller's transaction"
+    cp = new_checkpoint(
+        task,
+        sequence=sequence,
+        step_name=step_name,
+        next_step=next_step,
+        state=state,
+        artifact_refs=artifact_refs,
+        reason=reason,
+        plan_version=plan_version,
+        steering_cursor=steering_cursor,
+    )
+    cp.save()
+    return cp
+
+
+def new_checkpoint(
+    task: Task,
+    *,
+    sequence: int,
+    step_name: str,
+    next_step: str,
+    state: dict[str, Any],
+    artifact_refs: list[str],
+    reason: str,
+    plan_version: int,
+    steering_cursor: int = 0,
+) -> Checkpoint:
+    """The checkpoint record_checkpoint saves, with its checksum, not saved: for a write
+    that inserts it in a statement of its own (tasks_app.leases.fenced_write)."""
     cp = Checkpoint(
         tenant_id=task.tenant_id,
         task=task,
@@ -52,7 +81,6 @@ def record_checkpoint(
         reason=reason,
     )
     cp.checksum = codec.checksum(_fields(cp))
-    cp.save()
     return cp
 
 

@@ -12,6 +12,7 @@ request; it never cancels a task.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -51,11 +52,15 @@ from tasks_app import oauth
 from tasks_app.auth import ApiKeyAuthentication, Principal, bearer_token, reauthenticate
 from tasks_app.errors import DomainError
 from tasks_app.models import Task
+from tasks_app.streams import wakeups
 
 logger = logging.getLogger(__name__)
 
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "[::1]", "::1"}
 KEEP_ALIVE_SECONDS = 10.0
+# A waiting request looks at its task when the task publishes an event, and besides at a
+# growing interval (Redis is a hint; without it these looks are all there is).
+LOOK_FIRST_SECONDS, LOOK_LONGEST_SECONDS = 0.02, 0.25
 LISTEN_POLL_SECONDS = 0.25
 META_SUBSCRIPTION = "io.modelcontextprotocol/subscriptionId"
 TERMINAL_MCP = frozenset({"completed", "failed", "cancelled"})
@@ -195,9 +200,20 @@ class Recheck:
 
 async def _waited(message: Message, wait: Wait, recheck: Recheck) -> AsyncIterator[dict[str, Any] | None]:
     """Yields progress notifications and server requests (dicts) and None as keep-alive
-    ticks, then the response."""
-    started, last_tick, last_progress, interval = time.monotonic(), time.monotonic(), None, 0.02
+    ticks, then the response. Looks at the task again when it publishes an event (its
+    terminal one ends most waits), and at a growing interval whatever happens: the wakeup
+    comes through Redis, a hint; the database is the truth."""
+    with wakeups.waiting_for(wait.task_id) as woken:
+        async for item in _waiting(message, wait, woken, recheck):
+            yield item
+
+
+async def _waiting(
+    message: Message, wait: Wait, woken: asyncio.Event, recheck: Recheck
+) -> AsyncIterator[dict[str, Any] | None]:
+    started, last_tick, last_progress, interval = time.monotonic(), time.monotonic(), None, LOOK_FIRST_SECONDS
     while True:
+        woken.clear()  # before the look: an event published during it wakes the next wait
         if await recheck.revoked():
             yield REVOKED.body(message.id)
             return
@@ -230,8 +246,9 @@ async def _waited(message: Message, wait: Wait, recheck: Recheck) -> AsyncIterat
         if time.monotonic() - last_tick >= KEEP_ALIVE_SECONDS:
             last_tick = time.monotonic()
             yield None
-        await asyncio.sleep(interval)
-        interval = min(interval * 1.2, 0.25)  # a synchronous call is usually done in ~100 ms
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(woken.wait(), interval)
+        interval = min(interval * 1.2, LOOK_LONGEST_SECONDS)
 
 
 def _listen_poll(listen: modern.Listen) -> list[dict[str, Any]]:

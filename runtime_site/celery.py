@@ -119,11 +119,30 @@ def freeze_the_loaded_heap(**_: Any) -> None:
 def keep_database_connections(**_: Any) -> None:
     """Worker processes are long-lived and run one slice at a time: keep their database
     connection between slices instead of reconnecting for each (the web process, under
-    ASGI, keeps CONN_MAX_AGE=0). Celery's Django fixup still drops unusable connections."""
+    ASGI, keeps CONN_MAX_AGE=0). Celery's Django fixup would close it around every task
+    whatever CONN_MAX_AGE says (celery/fixups/django.py, close_database): settings.py sets
+    CELERY_DB_REUSE_MAX, and check_database_connections drops only the unusable ones."""
     from django.db import connections
 
     for conn in connections.all(initialized_only=False):
         conn.settings_dict["CONN_MAX_AGE"] = 300
+
+
+@task_prerun.connect
+def check_database_connections(**_: Any) -> None:
+    """Before each task, what Django does before each request (close_old_connections): drop
+    a connection that had an error and no longer works, or is past CONN_MAX_AGE. Its health
+    check (CONN_HEALTH_CHECKS) is a round trip at the task's first query; it is paid only
+    when the socket has something to read, since an idle connection hears from the server
+    only when it is ended (a restart, pg_terminate_backend: runtime_site/dbpool.py)."""
+    from django.db import connections
+
+    from runtime_site.dbpool import readable
+
+    for conn in connections.all(initialized_only=True):
+        conn.close_if_unusable_or_obsolete()
+        if conn.connection is not None and conn.vendor == "postgresql" and not readable(conn.connection):
+            conn.health_check_done = True  # type: ignore[attr-defined]  # Django's flag, not in django-stubs
 
 
 @worker_process_init.connect

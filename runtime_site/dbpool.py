@@ -33,7 +33,7 @@ def check_connection(conn: Any) -> None:
     connection hears from the server only when it is ended (the FATAL message, then the
     close, or the close alone from a killed server's kernel). A silent socket needs no
     query, which was one round trip in four of a snapshot read."""
-    if not conn.closed and not _readable(conn):
+    if not conn.closed and not readable(conn):
         return
     try:
         ConnectionPool.check_connection(conn)
@@ -45,7 +45,8 @@ def check_connection(conn: Any) -> None:
         raise
 
 
-def _readable(conn: Any) -> bool:
+def readable(conn: Any) -> bool:
+    """The socket of a psycopg connection has something to read (or is gone)."""
     poller = select.poll()  # not select.select: a web process holding streams has fds above its limit (1024)
     try:
         poller.register(conn.fileno(), select.POLLIN)
@@ -80,7 +81,7 @@ def async_available() -> bool:
 async def _check_async(conn: AsyncConnection[Any]) -> None:
     """check_connection, for the event loop's pool: a query only when the socket says the
     server spoke (it ended the connection), and on failure a drain."""
-    if not conn.closed and not _readable(conn):
+    if not conn.closed and not readable(conn):
         return
     try:
         await AsyncConnectionPool.check_connection(conn)

@@ -345,6 +345,10 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+# Celery's Django fixup closes the database connections around every task unless this is
+# set, and then only every 2 x this many (celery/fixups/django.py): a worker would connect
+# to PostgreSQL afresh for every slice. runtime_site/celery.py drops unusable ones instead.
+CELERY_DB_REUSE_MAX = 10_000
 CELERY_TASK_DEFAULT_QUEUE = "steps"
 CELERY_TASK_ROUTES = {
     "tasks.scan_leases": {"queue": "maintenance"},

@@ -54,6 +54,36 @@ def record_audit(
     """In-transaction helper. The caller holds the task row (lock or fence) and saves nothing
     of the chain itself: this updates task.audit_seq/audit_head in the same transaction."""
     assert transaction.get_connection().in_atomic_block, "audit inside the change's transaction"
+    record = next_record(
+        task,
+        actor=actor,
+        action=action,
+        before_version=before_version,
+        from_status=from_status,
+        to_status=to_status,
+        reason=reason,
+        data=data,
+    )
+    record.save()
+    Task.objects.filter(id=task.id).update(audit_seq=record.seq, audit_head=record.hash)
+    return record
+
+
+def next_record(
+    task: Task,
+    *,
+    actor: str,
+    action: str,
+    before_version: int,
+    from_status: str = "",
+    to_status: str = "",
+    reason: str = "",
+    data: dict[str, Any] | None = None,
+) -> AuditRecord:
+    """The record record_audit writes, chained to the head `task` holds and not saved; the
+    head moves on `task` (not in the database). A write of its own must then save it and
+    the new head together, and only if the chain's head is still the one used here (the
+    engine's one-statement step commit: tasks_app.leases.fenced_write's expect)."""
     record = AuditRecord(
         tenant_id=task.tenant_id,
         task=task,
@@ -70,9 +100,7 @@ def record_audit(
         prev_hash=task.audit_head or GENESIS,
     )
     record.hash = _hash(record)
-    record.save()
     task.audit_seq, task.audit_head = record.seq, record.hash
-    Task.objects.filter(id=task.id).update(audit_seq=record.seq, audit_head=record.hash)
     return record
 
 

@@ -21,25 +21,25 @@ from typing import Any
 from uuid import UUID
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import F, Max
-from django.db.models.functions import Greatest
+from django.db import connection, transaction
+from django.db.models import Max
 from django.utils import timezone
 
 from checkpoints_app import actions as checkpoints
 from checkpoints_app.codec import CheckpointCorrupt
+from checkpoints_app.models import Checkpoint
 from common.schema import SchemaError, validate
 from ledger_app import actions as ledger
 from ledger_app import llm
 from runtime_site.blobstore import blob_store
 from runtime_site.metrics import LEASE_TAKEOVERS
 from steering_app import actions as steering
-from tasks_app import events, faults, kills, leases, operators, policy, quotas, shutdown, telemetry
+from tasks_app import audit, events, faults, kills, leases, operators, policy, quotas, shutdown, telemetry
 from tasks_app.actions import transition
 from tasks_app.agents import base as agents
 from tasks_app.agents import tools
 from tasks_app.audit import record_audit
-from tasks_app.models import Step, Task
+from tasks_app.models import AuditRecord, Step, Task
 from tasks_app.redaction import redact
 from tasks_app.selectors import task_snapshot
 from tasks_app.states import TERMINAL, Status
@@ -82,17 +82,32 @@ class _Run:
     renewed_at: float = field(default_factory=time.monotonic)  # the last lease renewal by a step's commit
     progress_sent_at: float = 0.0  # progress events are coalesced to one per interval ...
     progress_unsent: bool = False  # ... and the latest value is flushed when the slice stops
+    released: bool = False  # by a step's commit, which read task.priority back
+
+
+@dataclass(frozen=True)
+class SliceReport:
+    """What a slice did, with what handing its task on needs (tasks_app.tasks)."""
+
+    outcome: SliceOutcome
+    tenant_id: int | None = None  # None: the slice never held the task
+    priority: int | None = None  # the task's, read by the commit that released it; None: not read
 
 
 def run_slice(task_id: UUID, *, worker_id: str) -> SliceOutcome:
+    return run_slice_report(task_id, worker_id=worker_id).outcome
+
+
+def run_slice_report(task_id: UUID, *, worker_id: str) -> SliceReport:
     ttl = settings.RUNTIME_LEASE_SECONDS
     try:
-        lease = leases.claim(task_id, worker_id=worker_id, ttl=ttl)
+        claimed = leases.claim_task(task_id, worker_id=worker_id, ttl=ttl)
     except leases.AtCapacity:
         leases.wait_for_turn(task_id)
-        return SliceOutcome.AT_CAPACITY
-    if lease is None:
-        return SliceOutcome.DROPPED
+        return SliceReport(SliceOutcome.AT_CAPACITY)
+    if claimed is None:
+        return SliceReport(SliceOutcome.DROPPED)
+    lease, task = claimed
     with (
         kills.guarding(task_id) as guard,
         leases.Heartbeat(
@@ -100,20 +115,21 @@ def run_slice(task_id: UUID, *, worker_id: str) -> SliceOutcome:
         ) as heartbeat,
     ):
         try:
-            run = _load(lease)
+            run = _load(lease, task)
             if run is None:
-                return SliceOutcome.DONE
-            return _loop(run, heartbeat)
+                return SliceReport(SliceOutcome.DONE, task.tenant_id)
+            outcome = _loop(run, heartbeat)
+            return SliceReport(outcome, task.tenant_id, run.task.priority if run.released else None)
         except leases.LeaseLost:
             LEASE_TAKEOVERS.inc()
             logger.warning("task %s: lease lost, slice abandoned without writing", task_id)
-            return SliceOutcome.DROPPED
+            return SliceReport(SliceOutcome.DROPPED, task.tenant_id)
         except Exception as exc:
             if not faults.is_infrastructure_error(exc):
                 raise
             fault = exc
     # Once the heartbeat has stopped: nothing renews the lease we give back.
-    return SliceOutcome.DONE if _abandon(lease, fault) else SliceOutcome.RETRY
+    return SliceReport(SliceOutcome.DONE if _abandon(lease, fault) else SliceOutcome.RETRY, task.tenant_id)
 
 
 def _abandon(lease: leases.Lease, fault: Exception) -> bool:
@@ -149,15 +165,17 @@ def _abandon(lease: leases.Lease, fault: Exception) -> bool:
     return False
 
 
-def _load(lease: leases.Lease) -> _Run | None:
+def _load(lease: leases.Lease, task: Task | None = None) -> _Run | None:
     """Read the task and its newest checkpoint, in the seed's §9 recovery order: (the reaper
     has marked it recovering) → verify the checkpoint's checksum and schema version,
     migrating older versions forward → continue from its next step → a fresh snapshot
     event. A checkpoint that fails verification dead-letters the task; it never re-runs
     blindly. Ledger rows a lost worker left started become unknown here, and are reconciled
     before the step that made them runs again (ledger_app.actions); steering accepted after
-    the checkpoint's cursor is applied at the first safe point."""
-    task = Task.objects.get(id=lease.task_id)
+    the checkpoint's cursor is applied at the first safe point. `task`: the row as the
+    claim left it (read afresh when not given)."""
+    if task is None:
+        task = Task.objects.get(id=lease.task_id)
     try:
         agent = agents.get_agent(task.agent)
     except agents.UnknownAgent:
@@ -344,7 +362,16 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
             return SliceOutcome.DONE
         finally:
             heartbeat.watch(None)  # what follows (commit, checkpoint, yield) is the runtime's, not the step's
-        _commit_step(run, ctx, new_state, began, (time.perf_counter() - t0) * 1000)
+        # The slice's budget spent with work left: the step's commit is the yield as well.
+        last = (
+            steps + 1 >= settings.RUNTIME_SLICE_STEPS
+            or time.monotonic() - started >= settings.RUNTIME_SLICE_SECONDS
+            or shutdown.requested()
+        ) and run.agent.next_step(new_state) is not None
+        _commit_step(run, ctx, new_state, began, (time.perf_counter() - t0) * 1000, last=last)
+        if last:
+            run.released = True
+            return SliceOutcome.CONTINUE
         steps += 1
 
 
@@ -477,11 +504,25 @@ def _wait_for_input(run: _Run, need: agents.InputNeeded) -> None:
         _checkpoint(run, task, "input_required", force=True)
 
 
-def _commit_step(run: _Run, ctx: agents.StepContext, new_state: dict[str, Any], began: Any, ms: float) -> None:
+def _commit_step(
+    run: _Run,
+    ctx: agents.StepContext,
+    new_state: dict[str, Any],
+    began: Any,
+    ms: float,
+    *,
+    last: bool = False,
+) -> None:
     """One transaction per step: a compare-and-set on the lease epoch (the fence) that also
     records progress and reserves the step's event seqs, then the step row, the events and
-    a checkpoint when the policy says so. On PostgreSQL a step with no events and no
-    checkpoint due is one statement (leases.fenced_write), one round trip.
+    a checkpoint when the policy says so. On PostgreSQL that is one statement, one round
+    trip (leases.fenced_write), whatever the step wrote: events, a checkpoint, its cost
+    counted against the tenant's day, audit records (chained optimistically to the head
+    the slice last saw: should another writer have moved it, the transaction below).
+
+    `last`: the slice ends after this step (its budget is spent, or the worker stops) with
+    work left. The same commit then gives the lease back, with the slice-end checkpoint and
+    the latest progress: what _yield writes, which took a transaction of its own.
 
     A step at or below the high-water mark ran before, in a run that crashed before its
     checkpoint: it becomes the next attempt of that sequence, and what it reports was shown
@@ -490,17 +531,19 @@ def _commit_step(run: _Run, ctx: agents.StepContext, new_state: dict[str, Any], 
     rerun = sequence <= run.rerun_until
     run.artifact_refs += [a["ref"] for a in ctx.artifacts]
     since = sequence - (run.checkpoint_sequence or 0)
-    due = since >= run.every_steps or time.monotonic() - run.checkpoint_clock >= run.max_interval
+    every = since >= run.every_steps
+    due = every or time.monotonic() - run.checkpoint_clock >= run.max_interval
+    reason = "every_steps" if every else "interval" if due else "slice_end" if last else None
     items: list[tuple[str, dict[str, Any]]] = []
-    fields: dict[str, Any] = {"steps_done": Greatest(F("steps_done"), sequence)}
+    fields: dict[str, Any] = {"steps_done": leases.AtLeast(sequence)}
     if time.monotonic() - run.renewed_at >= settings.RUNTIME_HEARTBEAT_SECONDS:
         # Renewed here as often as the heartbeat renews, not at every step: lease_expires_at
         # is indexed, and a write to it cannot be a HOT update (a new entry in each of the
         # task table's indexes, at every step); steps_done and event_seq are not.
-        fields["lease_expires_at"] = leases.deadline(settings.RUNTIME_LEASE_SECONDS)
+        fields["lease_expires_at"] = leases.Deadline(settings.RUNTIME_LEASE_SECONDS)
         run.renewed_at = time.monotonic()
     if ctx.cost and not rerun:
-        fields["cost"] = F("cost") + ctx.cost
+        fields["cost"] = leases.Add(ctx.cost)
         run.task.cost += ctx.cost
     if not rerun and (ctx.progress_value is not None or ctx.phase is not None or ctx.message is not None):
         task = run.task
@@ -511,15 +554,23 @@ def _commit_step(run: _Run, ctx: agents.StepContext, new_state: dict[str, Any], 
         task.status_message = ctx.message if ctx.message is not None else task.status_message
         fields.update(progress=task.progress, phase=task.phase, status_message=task.status_message)
         # The row always has the latest; the stream gets at most one progress event per
-        # interval (a fast task must not flood Redis or browsers), plus every phase change.
+        # interval (a fast task must not flood Redis or browsers), plus every phase change
+        # and the last of the slice.
         now = time.monotonic()
-        if new_phase or now - run.progress_sent_at >= settings.RUNTIME["stream"]["progress_interval_ms"] / 1000:
+        if last or new_phase or now - run.progress_sent_at >= settings.RUNTIME["stream"]["progress_interval_ms"] / 1000:
             items.append(("progress", _progress(task, sequence)))
             run.progress_sent_at, run.progress_unsent = now, False
         else:
             run.progress_unsent = True
     items += [("log", {"step": sequence, **entry}) for entry in ctx.logs]
     items += [("artifact", {"step": sequence, **artifact}) for artifact in ctx.artifacts]
+    if last:
+        fields.update(lease_owner=None, lease_expires_at=None)  # Task.drop_lease(fence=False), in SQL
+        if run.progress_unsent:  # _flush_progress
+            items.append(("progress", _progress(run.task, sequence)))
+            run.progress_unsent = False
+    if reason:
+        items.append(("checkpoint", {"checkpoint": sequence, "reason": reason}))
     step = Step(
         tenant_id=run.task.tenant_id,
         task_id=run.task.id,
@@ -534,22 +585,107 @@ def _commit_step(run: _Run, ctx: agents.StepContext, new_state: dict[str, Any], 
         duration_ms=ms,
         output=ctx.summary,
     )
-    fields["event_seq"] = F("event_seq") + len(items)
+    fields["event_seq"] = leases.Add(len(items))
     # A rerun's cost was counted when the step first committed (the tenant's day, as the task's above).
     counts_cost = bool(ctx.cost) and not rerun and quotas.enabled()
-    if not (items or due or rerun or ctx.audits or counts_cost):
+    if not (items or reason or rerun or ctx.audits or counts_cost):
         # The common step: fence, progress and step row in one statement, its own transaction.
-        _took_step(run, ctx, new_state, sequence, leases.fenced_write(run.lease, fields, returning=FRESH, insert=step))
+        _took_step(run, ctx, new_state, sequence, leases.fenced_write(run.lease, fields, returning=BACK, insert=step))
         return
+    cp = (
+        checkpoints.new_checkpoint(
+            run.task,
+            sequence=sequence,
+            step_name=ctx.step_name,
+            next_step=run.agent.next_step(new_state) or "",
+            state=new_state,
+            artifact_refs=run.artifact_refs,
+            reason=reason,
+            plan_version=run.plan_version,
+            steering_cursor=run.steering_cursor,
+        )
+        if reason
+        else None
+    )
+    if not (leases.one_statement_writes() and _commit_in_one_statement(run, ctx, new_state, fields, items, step, cp)):
+        _commit_in_transaction(run, ctx, new_state, fields, items, step, cp, counts_cost=counts_cost)
+    if cp is not None:
+        run.checkpoint_sequence, run.checkpoint_clock = sequence, time.monotonic()
+
+
+def _commit_in_one_statement(
+    run: _Run,
+    ctx: agents.StepContext,
+    new_state: dict[str, Any],
+    fields: dict[str, Any],
+    items: list[tuple[str, dict[str, Any]]],
+    step: Step,
+    cp: Checkpoint | None,
+) -> bool:
+    """_commit_step's write as one statement (PostgreSQL). False: the audit chain's head
+    moved since the slice last saw it (a command accepted meanwhile), so the records chained
+    to it would not fit: nothing was written, and the transaction must do it."""
+    sequence = step.sequence
+    rows = [leases.Row(step)]
+    if sequence <= run.rerun_until:  # the next attempt of the sequence: after those kept
+        table = connection.ops.quote_name(Step._meta.db_table)
+        rows[0] = leases.Row(
+            step,
+            computed={
+                "attempt": (
+                    f"1 + COALESCE((SELECT MAX(attempt) FROM {table} WHERE task_id = %s AND sequence = %s), 0)",  # noqa: S608
+                    [run.task.id, sequence],
+                )
+            },
+        )
+    if cp is not None:
+        rows.append(leases.Row(cp))
+    pending = events.prepare(run.task, items)
+    for i, row in enumerate(pending):  # seqs: the last len(items) the write reserved
+        rows.append(
+            leases.Row(row, computed=events.numbered_in_sql(row, f"{leases.FENCE}.event_seq - {len(pending) - 1 - i}"))
+        )
+    if bool(ctx.cost) and not sequence <= run.rerun_until and quotas.enabled():
+        usage, upsert = quotas.cost_upsert(run.task.tenant_id, ctx.cost)
+        rows.append(leases.Row(usage, conflict=upsert))
+    expect, head = None, (run.task.audit_seq, run.task.audit_head)
+    if ctx.audits:
+        expect = {"audit_seq": run.task.audit_seq, "state_version": run.task.state_version}
+        for record in ctx.audits:
+            rows.append(leases.Row(_step_audit(run, run.task, record, sequence, chain=audit.next_record)))
+        fields = {**fields, "audit_seq": run.task.audit_seq, "audit_head": run.task.audit_head}
+    try:
+        fresh = leases.fenced_write(run.lease, fields, returning=BACK, rows=rows, expect=expect)
+    except leases.Moved:
+        run.task.audit_seq, run.task.audit_head = head
+        return False
+    events.publish_on_commit(run.task.id, events.numbered(pending, fresh["event_seq"] - len(pending) + 1))
+    _took_step(run, ctx, new_state, sequence, fresh)
+    return True
+
+
+def _commit_in_transaction(
+    run: _Run,
+    ctx: agents.StepContext,
+    new_state: dict[str, Any],
+    fields: dict[str, Any],
+    items: list[tuple[str, dict[str, Any]]],
+    step: Step,
+    cp: Checkpoint | None,
+    *,
+    counts_cost: bool,
+) -> None:
+    """_commit_step's write where it cannot be one statement (SQLite; the audit chain moved)."""
+    sequence = step.sequence
     with transaction.atomic(durable=True):
-        if rerun:  # after the attempts before it (the fence's row lock keeps this race-free)
-            fresh = leases.fenced_write(run.lease, fields, returning=FRESH)
+        if sequence <= run.rerun_until:  # after the attempts before it (the fence's row lock keeps this race-free)
+            fresh = leases.fenced_write(run.lease, fields, returning=BACK)
             step.attempt += (
                 Step.objects.filter(task_id=run.task.id, sequence=sequence).aggregate(n=Max("attempt"))["n"] or 0
             )
             step.save(force_insert=True)
         else:
-            fresh = leases.fenced_write(run.lease, fields, returning=FRESH, insert=step)
+            fresh = leases.fenced_write(run.lease, fields, returning=BACK, insert=step)
         if counts_cost:
             quotas.add_cost(run.task.tenant_id, ctx.cost)
         if items:
@@ -557,32 +693,42 @@ def _commit_step(run: _Run, ctx: agents.StepContext, new_state: dict[str, Any], 
         if ctx.audits:
             task = leases.fenced(run.lease)  # locked already by the fenced write above
             for record in ctx.audits:
-                record_audit(
-                    task,
-                    actor=f"worker:{run.lease.worker_id}",
-                    action=record["action"],
-                    before_version=task.state_version,
-                    reason=record["reason"],
-                    data={"step": sequence, **record["data"]},
-                )
+                _step_audit(run, task, record, sequence, chain=record_audit)
+            fresh = {**fresh, "audit_seq": task.audit_seq, "audit_head": task.audit_head}
+        if cp is not None:
+            cp.save()
         _took_step(run, ctx, new_state, sequence, fresh)
-        if due:
-            _checkpoint(run, run.task, "every_steps" if since >= run.every_steps else "interval")
+
+
+def _step_audit(run: _Run, task: Task, record: dict[str, Any], sequence: int, *, chain: Any) -> AuditRecord:
+    """A record the step asked for (ctx.audit), chained to `task`'s head by `chain`
+    (record_audit writes it, audit.next_record only makes it)."""
+    written: AuditRecord = chain(
+        task,
+        actor=f"worker:{run.lease.worker_id}",
+        action=record["action"],
+        before_version=task.state_version,
+        reason=record["reason"],
+        data={"step": sequence, **record["data"]},
+    )
+    return written
 
 
 # What a step's commit reads back from the task row: what others changed since (events
 # appended by steering; the control fields a cancel, a kill or a command wrote) and the
 # high-water mark.
 FRESH = ("event_seq", "steps_done", *Task.CONTROL_FIELDS)
+# ... and what the slice keeps up to date besides: the audit chain's head with the version
+# its records carry (the optimistic chaining above).
+BACK = tuple(dict.fromkeys((*FRESH, "audit_seq", "audit_head", "state_version")))
 
 
 def _took_step(
     run: _Run, ctx: agents.StepContext, new_state: dict[str, Any], sequence: int, fresh: dict[str, Any]
 ) -> None:
     run.state, run.sequence, run.last_step_name = new_state, sequence, ctx.step_name
-    run.task.event_seq, run.task.steps_done = fresh["event_seq"], fresh["steps_done"]
-    run.task.cancel_requested, run.task.cancel_reason = fresh["cancel_requested"], fresh["cancel_reason"]
-    run.task.steering_head = fresh["steering_head"]
+    for name in BACK:
+        setattr(run.task, name, fresh[name])
 
 
 def _progress(task: Task, sequence: int) -> dict[str, Any]:

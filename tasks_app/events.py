@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F
 
 from tasks_app.models import Task, TaskEvent
@@ -35,8 +35,7 @@ EVENT_TYPES = frozenset(
 def emit(task: Task, event_type: str, data: dict[str, Any]) -> TaskEvent:
     """In-transaction helper: allocate the next seq and store the event with the change."""
     assert transaction.get_connection().in_atomic_block, "emit inside the change's transaction"
-    Task.objects.filter(id=task.id).update(event_seq=F("event_seq") + 1)
-    seq = Task.objects.values_list("event_seq", flat=True).get(id=task.id)
+    ((seq,),) = Task.objects.filter(id=task.id).update_returning(["event_seq"], event_seq=F("event_seq") + 1)
     task.event_seq = seq
     return store(task, seq, [(event_type, data)])[0]
 
@@ -44,26 +43,45 @@ def emit(task: Task, event_type: str, data: dict[str, Any]) -> TaskEvent:
 def store(task: Task, first_seq: int, items: list[tuple[str, dict[str, Any]]]) -> list[TaskEvent]:
     """Store events whose seqs [first_seq, first_seq + len(items)) the caller already
     allocated on the task row in this transaction (the engine folds that into its fence)."""
+    rows = TaskEvent.objects.bulk_create(numbered(prepare(task, items), first_seq))
+    publish_on_commit(task.id, rows)
+    return rows
+
+
+def prepare(task: Task, items: list[tuple[str, dict[str, Any]]]) -> list[TaskEvent]:
+    """The rows of `items`, redacted and not saved, with no seq yet (numbered gives them
+    theirs): `data` holds the payload alone until then."""
     for event_type, _ in items:
         assert event_type in EVENT_TYPES, event_type
-    rows = TaskEvent.objects.bulk_create(
-        [
-            TaskEvent(
-                tenant_id=task.tenant_id,
-                task_id=task.id,
-                seq=seq,
-                type=event_type,
-                data={"seq": seq, "taskId": str(task.id), **redact(data)},
-            )
-            for seq, (event_type, data) in enumerate(items, start=first_seq)
-        ]
-    )
-    # Published only once the change is committed; never from inside the transaction.
-    task_id = task.id
+    return [TaskEvent(tenant_id=task.tenant_id, task_id=task.id, type=t, data=redact(data)) for t, data in items]
+
+
+def numbered(rows: list[TaskEvent], first_seq: int) -> list[TaskEvent]:
+    """Give prepared rows their seqs, first_seq and on, and the data a stream client sees."""
+    for seq, row in enumerate(rows, start=first_seq):
+        row.seq, row.data = seq, {"seq": seq, "taskId": str(row.task_id), **row.data}
+    return rows
+
+
+def numbered_in_sql(row: TaskEvent, seq_sql: str) -> dict[str, tuple[str, list[Any]]]:
+    """What numbered() does, in PostgreSQL, for a row inserted by the statement that
+    allocates its seq (tasks_app.leases.Row.computed): `seq_sql` computes the seq there.
+    jsonb's `||` lets the payload's keys win, as the dict in numbered() does."""
+    payload = TaskEvent._meta.get_field("data").get_db_prep_save(row.data, connection)
+    return {
+        "seq": (seq_sql, []),
+        "data": (
+            f"jsonb_build_object('seq', {seq_sql}, 'taskId', %s) || CAST(%s AS jsonb)",
+            [str(row.task_id), payload],
+        ),
+    }
+
+
+def publish_on_commit(task_id: Any, rows: list[TaskEvent]) -> None:
+    """Published only once the change is committed; never from inside the transaction."""
 
     def publish_rows() -> None:
         for row in rows:
             publish.publish(task_id, row.type, row.data)
 
     transaction.on_commit(publish_rows)
-    return rows

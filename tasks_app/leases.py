@@ -14,21 +14,22 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, cast
 from uuid import UUID
 
 from django.conf import settings
 from django.db import close_old_connections, connection, models, transaction
-from django.db.models import DateTimeField, ExpressionWrapper, F, Q, QuerySet
-from django.db.models.functions import Now
+from django.db.models import Count, DateTimeField, ExpressionWrapper, F, Q, Subquery
+from django.db.models.functions import Coalesce, Greatest, Now
+from django.db.models.lookups import LessThan
 from django.db.models.sql import UpdateQuery
 
 from tasks_app import kills
-from tasks_app.models import Task, Tenant
+from tasks_app.models import Task, TaskQuerySet, Tenant
 from tasks_app.states import CLAIMABLE, Status
 
 logger = logging.getLogger(__name__)
@@ -60,45 +61,58 @@ def deadline(seconds: float) -> ExpressionWrapper:
 def claim(task_id: UUID, *, worker_id: str, ttl: float) -> Lease | None:
     """Take the lease if it is free or expired. None: held by another, not runnable, or done.
     AtCapacity: its tenant is at runtime.max_concurrent_tasks (0: no limit)."""
+    claimed = claim_task(task_id, worker_id=worker_id, ttl=ttl)
+    return claimed[0] if claimed else None
+
+
+def claim_task(task_id: UUID, *, worker_id: str, ttl: float) -> tuple[Lease, Task] | None:
+    """claim(), and the task row as the claim left it, read back by the claiming UPDATE
+    itself (RETURNING): one statement, or with a tenant limit two in one transaction."""
     limit = settings.RUNTIME["runtime"]["max_concurrent_tasks"]
-    with transaction.atomic():
-        if limit:
-            _check_capacity(task_id, limit)
-        claimed = (
-            _claimable()
-            .filter(id=task_id)
-            .update(
-                lease_owner=worker_id,
-                lease_expires_at=deadline(ttl),
-                lease_epoch=F("lease_epoch") + 1,
-                waiting_turn_since=None,
-            )
-        )
-        if claimed != 1:
-            return None  # another worker got there first, or there is nothing to do: normal
-        # Our UPDATE holds the row lock until commit, so this reads our own epoch.
-        epoch = Task.objects.values_list("lease_epoch", flat=True).get(id=task_id)
-    return Lease(task_id, worker_id, epoch)
+    values: dict[str, Any] = {
+        "lease_owner": worker_id,
+        "lease_expires_at": deadline(ttl),
+        "lease_epoch": F("lease_epoch") + 1,
+        "waiting_turn_since": None,
+    }
+    if not limit:
+        rows = _claimable().filter(id=task_id).update_returning(**values)
+    else:
+        with transaction.atomic():
+            rows = _claim_within_capacity(task_id, limit, values)
+    if not rows:
+        return None  # another worker got there first, or there is nothing to do: normal
+    task = rows[0]
+    return Lease(task_id, worker_id, task.lease_epoch), task
 
 
-def _check_capacity(task_id: UUID, limit: int) -> None:
+def _claim_within_capacity(task_id: UUID, limit: int, values: dict[str, Any]) -> list[Task]:
     """Claims of one tenant take turns on its row (FOR NO KEY UPDATE: creating tasks, which
-    only key-share it, goes on), so the count of running slices cannot be raced past."""
-    tenant_id = Task.objects.filter(id=task_id).values_list("tenant_id", flat=True).first()
-    if tenant_id is None:
-        return
-    list(Tenant.objects.select_for_update(no_key=True).filter(id=tenant_id).values_list("id"))
-    running = (
-        Task.objects.for_tenant(tenant_id)
-        .filter(lease_owner__isnull=False, lease_expires_at__gt=Now())
-        .exclude(id=task_id)
-        .count()
+    only key-share it, goes on), so the count of running slices cannot be raced past: the
+    claiming UPDATE counts them in a statement that starts once the turn is ours, and so
+    sees every claim committed before (READ COMMITTED: a snapshot per statement)."""
+    tenant_id = (
+        Tenant.objects.select_for_update(no_key=True)
+        .filter(id__in=Task.objects.filter(id=task_id).values("tenant_id"))
+        .values_list("id", flat=True)
+        .first()
     )
-    if running >= limit and _claimable().filter(id=task_id).exists():
-        raise AtCapacity(f"tenant {tenant_id} runs {running} of at most {limit} tasks")
+    if tenant_id is None:
+        return []  # no such task
+    leased = Task.objects.for_tenant(tenant_id).filter(lease_owner__isnull=False, lease_expires_at__gt=Now())
+    running = leased.exclude(id=task_id).order_by().values("tenant_id").annotate(n=Count("*")).values("n")
+    rows: list[Task] = (
+        _claimable()
+        .filter(id=task_id)
+        .filter(LessThan(Coalesce(Subquery(running), 0), limit))
+        .update_returning(**values)
+    )
+    if not rows and _claimable().filter(id=task_id).exists():
+        raise AtCapacity(f"tenant {tenant_id} runs its maximum of {limit} tasks")
+    return rows
 
 
-def _claimable() -> QuerySet[Task]:
+def _claimable() -> TaskQuerySet:
     return Task.objects.filter(status__in=CLAIMABLE).filter(
         Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=Now())
     )
@@ -110,13 +124,15 @@ def wait_for_turn(task_id: UUID) -> None:
     Task.objects.filter(id=task_id, waiting_turn_since__isnull=True).update(waiting_turn_since=Now())
 
 
-def next_waiting(task_id: UUID) -> list[tuple[UUID, int]]:
-    """After a slice of `task_id` ended: its tenant's tasks turned away at capacity, most
-    urgent first, as many as there are free turns. Nobody turned away: nothing rung."""
+def next_waiting(task_id: UUID, *, tenant_id: int | None = None) -> list[tuple[UUID, int]]:
+    """After a slice of `task_id` (of `tenant_id`, if the caller knows) ended: its tenant's
+    tasks turned away at capacity, most urgent first, as many as there are free turns.
+    Nobody turned away: nothing rung."""
     limit = settings.RUNTIME["runtime"]["max_concurrent_tasks"]
     if not limit:
         return []
-    tenant_id = Task.objects.filter(id=task_id).values_list("tenant_id", flat=True).first()
+    if tenant_id is None:
+        tenant_id = Task.objects.filter(id=task_id).values_list("tenant_id", flat=True).first()
     if tenant_id is None:  # the task is gone: nobody of its tenant to ring
         return []
     waiting = Task.objects.filter(
@@ -187,44 +203,173 @@ def fenced_update(lease: Lease, **fields: Any) -> None:
         raise LeaseLost(lease.task_id)
 
 
+@dataclass(frozen=True)
+class Row:
+    """A row a fenced write inserts in its own statement, only if the fence held. `obj` gives
+    the values; `computed` replaces some of them (by field name) with SQL over the task row
+    as the write left it (FENCE.<column>, for the columns the write returns) and its
+    parameters; `conflict` is an ON CONFLICT clause (an upsert)."""
+
+    obj: models.Model
+    computed: dict[str, tuple[str, list[Any]]] = field(default_factory=dict)
+    conflict: str = ""
+
+
+FENCE = "fence"  # the task row as a fenced write left it, in the SQL of Row.computed
+
+
+# What a fenced write may set a column to, besides a plain value:
+@dataclass(frozen=True)
+class Add:
+    """The column plus `amount`."""
+
+    amount: int | float
+
+
+@dataclass(frozen=True)
+class AtLeast:
+    """The larger of the column and `value` (a counter never lowered)."""
+
+    value: int
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """`seconds` from now on the database clock, as deadline()."""
+
+    seconds: float
+
+
+class Moved(Exception):  # a signal, not an error
+    """A fenced write's `expect` no longer held: it wrote nothing, and the lease may well
+    still be ours (someone else changed what was expected). Write another way."""
+
+
+def one_statement_writes() -> bool:
+    """Whether fenced_write can insert `rows` (PostgreSQL: INSERTs in a WITH; SQLite has none)."""
+    return transaction.get_connection().vendor == "postgresql"
+
+
 def fenced_write(
-    lease: Lease, fields: dict[str, Any], *, returning: tuple[str, ...], insert: models.Model | None = None
+    lease: Lease,
+    fields: dict[str, Any],
+    *,
+    returning: tuple[str, ...],
+    insert: models.Model | None = None,
+    rows: Sequence[Row] = (),
+    expect: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """fenced_update in one statement that also reads the row back (`returning`: the
-    values after the write) and, on PostgreSQL, inserts `insert` only if the fence held:
-    UPDATE ... RETURNING inside a CTE whose INSERT selects from it. Outside a transaction
-    that statement is its own transaction, so a step commits in one round trip where
-    BEGIN, UPDATE, SELECT, INSERT, COMMIT took five. Elsewhere (SQLite allows no write
-    in a CTE), the UPDATE ... RETURNING and then the INSERT, in the caller's transaction or one
-    of their own.
+    values after the write) and, on PostgreSQL, inserts `insert` and `rows` only if the
+    fence held: UPDATE ... RETURNING inside a CTE whose INSERTs select from it. Outside a
+    transaction that statement is its own transaction, so a step commits in one round trip
+    where BEGIN, UPDATE, SELECT, INSERT, COMMIT took five. Elsewhere (SQLite allows no write
+    in a CTE), the UPDATE ... RETURNING and then the INSERT, in the caller's transaction or
+    one of their own; `rows` need one_statement_writes().
+    `expect`: more compare-and-set conditions on the task row (field: value); Moved when
+    the write failed and they are why it may have (nothing is written then either).
     LeaseLost when the fence failed; nothing is written then."""
     conn = transaction.get_connection()
-    one_statement = insert is not None and conn.vendor == "postgresql"
+    inserts = [*([Row(insert)] if insert is not None else []), *rows]
+    one_statement = bool(inserts) and conn.vendor == "postgresql"
+    assert one_statement or not rows, "rows need one_statement_writes()"
     if not (one_statement or conn.in_atomic_block):
         with transaction.atomic(durable=True):
-            return fenced_write(lease, fields, returning=returning, insert=insert)
-    update = cast(UpdateQuery, _fence_query(lease).chain())  # a copy with no values set (a clone would share its list)
-    update.add_update_values({"updated_at": Now(), **fields})
-    sql, params = update.get_compiler(connection=conn).as_sql()
+            return fenced_write(lease, fields, returning=returning, insert=insert, expect=expect)
+    if conn.vendor == "postgresql":
+        sql, params = _fenced_update_sql(lease, fields, expect or {}, conn)
+    else:
+        update = cast(
+            UpdateQuery, _fence_query(lease).chain()
+        )  # a copy with no values set (a clone would share its list)
+        if expect:
+            update.add_q(Q(**expect))
+        update.add_update_values({"updated_at": Now(), **{name: _expression(name, v) for name, v in fields.items()}})
+        sql, params = update.get_compiler(connection=conn).as_sql()
     back = _columns(Task, returning)
     sql, params = f"{sql} RETURNING {back}", list(params)
     if one_statement:
-        assert insert is not None
-        table, names, values, columns = _insert_parts(type(insert))
-        # Table, column names and placeholders come from the model (_insert_parts), values are parameters.
-        sql = (
-            f"WITH fence AS ({sql}), written AS (INSERT INTO {table} ({names}) SELECT {values} FROM fence) "  # noqa: S608
-            f"SELECT {back} FROM fence"
-        )
-        params += [f.get_db_prep_save(f.pre_save(insert, add=True), conn) for f in columns]
+        parts = [f"WITH {FENCE} AS ({sql})"]
+        for i, row in enumerate(inserts):
+            insert_sql, insert_params = _insert_from_fence(row, conn)
+            parts.append(f"r{i} AS ({insert_sql})")
+            params += insert_params
+        sql = f"{', '.join(parts)} SELECT {back} FROM {FENCE}"  # noqa: S608 (names from the models; values are parameters)
     with conn.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
     if row is None:
+        if expect:
+            raise Moved(lease.task_id)
         raise LeaseLost(lease.task_id)
     if insert is not None and not one_statement:
         insert.save(force_insert=True)
     return dict(zip(returning, row, strict=True))
+
+
+def _fenced_update_sql(
+    lease: Lease, fields: dict[str, Any], expect: dict[str, Any], conn: Any
+) -> tuple[str, list[Any]]:
+    """The fenced UPDATE in PostgreSQL, written here rather than by the ORM: building and
+    compiling the query was most of a step's CPU time (py-spy). Values are parameters."""
+    sets: list[str] = ["updated_at = STATEMENT_TIMESTAMP()"]
+    params: list[Any] = []
+    for name, value in fields.items():
+        field, column = _column(name)
+        if isinstance(value, Add):
+            sets.append(f"{column} = {column} + %s")
+            params.append(value.amount)
+        elif isinstance(value, AtLeast):
+            sets.append(f"{column} = GREATEST({column}, %s)")
+            params.append(value.value)
+        elif isinstance(value, Deadline):
+            sets.append(f"{column} = STATEMENT_TIMESTAMP() + make_interval(secs => %s)")
+            params.append(float(value.seconds))
+        else:
+            assert not hasattr(value, "resolve_expression"), f"{name}: a plain value, Add, AtLeast or Deadline"
+            sets.append(f"{column} = %s")
+            params.append(field.get_db_prep_save(value, conn))
+    where = ["id = %s", "lease_epoch = %s", "lease_owner = %s"]
+    params += [lease.task_id, lease.epoch, lease.worker_id]
+    for name, value in expect.items():
+        field, column = _column(name)
+        where.append(f"{column} = %s")
+        params.append(field.get_db_prep_save(value, conn))
+    table = conn.ops.quote_name(Task._meta.db_table)
+    return f"UPDATE {table} SET {', '.join(sets)} WHERE {' AND '.join(where)}", params  # noqa: S608 (names from the model)
+
+
+@functools.cache
+def _column(name: str) -> tuple[models.Field[Any, Any], str]:
+    field = cast("models.Field[Any, Any]", Task._meta.get_field(name))
+    return field, connection.ops.quote_name(field.column or name)
+
+
+def _expression(name: str, value: Any) -> Any:
+    """A fenced write's value as the ORM writes it (databases other than PostgreSQL)."""
+    if isinstance(value, Add):
+        return F(name) + value.amount
+    if isinstance(value, AtLeast):
+        return Greatest(F(name), value.value)
+    if isinstance(value, Deadline):
+        return deadline(value.seconds)
+    return value
+
+
+def _insert_from_fence(row: Row, conn: Any) -> tuple[str, list[Any]]:
+    """INSERT INTO <row's table> (...) SELECT <its values> FROM FENCE [ON CONFLICT ...]."""
+    table, names, placeholders, columns = _insert_parts(type(row.obj))
+    values, params = [], []
+    for column, placeholder in zip(columns, placeholders, strict=True):
+        if column.name in row.computed:
+            sql, more = row.computed[column.name]
+            values.append(f"({sql})")
+            params += more
+        else:
+            values.append(placeholder)
+            params.append(column.get_db_prep_save(column.pre_save(row.obj, add=True), conn))
+    # Table, column names and placeholders come from the model (_insert_parts), values are parameters.
+    return f"INSERT INTO {table} ({names}) SELECT {', '.join(values)} FROM {FENCE} {row.conflict}", params  # noqa: S608
 
 
 # The SQL that does not change from step to step, built once (per slice, per model): the
@@ -250,15 +395,15 @@ def _columns(model: type[models.Model], names: tuple[str, ...]) -> str:
 
 
 @functools.cache
-def _insert_parts(model: type[models.Model]) -> tuple[str, str, str, list[models.Field[Any, Any]]]:
-    """(table, column list, typed placeholders, fields) of an INSERT ... SELECT of one row:
-    typed, since a SELECT list makes untyped literals text."""
+def _insert_parts(model: type[models.Model]) -> tuple[str, str, list[str], list[models.Field[Any, Any]]]:
+    """(table, column list, typed placeholder per column, fields) of an INSERT ... SELECT of
+    one row: typed, since a SELECT list makes untyped literals text."""
     quote = connection.ops.quote_name
     fields = [f for f in model._meta.concrete_fields if not f.primary_key]
     return (
         quote(model._meta.db_table),
         ", ".join(quote(f.column or f.name) for f in fields),
-        ", ".join(f"CAST(%s AS {f.db_type(connection) or ''})" for f in fields),
+        [f"CAST(%s AS {f.db_type(connection) or ''})" for f in fields],
         fields,
     )
 
@@ -333,7 +478,7 @@ class Heartbeat:
 
     def __exit__(self, *exc: object) -> None:
         if recycle_stuck_processes:
-            faulthandler.cancel_dump_traceback_later()
+            _watchdog(0)
         self._stop.set()
         assert self._beating is not None
         self._beating.result()
@@ -345,15 +490,12 @@ class Heartbeat:
         if not recycle_stuck_processes:
             return
         # This thread abandons the step, if it gets the GIL: a step stuck in a C call that
-        # holds it starves both the deadline and the renewals. faulthandler's watchdog is a
-        # C thread that needs no GIL: a lease length past the deadline (the heartbeat had
-        # its chance) it writes where the step is stuck to the log and ends the process,
-        # which its pool replaces; the lease, no longer renewed, has run out, and the
-        # reaper recovers the task as after a crash.
-        if seconds:
-            faulthandler.dump_traceback_later(seconds + self.ttl, exit=True, file=2)
-        else:
-            faulthandler.cancel_dump_traceback_later()
+        # holds it starves both the deadline and the renewals. The watchdog needs no GIL: a
+        # lease length past the deadline (the heartbeat had its chance) it writes where the
+        # step is stuck to the log and ends the process, which its pool replaces; the
+        # lease, no longer renewed, has run out, and the reaper recovers the task as after
+        # a crash.
+        _watchdog(seconds + self.ttl if seconds else 0)
 
     def _run(self) -> None:
         beat = time.monotonic()
@@ -415,6 +557,29 @@ class Heartbeat:
 # they end: a process stuck in an abandoned step ends itself. Elsewhere (tests calling the
 # engine, a solo pool) the stuck thread is left alone.
 recycle_stuck_processes = False
+_alarm_handler_in: set[int] = set()  # the processes (pids) whose SIGALRM dumps and ends them
+
+
+def _watchdog(seconds: float) -> None:
+    """Arm (seconds > 0) or disarm this process's watchdog: when it fires, where each thread
+    is goes to stderr and the process ends (the signal's default action). A kernel timer
+    (SIGALRM) whose handler is faulthandler's, in C, so it needs no GIL; arming and
+    disarming it is one system call. faulthandler.dump_traceback_later, used before,
+    started and joined a thread at each call, twice a step: a tenth of a worker's time at
+    short steps (py-spy), more on a busy machine, where each join waits to be scheduled.
+    Signal handlers are set from the main thread only, where a prefork pool runs its tasks;
+    elsewhere the thread-based watchdog does it."""
+    if threading.current_thread() is not threading.main_thread():
+        if seconds:
+            faulthandler.dump_traceback_later(seconds, exit=True, file=2)
+        else:
+            faulthandler.cancel_dump_traceback_later()
+        return
+    if os.getpid() not in _alarm_handler_in:
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)  # the default action ends the process ...
+        faulthandler.register(signal.SIGALRM, file=2, all_threads=True, chain=True)  # ... after the dump
+        _alarm_handler_in.add(os.getpid())
+    signal.setitimer(signal.ITIMER_REAL, seconds)
 
 
 _executors: dict[int, ThreadPoolExecutor] = {}

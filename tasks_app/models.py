@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 from django.conf import settings
-from django.db import models
+from django.db import models, transaction
 from django.db.models import F, Q
+from django.db.models.sql import UpdateQuery
 
 from tasks_app.states import TERMINAL, Status, to_mcp_status
 
@@ -106,6 +108,23 @@ class TaskQuerySet(models.QuerySet["Task"]):
         if tenant is not None:
             return self.for_tenant(tenant)
         return self.filter(tenant__memberships__user=who)
+
+    def update_returning(self, fields: Sequence[str] | None = None, **values: Any) -> list[Any]:
+        """update(**values) that also reads back, from each row it changed and in the same
+        statement (UPDATE ... RETURNING), what the update left: `fields` as tuples, or
+        whole tasks (fields None). An update and a read of it took two round trips, and
+        the read was right only while the update's row lock was held."""
+        query = cast(UpdateQuery, self.query.chain(UpdateQuery))
+        query.add_update_values(values)
+        query.annotations = {}
+        meta = self.model._meta
+        names = list(fields) if fields is not None else [f.attname for f in meta.concrete_fields]
+        returning = [meta.get_field(name) for name in names]
+        with transaction.mark_for_rollback_on_error(using=self.db):
+            rows = query.get_compiler(self.db).execute_returning_sql(returning)
+        if fields is not None:
+            return [tuple(row) for row in rows]
+        return [self.model.from_db(self.db, names, row) for row in rows]
 
 
 class Task(models.Model):

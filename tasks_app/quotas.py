@@ -15,7 +15,7 @@ from __future__ import annotations
 from datetime import UTC, date, timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -80,6 +80,15 @@ def add_cost(tenant_id: int, amount: float) -> None:
     assert transaction.get_connection().in_atomic_block, "add cost in the step's transaction"
     usage, _ = TenantDailyUsage.objects.get_or_create(tenant_id=tenant_id, day=today())
     TenantDailyUsage.objects.filter(pk=usage.pk).update(cost=F("cost") + amount)
+
+
+def cost_upsert(tenant_id: int, amount: float) -> tuple[TenantDailyUsage, str]:
+    """add_cost as a row and an ON CONFLICT clause, for a write that inserts it in a
+    statement of its own (tasks_app.leases.Row): today's row with `amount`, or `amount`
+    added to the row already there."""
+    table = connection.ops.quote_name(TenantDailyUsage._meta.db_table)
+    conflict = f"ON CONFLICT (tenant_id, day) DO UPDATE SET cost = {table}.cost + EXCLUDED.cost"
+    return TenantDailyUsage(tenant_id=tenant_id, day=today(), tool_calls=0, cost=amount), conflict
 
 
 def cost_reached(tenant_id: int) -> str | None:

@@ -22,13 +22,13 @@ def run_task_slice(self: Any, task_id: str, faults_in_a_row: int = 0) -> None:
     metrics.observe_slice_start(self.request.get(metrics.READY_AT_HEADER))
     try:
         with telemetry.slice_of(task_id) as span:
-            outcome = engine.run_slice(UUID(task_id), worker_id=engine.worker_identity())
-            span.set_attribute("runtime.slice.outcome", outcome.value)
-            metrics.SLICES.labels(outcome.value).inc()
-            if outcome is engine.SliceOutcome.RETRY:
+            report = engine.run_slice_report(UUID(task_id), worker_id=engine.worker_identity())
+            span.set_attribute("runtime.slice.outcome", report.outcome.value)
+            metrics.SLICES.labels(report.outcome.value).inc()
+            if report.outcome is engine.SliceOutcome.RETRY:
                 _retry_later(task_id, faults_in_a_row + 1)
             else:
-                _hand_on(task_id, outcome)  # in the slice's span: the next slice stays in the task's trace
+                _hand_on(task_id, report)  # in the slice's span: the next slice stays in the task's trace
     except Exception as exc:
         if not faults.is_infrastructure_error(exc):
             raise
@@ -51,19 +51,22 @@ def _retry_later(task_id: str, faults_in_a_row: int) -> None:
         logger.warning("task %s: cannot re-enqueue (%s); the lease scanner will find it", task_id, exc)
 
 
-def _hand_on(task_id: str, outcome: engine.SliceOutcome) -> None:
+def _hand_on(task_id: str, report: engine.SliceReport) -> None:
+    outcome = report.outcome
     if outcome in (engine.SliceOutcome.CONTINUE, engine.SliceOutcome.POLL):
         # After the slice's last commit, never before: no pre-built chains (DESIGN §4).
         # Waiting on a remote task, the next look is a poll interval away (if that
         # message is lost, the lease scanner finds the task stalled and re-enqueues it).
-        priority = Task.objects.values_list("priority", flat=True).get(id=task_id)
+        priority = report.priority
+        if priority is None:  # not read back by the slice's last commit
+            priority = Task.objects.values_list("priority", flat=True).get(id=task_id)
         delay = settings.RUNTIME["tools"]["remote_poll_seconds"] if outcome is engine.SliceOutcome.POLL else 0
         enqueue_slice(task_id, priority, countdown=delay)
     if outcome in (engine.SliceOutcome.CONTINUE, engine.SliceOutcome.POLL, engine.SliceOutcome.DONE):
         # Turns of a capacity-limited tenant may be free: ring the tasks it turned away
         # (should a ring be lost, the lease scanner re-finds them after stall_seconds).
         with telemetry.detached():  # another task's message: not in this task's trace
-            for waiting, waiting_priority in leases.next_waiting(UUID(task_id)):
+            for waiting, waiting_priority in leases.next_waiting(UUID(task_id), tenant_id=report.tenant_id):
                 enqueue_slice(waiting, waiting_priority)
 
 

@@ -35,17 +35,36 @@ TASK_ID, TENANT, AGENT, STEP, SEQUENCE, ATTEMPT = (
 def slice_of(task_id: str) -> Iterator[Span]:
     """Around one slice (one Celery message): a span in the trace the message carried, and
     the task's id, tenant and agent on every log line written inside."""
-    from tasks_app.models import Task
-
-    agent, tenant, created_in = Task.objects.filter(id=task_id).values_list(
-        "agent", "tenant__slug", "trace_context"
-    ).first() or (None, None, "")
+    agent, tenant, created_in = _about(task_id)
     parent, links = _task_trace(created_in)
     with tracer.start_as_current_span("slice", context=parent, links=links, attributes={TASK_ID: task_id}) as span:
         if span.is_recording() and agent:
             span.set_attributes({AGENT: agent, TENANT: tenant})
         with logs.about(task_id=task_id, tenant=tenant, agent=agent):
             yield span
+
+
+ABOUT_SECONDS = 60.0  # how long a worker process labels a task's slices without reading the row again
+_about_tasks: dict[str, tuple[float, tuple[str | None, str | None, str]]] = {}
+
+
+def _about(task_id: str) -> tuple[str | None, str | None, str]:
+    """(agent, tenant slug, trace_context) of a task, for its slices' spans and log lines:
+    what a task was created with never changes (a tenant's slug may be edited, and shows
+    here within ABOUT_SECONDS), so a worker reads it once, not at every slice."""
+    now = time.monotonic()
+    cached = _about_tasks.get(task_id)
+    if cached is not None and now - cached[0] < ABOUT_SECONDS:
+        return cached[1]
+    from tasks_app.models import Task
+
+    about = Task.objects.filter(id=task_id).values_list("agent", "tenant__slug", "trace_context").first()
+    if about is None:
+        return None, None, ""  # no such task (any more): not remembered
+    if len(_about_tasks) >= 10_000:
+        _about_tasks.clear()
+    _about_tasks[task_id] = (now, about)
+    return about
 
 
 def _task_trace(traceparent: str) -> tuple[context.Context | None, list[trace.Link]]:

@@ -343,3 +343,39 @@ def test_listen_for_tasks_needs_the_extension(live, alice):
     assert answer.status_code == 400
     assert answer.json()["error"]["code"] == -32021
     assert answer.json()["error"]["data"] == {"requiredCapabilities": {"extensions": {mc.TASKS: {}}}}
+
+
+def test_a_synchronous_call_is_answered_when_its_task_ends_not_at_its_next_look(alice, processes, monkeypatch):
+    # The waiting request wakes on the task's terminal event (Redis), not at the next look
+    # at the database, put out of reach here: without the wakeup the call would time out.
+    from mcp_server import shared, views
+    from mcp_server.protocol import Message
+    from tasks_app.actions import do_create_task
+    from tasks_app.streams import wakeups
+
+    monkeypatch.setattr(views, "LOOK_FIRST_SECONDS", 600.0)
+    monkeypatch.setattr(views, "LOOK_LONGEST_SECONDS", 600.0)
+    monkeypatch.setattr(shared, "SYNC_WAIT_SECONDS", 600.0)  # a worker may take a while to start
+    looks = []
+    poll = views._poll
+    monkeypatch.setattr(views, "_poll", lambda wait, timed_out: looks.append(1) or poll(wait, timed_out))
+    task, _ = do_create_task(alice.tenant, actor="user:test", agent="greet", input={"name": "bench"})
+    message = Message(id=7, method="tools/call", params={}, modern=True)
+
+    async def scenario() -> dict:
+        async def start_a_worker_after_the_first_look() -> None:
+            while not (looks and wakeups._waiters):
+                await asyncio.sleep(0.01)
+            await asyncio.to_thread(processes.worker)
+
+        starter = asyncio.create_task(start_a_worker_after_the_first_look())
+        async for item in views._waited(message, shared.wait_for_call(task, modern=True)):
+            if item is not None and "method" not in item:
+                await starter
+                return item
+        raise AssertionError("no answer")
+
+    answer = asyncio.run(asyncio.wait_for(scenario(), timeout=120))
+    assert answer["id"] == 7 and answer["result"]["isError"] is False, answer
+    assert answer["result"]["content"][0]["text"] == "Hello, bench!"
+    assert not wakeups._waiters  # the request's wakeup is gone with it

@@ -7,12 +7,14 @@ committed before the last checkpoint ever ran twice.
 
 from __future__ import annotations
 
+import uuid
 from collections import Counter
 
 import pytest
+from django.db import connection
 
 from checkpoints_app.models import Checkpoint
-from conftest import FAST_LEASES, Processes, wait_until
+from conftest import FAST_LEASES, Processes, database_url, wait_until
 from tasks_app.access import console
 from tasks_app.actions import do_create_task
 from tasks_app.audit import verify_chain
@@ -100,3 +102,23 @@ def test_the_heartbeat_keeps_a_step_longer_than_the_lease(alice, processes: Proc
         (2, 1),
         (3, 1),
     ]
+
+
+def test_a_worker_keeps_its_database_connection_from_slice_to_slice(alice, processes: Processes):
+    # Celery's Django fixup closes a worker's connections around every task unless told
+    # otherwise: every slice would connect to PostgreSQL afresh (runtime_site/celery.py).
+    name = f"slices-{uuid.uuid4().hex[:12]}"
+    processes.worker(**{**FAST, "RUNTIME_SLICE_STEPS": "1"}, DATABASE_URL=f"{database_url()}?application_name={name}")
+    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 30, "sleepMs": 30})
+    sessions: set[int] = set()
+
+    def finished() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s", [name])
+            sessions.update(pid for (pid,) in cursor.fetchall())
+        return status_of(task) == "completed"
+
+    wait_until(finished, timeout=60, interval=0.01, what="task to complete")
+    assert Step.objects.filter(task=task).count() == 30  # 30 slices, one step each
+    # The pool process's connection and its heartbeat thread's (and perhaps the worker's own).
+    assert 1 <= len(sessions) <= 3, sessions

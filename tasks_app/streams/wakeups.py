@@ -14,6 +14,8 @@ import asyncio
 import contextlib
 import logging
 import weakref
+from collections.abc import Iterator
+from uuid import UUID
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -21,9 +23,35 @@ from django.db import connection
 
 from tasks_app.models import Task
 from tasks_app.streams.hub import Hub, loop_hub, parse_message
-from tasks_app.streams.publish import task_id_from
+from tasks_app.streams.publish import channel_for, task_id_from
 
 logger = logging.getLogger(__name__)
+
+
+_waiters: dict[str, set[asyncio.Event]] = {}  # channel -> what waits in this process for its next event
+
+
+@contextlib.contextmanager
+def waiting_for(task_id: UUID) -> Iterator[asyncio.Event]:
+    """On the event loop: an asyncio.Event set whenever the task publishes an event (read
+    by this loop's Redis listener, which this starts if it is not running) and whenever
+    the listener (re)subscribes (it may have missed some). A hint to look at the database
+    again, as every wakeup is: without Redis it is never set, and the waiter polls."""
+    get_hub()
+    channel, woken = channel_for(task_id), asyncio.Event()
+    _waiters.setdefault(channel, set()).add(woken)
+    try:
+        yield woken
+    finally:
+        waiting = _waiters.get(channel, set())
+        waiting.discard(woken)
+        if not waiting:
+            _waiters.pop(channel, None)
+
+
+def _wake_waiters(channel: str | None = None) -> None:
+    for woken in _waiters.get(channel, set()) if channel is not None else set().union(*_waiters.values()):
+        woken.set()
 
 
 async def _resilient_listen(hub: Hub) -> None:
@@ -41,11 +69,13 @@ async def _resilient_listen(hub: Hub) -> None:
                     # reconnect: whatever was published meanwhile is only in storage.
                     backoff = 0.2
                     hub.subscribed()
+                    _wake_waiters()
                     continue
                 if message["type"] != "message":
                     continue
                 if (event := parse_message(message["data"])) is not None:  # None: pitfall 4
                     hub.publish(*event)
+                    _wake_waiters(event[0])
             raise ConnectionError("pub/sub stream ended")
         except asyncio.CancelledError:
             raise

@@ -1,0 +1,171 @@
+"""A slice's claim and a step's commit, counted in round trips (issue 14), and what they
+write: the same rows, events and audit chain however few statements write them."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+from uuid import UUID
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from checkpoints_app.models import Checkpoint
+from steering_app.actions import do_enqueue_command
+from tasks_app import engine, leases
+from tasks_app.access import console
+from tasks_app.actions import do_create_task
+from tasks_app.agents.base import Agent, StepContext, register
+from tasks_app.audit import verify_chain
+from tasks_app.models import AuditRecord, Step, Task, TaskEvent, TenantDailyUsage
+
+pytestmark = pytest.mark.django_db
+
+
+@register
+class BusyStepsAgent(Agent):
+    """Steps that write everything a step can: a log line, a cost, an audit record at
+    `auditAt`; at `commandAt` a command is accepted on the task while the step runs."""
+
+    name = "test_busy_steps"
+    input_schema = {"type": "object"}
+
+    def start(self, input: dict[str, Any], goal: str) -> dict[str, Any]:
+        return {"n": 0, **input}
+
+    def next_step(self, state: dict[str, Any]) -> str | None:
+        return f"s{state['n'] + 1}" if state["n"] < state["steps"] else None
+
+    def run_step(self, ctx: StepContext, state: dict[str, Any]) -> dict[str, Any]:
+        n = state["n"] + 1
+        ctx.log(f"step {n}")
+        ctx.report_cost(0.5)
+        if n in state.get("auditAt", []):
+            ctx.audit("model_switched", reason="a -> b", to="b")
+        if n == state.get("commandAt"):  # someone steers the task mid-step: the audit chain moves on
+            version = Task.objects.values_list("state_version", flat=True).get(id=ctx.task_id)
+            task = Task.objects.select_related("tenant").get(id=ctx.task_id)
+            do_enqueue_command(
+                UUID(ctx.task_id),
+                who=console(task.tenant, "user:test"),
+                command_id=str(uuid.uuid4()),
+                type="set_priority",
+                payload={"priority": 3},
+                expected_version=version,
+            )
+        return {**state, "n": n}
+
+    def result(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {"steps": state["n"]}
+
+
+def busy(persona, **input: Any) -> Task:
+    task, _ = do_create_task(persona.tenant, actor="user:test", agent="test_busy_steps", input=input)
+    return task
+
+
+def writes(queries: CaptureQueriesContext) -> list[str]:
+    return [q["sql"].split()[0] for q in queries.captured_queries]
+
+
+@pytest.fixture
+def quotas_on(settings):
+    limits = {**settings.RUNTIME.get("limits", {}), "cost_per_tenant_day": 1000}
+    settings.RUNTIME = {**settings.RUNTIME, "limits": limits}
+
+
+def test_a_step_with_events_cost_audit_and_checkpoint_is_one_statement(alice, settings, quotas_on):
+    settings.RUNTIME_SLICE_STEPS = 3
+    task, _ = do_create_task(
+        alice.tenant,
+        actor="user:test",
+        agent="test_busy_steps",
+        input={"steps": 8, "auditAt": [4, 5]},
+        checkpoint_policy={"everySteps": 2},
+    )
+    assert engine.run_slice(task.id, worker_id="w1") is engine.SliceOutcome.CONTINUE  # steps 1-3
+    with CaptureQueriesContext(connection) as queries:
+        assert engine.run_slice(task.id, worker_id="w1") is engine.SliceOutcome.CONTINUE  # steps 4-6
+    # Each step: its row, its log event, its cost against the day, an audit record (4, 5), a
+    # checkpoint (5, 6) with its event, and the last one the lease given back: one statement.
+    assert writes(queries).count("WITH") == 3
+    assert not {"INSERT", "DELETE"} & set(writes(queries))
+    assert writes(queries).count("SAVEPOINT") == 1  # the claim's (a transaction: the tenant limit)
+    assert engine.run_slice(task.id, worker_id="w1") is engine.SliceOutcome.DONE
+    task.refresh_from_db()
+    assert task.status == "completed" and task.cost == 4.0
+    assert TenantDailyUsage.objects.get(tenant=alice.tenant).cost == 4.0
+    switched = AuditRecord.objects.filter(task=task, action="model_switched").order_by("seq")
+    assert [r.data for r in switched] == [{"step": 4, "to": "b"}, {"step": 5, "to": "b"}]
+    assert verify_chain(task) is None
+    seqs = list(TaskEvent.objects.filter(task=task).order_by("seq").values_list("seq", "data"))
+    assert [seq for seq, _ in seqs] == list(range(1, len(seqs) + 1))
+    assert all(data["seq"] == seq and data["taskId"] == str(task.id) for seq, data in seqs)
+    logs = TaskEvent.objects.filter(task=task, type="log").order_by("seq")
+    assert [e.data["message"] for e in logs] == [f"step {n}" for n in range(1, 9)]
+    checkpoints = Checkpoint.objects.filter(task=task).order_by("sequence")
+    assert [(c.sequence, c.reason) for c in checkpoints] == [
+        (2, "every_steps"),
+        (3, "slice_end"),
+        (5, "every_steps"),
+        (6, "slice_end"),
+        (8, "every_steps"),
+    ]
+
+
+def test_a_step_whose_audit_chain_moved_meanwhile_commits_in_a_transaction(alice, settings, quotas_on):
+    # A command accepted mid-step writes its audit record: the step's own record, chained to
+    # the head the slice saw, would not fit, so its commit goes the long way.
+    settings.RUNTIME_SLICE_STEPS = 1000
+    task = busy(alice, steps=3, auditAt=[2], commandAt=2)
+    assert engine.run_slice(task.id, worker_id="w1") is engine.SliceOutcome.DONE
+    task.refresh_from_db()
+    assert task.status == "completed" and task.priority == 3 and task.cost == 1.5
+    assert TenantDailyUsage.objects.get(tenant=alice.tenant).cost == 1.5
+    assert Step.objects.filter(task=task).count() == 3
+    actions = list(AuditRecord.objects.filter(task=task).order_by("seq").values_list("action", flat=True))
+    assert actions.count("model_switched") == 1
+    assert actions.index("steering_accepted") < actions.index("model_switched")
+    assert verify_chain(task) is None
+
+
+def test_a_one_step_slice_commits_its_step_and_its_yield_at_once(alice, settings):
+    settings.RUNTIME_SLICE_STEPS = 1
+    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 3})
+    assert engine.run_slice(task.id, worker_id="w1") is engine.SliceOutcome.CONTINUE
+    with CaptureQueriesContext(connection) as queries:
+        assert engine.run_slice(task.id, worker_id="w1") is engine.SliceOutcome.CONTINUE
+    # The step, its progress, the slice-end checkpoint and the lease given back: one statement.
+    assert writes(queries).count("WITH") == 1 and "INSERT" not in writes(queries)
+    task.refresh_from_db()
+    assert task.lease_owner is None and task.lease_expires_at is None and task.steps_done == 2
+    assert list(Checkpoint.objects.filter(task=task).values_list("sequence", "reason")) == [
+        (1, "slice_end"),
+        (2, "slice_end"),
+    ]
+    assert list(TaskEvent.objects.filter(task=task).order_by("seq").values_list("type", flat=True))[-4:] == [
+        "progress",
+        "checkpoint",
+        "progress",
+        "checkpoint",
+    ]
+    assert engine.run_slice(task.id, worker_id="w1") is engine.SliceOutcome.DONE  # the last step completes at once
+    task.refresh_from_db()
+    assert task.status == "completed" and task.result == {"steps": 3}
+
+
+def test_a_claim_is_one_statement_and_with_a_tenant_limit_two(alice, settings):
+    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 3})
+    settings.RUNTIME = {**settings.RUNTIME, "runtime": {**settings.RUNTIME["runtime"], "max_concurrent_tasks": 0}}
+    with CaptureQueriesContext(connection) as queries:
+        claimed = leases.claim_task(task.id, worker_id="w1", ttl=30)
+    assert claimed is not None and writes(queries) == ["UPDATE"]
+    lease, row = claimed
+    assert (row.lease_epoch, row.lease_owner, row.status) == (1, "w1", "queued") and lease.epoch == 1
+    Task.objects.filter(id=task.id).update(lease_owner=None, lease_expires_at=None)
+    settings.RUNTIME = {**settings.RUNTIME, "runtime": {**settings.RUNTIME["runtime"], "max_concurrent_tasks": 5}}
+    with CaptureQueriesContext(connection) as queries:
+        claimed = leases.claim_task(task.id, worker_id="w2", ttl=30)
+    assert claimed is not None and claimed[0].epoch == 2
+    assert [w for w in writes(queries) if w not in ("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE")] == ["SELECT", "UPDATE"]
