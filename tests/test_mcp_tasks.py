@@ -15,6 +15,7 @@ from django.db import connection
 from mcp.shared.exceptions import MCPError
 
 from conftest import Processes, free_port, wait_until
+from tasks_app.access import console
 from tasks_app.agents import get_agent
 from tasks_app.models import Task
 from tests import mcp_client as mc
@@ -359,7 +360,7 @@ def test_a_synchronous_call_is_answered_when_its_task_ends_not_at_its_next_look(
     looks = []
     poll = views._poll
     monkeypatch.setattr(views, "_poll", lambda wait, timed_out: looks.append(1) or poll(wait, timed_out))
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="greet", input={"name": "bench"})
+    task, _ = do_create_task(console(alice.tenant, "user:test"), agent="greet", input={"name": "bench"})
     message = Message(id=7, method="tools/call", params={}, modern=True)
 
     async def scenario() -> dict:

@@ -79,8 +79,7 @@ def test_a_step_run_again_after_a_worker_is_killed_counts_its_cost_once(alice, p
     processes.beat(**env)
     worker = processes.worker(**env)
     task, _ = do_create_task(
-        alice.tenant,
-        actor="user:test",
+        console(alice.tenant, "user:test"),
         agent="noop",
         input={"steps": 16, "sleepMs": 300, "costPerStep": 1},
         checkpoint_policy={"everySteps": 10},
@@ -133,12 +132,12 @@ def test_a_cost_that_is_not_a_finite_number_fails_its_step_and_never_reaches_the
     whole tenant until midnight."""
     settings.RUNTIME = {**settings.RUNTIME, "limits": {**settings.RUNTIME["limits"], "cost_per_tenant_day": 2.5}}
     for bad in ("nan", "inf", "-inf"):
-        task, _ = do_create_task(alice.tenant, actor="user:test", agent="cost_reporter", input={"cost": bad})
+        task, _ = do_create_task(console(alice.tenant, "user:test"), agent="cost_reporter", input={"cost": bad})
         task = run(task)
         assert task.status == "failed" and "finite" in task.error["message"], (bad, task.error)
         assert task.cost == 0.0
     assert not TenantDailyUsage.objects.filter(tenant=alice.tenant, cost__gt=0).exists()
     # the day's quota still holds, at the same step as in the test above
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 10, "costPerStep": 1})
+    task, _ = do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 10, "costPerStep": 1})
     task = run(task)
     assert task.status == "failed" and task.error["code"] == "quota_exceeded" and task.steps_done == 3

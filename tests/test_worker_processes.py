@@ -109,7 +109,7 @@ def test_a_worker_keeps_its_database_connection_from_slice_to_slice(alice, proce
     # otherwise: every slice would connect to PostgreSQL afresh (runtime_site/celery.py).
     name = f"slices-{uuid.uuid4().hex[:12]}"
     processes.worker(**{**FAST, "RUNTIME_SLICE_STEPS": "1"}, DATABASE_URL=f"{database_url()}?application_name={name}")
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 30, "sleepMs": 30})
+    task, _ = do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 30, "sleepMs": 30})
     sessions: set[int] = set()
 
     def finished() -> bool:

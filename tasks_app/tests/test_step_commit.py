@@ -61,7 +61,7 @@ class BusyStepsAgent(Agent):
 
 
 def busy(persona, **input: Any) -> Task:
-    task, _ = do_create_task(persona.tenant, actor="user:test", agent="test_busy_steps", input=input)
+    task, _ = do_create_task(console(persona.tenant, "user:test"), agent="test_busy_steps", input=input)
     return task
 
 
@@ -78,8 +78,7 @@ def quotas_on(settings):
 def test_a_step_with_events_cost_audit_and_checkpoint_is_one_statement(alice, settings, quotas_on):
     settings.RUNTIME_SLICE_STEPS = 3
     task, _ = do_create_task(
-        alice.tenant,
-        actor="user:test",
+        console(alice.tenant, "user:test"),
         agent="test_busy_steps",
         input={"steps": 8, "auditAt": [4, 5]},
         checkpoint_policy={"everySteps": 2},
@@ -132,7 +131,7 @@ def test_a_step_whose_audit_chain_moved_meanwhile_commits_in_a_transaction(alice
 
 def test_a_one_step_slice_commits_its_step_and_its_yield_at_once(alice, settings):
     settings.RUNTIME_SLICE_STEPS = 1
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 3})
+    task, _ = do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 3})
     assert engine.run_slice(task.id, worker_id="w1") is engine.SliceOutcome.CONTINUE
     with CaptureQueriesContext(connection) as queries:
         assert engine.run_slice(task.id, worker_id="w1") is engine.SliceOutcome.CONTINUE
@@ -156,7 +155,7 @@ def test_a_one_step_slice_commits_its_step_and_its_yield_at_once(alice, settings
 
 
 def test_a_claim_is_one_statement_and_with_a_tenant_limit_two(alice, settings):
-    task, _ = do_create_task(alice.tenant, actor="user:test", agent="noop", input={"steps": 3})
+    task, _ = do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 3})
     settings.RUNTIME = {**settings.RUNTIME, "runtime": {**settings.RUNTIME["runtime"], "max_concurrent_tasks": 0}}
     with CaptureQueriesContext(connection) as queries:
         claimed = leases.claim_task(task.id, worker_id="w1", ttl=30)
