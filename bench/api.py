@@ -15,9 +15,11 @@ database, the same client), in interleaved rounds:
    and one GET /healthz; each timed per request.
 
 The readers are closed loop by default (each sends its next read when the last is answered,
-so latency is the queue of 50 in the web process); with --rate R each reader sends R reads a
-second on a fixed schedule (open loop), and a read's latency runs from when it was due, so
-a read that had to wait for the one before it counts the wait.
+so latency is the queue of 50 in the web process; the side clients go again at once or after
+20 ms). With --rate R each reader sends R reads a second on a fixed schedule (open loop), and
+a read's latency runs from when it was due, so a read that had to wait for the one before
+it counts the wait; the list, create and steering clients then send about R a second each
+and /healthz 5 R.
 
 Each client is one keep-alive connection of _common.RawHttp: httpx costs 3-4 ms of CPU per
 request on this machine, more than the web process it measures, which then waits on the
@@ -105,11 +107,16 @@ async def measure(
                     due += 1 / rate
             await conn.close()
 
+        async def pause(default: float, per_second: float) -> None:
+            """Between two requests of a side client: closed loop as before, or paced (open loop)."""
+            await asyncio.sleep(1 / per_second if rate else default)
+
         async def lister() -> None:
             conn = connection()
             while time.monotonic() < stop:
                 status, body = await timed(out["list"], conn.request("GET", "/runtime/tasks?limit=50"))
                 assert status == 200, body
+                await pause(0, rate)
             await conn.close()
 
         async def creator() -> None:
@@ -118,7 +125,7 @@ async def measure(
                 body = {"agent": "noop", "input": {"steps": 1}}
                 status, answer = await timed(out["create"], conn.request("POST", "/runtime/tasks", body))
                 assert status == 201, answer
-                await asyncio.sleep(0.02)
+                await pause(0.02, rate)
             await conn.close()
 
         async def steerer() -> None:
@@ -137,14 +144,14 @@ async def measure(
                     out["steer accept"].append((time.perf_counter() - t0) * 1000)
                 else:
                     assert status == 409, answer
-                await asyncio.sleep(0.02)
+                await pause(0.02, rate)
             await conn.close()
 
         async def health() -> None:
             conn = connection()
             while time.monotonic() < stop:
                 await timed(out["healthz"], conn.request("GET", "/healthz"))
-                await asyncio.sleep(0.02)
+                await pause(0.02, 5 * rate)
             await conn.close()
 
         cpu, own = _common.cpu_seconds(pid), resource.getrusage(resource.RUSAGE_SELF)
