@@ -505,8 +505,11 @@ KeyRotateSchema = _view(
         "responses": {
             201: KeyRotated,
             **ON_KEY,
-            400: _error("a revoked key, or one wider or longer-lived than this one, cannot be rotated"),
-            403: _error("another user's key: only its own user rotates it (an admin may revoke it)"),
+            400: _error("a revoked key cannot be rotated"),
+            403: _error(
+                "another user's key (only its own user rotates it; an admin may revoke it), "
+                "or one wider or longer-lived than this one"
+            ),
         },
     },
 )

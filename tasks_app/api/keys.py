@@ -133,8 +133,8 @@ class KeyRotateApi(APIView):
             # The caller gets the new key: it may be no wider than the caller's own (a read-only
             # key must not rotate its user's full key into its hands).
             check_key_grant(key.role, key.scopes, expires_at=key.expires_at, granted_by=principal(request))
-        except ValueError as exc:
-            raise ValidationError({_field_of(exc): f"this key may not rotate {key.prefix}: {exc}"}) from None
+        except ValueError as exc:  # nothing wrong with the request: this caller may not do it
+            raise PermissionDenied(f"this key may not rotate {key.prefix}: {exc}") from None
         try:
             new, token = rotate_api_key(key)
         except ValueError as exc:  # revoked meanwhile

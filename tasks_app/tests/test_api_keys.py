@@ -170,7 +170,7 @@ def test_a_narrower_key_cannot_rotate_a_wider_one_into_its_own_hands(alice):
     tomorrow = (timezone.now() + timedelta(days=1)).isoformat()
     for narrow in (make_key(alice, scopes=["read"]), make_key(alice, expiresAt=tomorrow)):
         refused = rest(narrow["token"], "post", f"/runtime/keys/{full.prefix}/rotate")
-        assert refused.status_code == 400, refused.content
+        assert refused.status_code == 403, refused.content
         assert ApiKey.objects.filter(rotated_from=full).count() == 0
         assert ApiKey.objects.get(pk=full.pk).expires_at is None  # the old key was left alone
     # a key rotates itself, and a wider key a narrower one
