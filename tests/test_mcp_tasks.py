@@ -12,6 +12,7 @@ import jsonschema
 import pytest
 from asgiref.sync import sync_to_async
 from django.db import connection
+from django.http import HttpRequest
 from mcp.shared.exceptions import MCPError
 
 from conftest import Processes, free_port, wait_until
@@ -370,7 +371,10 @@ def test_a_synchronous_call_is_answered_when_its_task_ends_not_at_its_next_look(
             await asyncio.to_thread(processes.worker)
 
         starter = asyncio.create_task(start_a_worker_after_the_first_look())
-        async for item in views._waited(message, shared.wait_for_call(task, modern=True)):
+        request = HttpRequest()
+        request.META["HTTP_AUTHORIZATION"] = f"Bearer {alice.token}"  # still good at every recheck
+        recheck = views.Recheck(request, console(alice.tenant, "user:test"))
+        async for item in views._waited(message, shared.wait_for_call(task, modern=True), recheck):
             if item is not None and "method" not in item:
                 await starter
                 return item
