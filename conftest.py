@@ -302,13 +302,18 @@ def private_redis(tmp_path: Path, processes: Processes) -> tuple[int, Callable[[
 
 
 def purge_queues() -> None:
-    """Drop messages left by earlier tests so a new worker starts on an empty queue."""
+    """Drop messages left by earlier tests so a new worker starts on an empty queue, and those
+    a killed worker left delivered but unacknowledged (kombu's unacked hash and its index),
+    which would otherwise come back at the visibility timeout in some later test."""
     from runtime_site.celery import app
 
     with app.connection_for_write() as conn:
         for queue in ("steps", "maintenance"):
             with contextlib.suppress(Exception):  # a queue that does not exist yet is empty
                 conn.default_channel.queue_purge(queue)
+        channel = conn.default_channel
+        prefix = channel.global_keyprefix  # kombu's prefixed client leaves DEL's keys as given
+        channel.client.delete(prefix + channel.unacked_key, prefix + channel.unacked_index_key)
 
 
 @pytest.hookimpl(wrapper=True)
