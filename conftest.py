@@ -26,15 +26,18 @@ from rest_framework.test import APIClient
 ROOT = Path(__file__).resolve().parent
 
 
-def wait_until(predicate: Callable[[], Any], *, timeout: float, interval: float = 0.1, what: str = "condition") -> Any:
-    """Poll until predicate() is truthy; fail with `what` after `timeout` seconds."""
+def wait_until(
+    predicate: Callable[[], Any], *, timeout: float, interval: float = 0.1, what: str | Callable[[], str] = "condition"
+) -> Any:
+    """Poll until predicate() is truthy; fail with `what` (or what it returns then, to say what
+    was found instead) after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout}s waiting for {what() if callable(what) else what}")
         time.sleep(interval)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import re
 import signal
@@ -245,6 +246,14 @@ def unacked() -> int:
     return int(redis.Redis.from_url(settings.REDIS_URL).hlen(f"{settings.RUNTIME_DEPLOYMENT}:unacked"))
 
 
+def unacked_ids() -> list[str]:
+    import redis
+    from django.conf import settings
+
+    hashed = redis.Redis.from_url(settings.REDIS_URL).hvals(f"{settings.RUNTIME_DEPLOYMENT}:unacked")
+    return [json.loads(raw)[0]["headers"].get("id", "?") for raw in hashed]
+
+
 def received_ids(log: str) -> list[str]:
     return re.findall(r"Task tasks\.run_task_slice\[([0-9a-f-]+)\] received", log)
 
@@ -278,7 +287,11 @@ def test_a_worker_told_to_stop_with_a_message_in_hand_runs_it_once_and_a_startin
 
     task = settled(task)
     assert task.status == "completed" and task.result == {"steps": 20} and task.recoveries == 0
-    wait_until(lambda: not messages_in("steps") and not unacked(), timeout=30, what="the queue to be empty")
+    wait_until(
+        lambda: not messages_in("steps") and not unacked(),
+        timeout=30,
+        what=lambda: f"the queue to be empty (waiting: {messages_in('steps')}; unacked: {unacked_ids()})",
+    )
     assert in_hand not in received_ids(log_of(starting))  # acknowledged once run, never given back
     assert received_ids(log_of(stopping))[-1] == in_hand  # and it took no other
     steps = list(Step.objects.filter(task=task).order_by("sequence").values_list("sequence", "attempt", "worker"))
