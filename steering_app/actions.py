@@ -150,12 +150,15 @@ def do_enqueue_command(
 ) -> tuple[SteeringCommand, bool]:
     """Accept a command from `who` (compare-and-set on state_version) and apply it at once
     when the task is at a safe point. Returns (command, created); a known command_id returns
-    the original command whatever happened since. Steering needs the operator role, and an
-    answer (provide_input) also the answer rule (answer_refusal): Forbidden otherwise."""
-    check_role(who, Role.OPERATOR)
+    the original command whatever happened since. Steering needs the operator role; an
+    answer (provide_input) needs what answering its request needs (answer_refusal: the
+    approver role and approve scope for an approval, the operator's for a question), as it
+    does through REST's inputs and MCP: Forbidden otherwise."""
     if type == CommandType.PROVIDE_INPUT and isinstance(payload.get("key"), str):
         json_safety.check({"payload": payload})  # before the key reaches a query
-        check_may_answer(who, access.task_for(who, task_id), payload["key"])
+        check_may_answer(who, access.task_to_act_on(who, task_id), payload["key"])
+    else:
+        check_role(who, Role.OPERATOR)
     return _enqueue_command(
         task_id,
         tenant=who.tenant,
@@ -522,7 +525,7 @@ def do_answer_input(task_id: UUID, *, who: Principal, key: str, answer: Any, rea
     applied), not the version the person saw: a worker moving the task meanwhile must not
     bounce the answer, so a version conflict is retried against the version now."""
     json_safety.check({"key": key, "answer": answer})  # before the key is hashed into the command id
-    check_may_answer(who, access.task_for(who, task_id), key)
+    check_may_answer(who, access.task_to_act_on(who, task_id), key)
     tenant, requested_by = who.tenant, who.actor
     command_id = "input:" + hashlib.sha1(key.encode(), usedforsecurity=False).hexdigest()  # a name, not a secret
     for attempt in range(5):

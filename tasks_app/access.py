@@ -3,7 +3,14 @@
 
 A caller is a Principal (tasks_app.auth): an API key's, a person's in one tenant
 (`principal_for`, `as_member`), or the operator console's (`console`). Actions call `check_role`
-themselves, so no edge can forget a rule; edges only look the task up (`task_for`).
+themselves, so no edge can forget a rule; edges only look the task up.
+
+Two lookups, by what the caller means to do. Reading (`task_for`, `visible_tasks`: a
+snapshot, a result, a list, a stream) needs the read scope, so every edge that shows a task
+refuses a key without it the same way, MCP as REST and SSE. Acting (`task_to_act_on`:
+cancel, steer, answer) only finds the task in the caller's tenant; the action then asks its
+own rule (operate to steer, approve to answer an approval), so an approve-only key can
+answer an approval without being able to read the task.
 """
 
 from __future__ import annotations
@@ -20,14 +27,33 @@ if TYPE_CHECKING:
     from django.db.models import QuerySet
 
 
+def check_reads(who: Principal | User) -> None:
+    """Forbidden for a key (or token) without the read scope. A person reads their tenants' tasks."""
+    if isinstance(who, Principal):
+        check_role(who, Role.VIEWER)
+
+
 def visible_tasks(who: Principal | User) -> TaskQuerySet:
-    """A principal's tenant's tasks, or every task of a person's tenants."""
+    """To read: a principal's tenant's tasks, or every task of a person's tenants (check_reads)."""
+    check_reads(who)
     return Task.objects.visible_to(who)
 
 
 def task_for(who: Principal | User, task_id: str | UUID, tasks: QuerySet[Task] | None = None) -> Task:
-    """The caller's task (out of `tasks`, all by default). Another tenant's task, a
-    malformed id and no task at all raise the same TaskNotFound."""
+    """To read: the caller's task (out of `tasks`, all by default), Forbidden without the read
+    scope (check_reads). Another tenant's task, a malformed id and no task at all raise the
+    same TaskNotFound."""
+    check_reads(who)
+    return _find(who, task_id, tasks)
+
+
+def task_to_act_on(who: Principal | User, task_id: str | UUID) -> Task:
+    """To act on (cancel, steer, answer): the caller's task, whatever its scopes; the action
+    asks its own rule. TaskNotFound as task_for."""
+    return _find(who, task_id, None)
+
+
+def _find(who: Principal | User, task_id: str | UUID, tasks: QuerySet[Task] | None) -> Task:
     try:
         uuid = task_id if isinstance(task_id, UUID) else UUID(task_id)
     except (TypeError, ValueError):

@@ -204,6 +204,20 @@ def test_a_token_is_verified_only_with_the_algorithm_its_key_is_for(configured, 
         assert mcp(forged).status_code == 401
 
 
+def test_a_token_without_the_read_scope_cannot_read_a_task(configured, alice):
+    """As a key without read: MCP refuses the read as REST does, with the request's id."""
+    started = mcp(alice.token, "tools/call", {"name": "noop", "arguments": {"steps": 1}}, name="noop")
+    task_id = started.json()["result"]["taskId"]
+    operate = configured.sign(configured.claims(AUDIENCE, scope="runtime:operate"))
+    refused = mcp(operate, "tasks/get", {"taskId": task_id}, name=task_id)
+    assert refused.status_code == 403 and refused.json()["id"] == 5, refused.content
+    assert "viewer" in refused.json()["error"]["message"] and task_id not in refused.content.decode()
+    rest = Client(headers={"Authorization": f"Bearer {operate}"}).get(f"/runtime/tasks/{task_id}")
+    assert rest.status_code == 403
+    reader = configured.sign(configured.claims(AUDIENCE, scope="runtime:read"))
+    assert mcp(reader, "tasks/get", {"taskId": task_id}, name=task_id).json()["result"]["taskId"] == task_id
+
+
 def test_a_new_key_of_the_issuer_is_fetched_on_its_first_token(configured, alice):
     assert mcp(configured.sign(configured.claims(AUDIENCE))).status_code == 200
     fetched = configured.fetches
