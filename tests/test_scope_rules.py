@@ -7,10 +7,12 @@ the tasks are brought to their questions by the engine in this process."""
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 
 from conftest import make_persona
 from mcp_server.protocol import MODERN, TASKS_EXT
@@ -19,9 +21,9 @@ from steering_app.models import InputRequest, InputStatus, SteeringCommand
 from tasks_app import engine
 from tasks_app.access import console
 from tasks_app.actions import do_create_task
-from tasks_app.auth import issue_api_key
+from tasks_app.auth import issue_api_key, revoke_api_key
 from tasks_app.errors import Forbidden
-from tasks_app.models import Task
+from tasks_app.models import ApiKey, Task
 from tests.test_approve_scope import awaiting_approval
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -165,3 +167,38 @@ def test_an_agents_own_question_needs_the_operate_scope_on_every_edge(alice):
     )
     assert refused.status_code == 403
     assert not SteeringCommand.objects.filter(task=task).exists()
+
+
+# --- 3. A refused bearer is told why (RFC 6750 §3) -----------------------------------------------
+
+
+def test_a_rest_401_says_whether_the_credential_was_missing_or_invalid(alice):
+    task, _ = do_create_task(console(alice.tenant, "user:creator"), agent="noop", input={"steps": 1})
+    expired_key, expired = issue_api_key(
+        alice.tenant, alice.user, role="operator", name="old", expires_at=timezone.now() + timedelta(seconds=1)
+    )
+    ApiKey.objects.filter(pk=expired_key.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    revoked_key, revoked = issue_api_key(alice.tenant, alice.user, role="operator", name="gone")
+    revoke_api_key(revoked_key)
+    paths = ["/runtime/tasks", f"/runtime/tasks/{task.id}", f"/runtime/tasks/{task.id}/events"]
+
+    for path in paths:
+        missing = Client().get(path)
+        assert missing.status_code == 401, (path, missing.content)
+        challenge = missing.get("WWW-Authenticate", "")
+        assert challenge.startswith("Bearer "), (path, challenge)
+        assert "error=" not in challenge, (path, challenge)  # no credential: no error code (§3.1)
+        assert 'resource_metadata="http://testserver/.well-known/oauth-protected-resource"' in challenge
+        for what, token in (
+            ("unknown", "rt_0123456789ab_" + "x" * 43),
+            ("malformed", "not-a-key"),
+            ("expired", expired),
+            ("revoked", revoked),
+        ):
+            bad = Client(headers={"Authorization": f"Bearer {token}"}).get(path)
+            assert bad.status_code == 401, (path, what, bad.content)
+            challenge = bad.get("WWW-Authenticate", "")
+            assert challenge.startswith("Bearer ") and 'error="invalid_token"' in challenge, (path, what, challenge)
+            assert "resource_metadata=" in challenge
+    # /mcp keeps its own (and says the same).
+    assert 'error="invalid_token"' in rpc(revoked, "tasks/get", {"taskId": str(task.id)})["WWW-Authenticate"]
