@@ -29,9 +29,10 @@ from mcp_server.protocol import (
     Message,
     RpcError,
 )
-from steering_app.actions import answer_refusal, do_answer_input, do_enqueue_command
+from steering_app.actions import do_answer_input, do_enqueue_command
 from steering_app.models import InputRequest, InputStatus
 from tasks_app import access, errors, kills
+from tasks_app.access import answer_refusal
 from tasks_app.actions import do_create_task
 from tasks_app.agents import base as agents
 from tasks_app.auth import Principal

@@ -14,7 +14,6 @@ import secrets
 from typing import Any
 from uuid import UUID
 
-from django.conf import settings
 from django.db import transaction
 from django.db.models.functions import Now
 from django.utils import timezone
@@ -25,10 +24,10 @@ from ledger_app.actions import settle_interrupted
 from ledger_app.models import EffectStatus, LedgerEntry
 from steering_app.models import CommandStatus, CommandType, InputRequest, InputStatus, SteeringCommand
 from tasks_app import access, events, kills
-from tasks_app.access import check_role
+from tasks_app.access import answer_refusal, check_role
 from tasks_app.actions import TRANSITION_FIELDS, transition
 from tasks_app.agents import base as agents
-from tasks_app.agents.questions import APPROVER_KINDS, Answers
+from tasks_app.agents.questions import Answers
 from tasks_app.audit import record_audit
 from tasks_app.auth import Principal
 from tasks_app.errors import (
@@ -493,21 +492,6 @@ def answers_for(task: Task) -> Answers:
     return Answers(
         InputRequest.objects.filter(task=task, status=InputStatus.ANSWERED).values_list("key", "answer", "kind")
     )
-
-
-def answer_refusal(who: Principal, task: Task, kind: str) -> str | None:
-    """Why `who` (a Principal) may not answer an input request of this kind, or None. One
-    rule for every edge (REST, dashboard, MCP): approvals need the approver role (and, if
-    configured, someone other than the task's creator); other questions an operator."""
-    if kind in APPROVER_KINDS:  # an approval, a budget extension
-        # The approver role outranks the operator's; an approve-scoped key needs no operate scope.
-        if not who.has_role(Role.APPROVER):
-            return "answering an approval needs the approver role"
-        if settings.RUNTIME["security"].get("approver_not_creator") and who.actor == task.created_by:
-            return "the task's creator may not approve its own guarded calls"
-    elif not who.has_role(Role.OPERATOR):
-        return f"this needs the {Role.OPERATOR} role or above"
-    return None
 
 
 def check_may_answer(who: Principal, task: Task, key: str) -> None:

@@ -306,7 +306,7 @@ def require_role(minimum: str) -> type[permissions.BasePermission]:
 
 
 class IsPrincipal(permissions.BasePermission):
-    """Any authenticated caller; the action itself decides (steering's answer_refusal)."""
+    """Any authenticated caller; the action itself decides (tasks_app.access.answer_refusal)."""
 
     def has_permission(self, request: Request, view: Any) -> bool:
         return isinstance(request.auth, Principal)
