@@ -24,7 +24,7 @@ from mcp_server.protocol import (
 from mcp_server.shared import Call, Wait
 from steering_app.actions import do_cancel_task
 from tasks_app import access
-from tasks_app.errors import IllegalTransition
+from tasks_app.errors import IllegalTransition, TaskNotFound
 from tasks_app.models import Task
 from tasks_app.states import Status
 
@@ -145,7 +145,10 @@ def legacy_input_response(call: Call) -> bool:
     if found is None:
         return False
     task_id, key = found
-    task = access.visible_tasks(call.principal).filter(id=task_id).first()
+    try:  # answering is an act: the answer rule decides, not the read scope
+        task: Task | None = access.task_to_act_on(call.principal, task_id)
+    except TaskNotFound:
+        task = None
     result = call.message.raw.get("result")
     if task is not None and isinstance(result, dict):
         shared.provide_answers(call, task, {key: result})
@@ -179,7 +182,7 @@ def legacy_tasks_list(call: Call) -> dict[str, Any]:
 
 
 def legacy_tasks_cancel(call: Call) -> dict[str, Any] | Wait:
-    task = shared.find_task(call)
+    task = shared.find_task(call, to_act=True)
     if task.is_terminal:
         raise RpcError(INVALID_PARAMS, f"Cannot cancel task: already in terminal status {task.mcp_status!r}")
     try:

@@ -168,7 +168,7 @@ def modern_tasks_get(call: Call) -> dict[str, Any]:
 
 def modern_tasks_update(call: Call) -> dict[str, Any]:
     _require_extension(call)
-    task = shared.find_task(call)
+    task = shared.find_task(call, to_act=True)
     responses = call.params.get("inputResponses")
     if not isinstance(responses, dict):
         raise RpcError(INVALID_PARAMS, "Invalid params: inputResponses must be an object")
@@ -180,7 +180,7 @@ def modern_tasks_update(call: Call) -> dict[str, Any]:
 
 def modern_tasks_cancel(call: Call) -> dict[str, Any]:
     _require_extension(call)
-    task = shared.find_task(call)
+    task = shared.find_task(call, to_act=True)
     # Already terminal: terminal states never change, and the ack is the same.
     with contextlib.suppress(IllegalTransition):
         do_cancel_task(task.id, who=call.principal, reason="cancelled over MCP tasks/cancel")

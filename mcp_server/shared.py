@@ -29,9 +29,10 @@ from mcp_server.protocol import (
     Message,
     RpcError,
 )
-from steering_app.actions import answer_refusal, do_answer_input, do_enqueue_command
+from steering_app.actions import do_answer_input, do_enqueue_command
 from steering_app.models import InputRequest, InputStatus
 from tasks_app import access, errors, kills
+from tasks_app.access import answer_refusal
 from tasks_app.actions import do_create_task
 from tasks_app.agents import base as agents
 from tasks_app.auth import Principal
@@ -90,13 +91,15 @@ def rpc_error(exc: Exception) -> RpcError:
     return RpcError(answer.rpc_code, errors.rpc_message(exc, answer), http_status=answer.rpc_http_status)
 
 
-def find_task(call: Call) -> Task:
+def find_task(call: Call, *, to_act: bool = False) -> Task:
     """The caller's tenant's task; another tenant's, a malformed or an expired id is not found
-    (TaskNotFound: views.py answers it through the table)."""
+    (TaskNotFound: views.py answers it through the table). To read it (to_act=False) needs the
+    read scope (tasks_app.access: Forbidden, answered through the same table); to act on it,
+    the action's own rule."""
     raw = call.params.get("taskId")
     if not isinstance(raw, str):
         raise RpcError(INVALID_PARAMS, "Invalid params: taskId must be a string")
-    task = access.task_for(call.principal, raw)
+    task = access.task_to_act_on(call.principal, raw) if to_act else access.task_for(call.principal, raw)
     if task.expires_at is not None and task.expires_at <= timezone.now() and task.is_terminal:
         raise RpcError(INVALID_PARAMS, "Failed to retrieve task: Task has expired")
     return task
@@ -246,7 +249,9 @@ def steer(call: Call, tool: tools.SteeringTool, arguments: dict[str, Any]) -> di
     if not isinstance(reason, str) or len(reason) > 500:
         return tools.error_result("reason must be a string of at most 500 characters")
     try:
-        task = find_task(Call(call.principal, Message(None, "tasks/get", {"taskId": task_id}, modern=True)))
+        task = find_task(
+            Call(call.principal, Message(None, "tasks/get", {"taskId": task_id}, modern=True)), to_act=True
+        )
     except (RpcError, TaskNotFound):
         return tools.error_result(f"task {task_id} not found")
     command_id = arguments.get("commandId") or f"mcp-{tool.command}-{secrets.token_hex(8)}"

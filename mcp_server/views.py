@@ -49,7 +49,7 @@ from runtime_site.errors import DATABASE_UNAVAILABLE, RETRY_AFTER_SECONDS, error
 from runtime_site.middleware import request_texts
 from runtime_site.ratelimit import RateLimited
 from tasks_app import oauth
-from tasks_app.auth import ApiKeyAuthentication, Principal, bearer_token, reauthenticate
+from tasks_app.auth import ApiKeyAuthentication, Principal, bearer_token, challenge, reauthenticate
 from tasks_app.errors import DomainError
 from tasks_app.models import Task
 from tasks_app.streams import wakeups
@@ -323,8 +323,8 @@ async def _respond_wait_json(request: HttpRequest, message: Message, wait: Wait,
             if item.get("error", {}).get("code") == SERVICE_UNAVAILABLE:
                 return JsonResponse(item, status=503, headers=RETRY)
             if item.get("error", {}).get("message") == REVOKED.message:
-                challenge = oauth.challenge(request, "invalid_token", REVOKED.message)
-                return JsonResponse(item, status=401, headers={"WWW-Authenticate": challenge})
+                revoked = exceptions.AuthenticationFailed(REVOKED.message)
+                return JsonResponse(item, status=401, headers={"WWW-Authenticate": challenge(request, revoked)})
             status = 200 if "result" in item or not message.modern else 500
             return JsonResponse(item, status=status)
     raise AssertionError("unreachable: _waited always ends with a response")
@@ -350,6 +350,7 @@ async def _endpoint(request: HttpRequest) -> HttpResponseBase:
         return _error(RpcError(SERVER_ERROR, "Forbidden: Origin not allowed"), status=403)
     if len(request.body) > settings.RUNTIME_MAX_BODY_BYTES:
         return _error(RpcError(INVALID_REQUEST, "Request body too large"), status=413)
+    refusal: Exception | None = None  # why a credential that came was refused (auth.challenge)
     try:
         principal = await sync_to_async(_authenticate)(request)
     except oauth.TokenForbidden as exc:  # a good token that grants nothing here
@@ -357,7 +358,7 @@ async def _endpoint(request: HttpRequest) -> HttpResponseBase:
             RpcError(SERVER_ERROR, f"Forbidden: {exc.detail}"),
             request_id_of(request.body),
             status=403,
-            headers={"WWW-Authenticate": oauth.challenge(request, "insufficient_scope", str(exc.detail))},
+            headers={"WWW-Authenticate": challenge(request, exc)},
         )
     except oauth.IssuerUnavailable as exc:  # not the token's fault: the client keeps it and retries
         return _error(
@@ -366,8 +367,7 @@ async def _endpoint(request: HttpRequest) -> HttpResponseBase:
             headers={"Retry-After": str(exc.wait)},
         )
     except exceptions.AuthenticationFailed as exc:
-        principal, reason = None, str(exc.detail)
-        challenge = oauth.challenge(request, "invalid_token", reason)
+        principal, reason, refusal = None, str(exc.detail), exc
     except RateLimited as exc:  # the JSON-RPC twin of REST's 429
         return _error(
             RpcError(RATE_LIMITED, f"Too Many Requests: {exc.detail}"),
@@ -377,7 +377,6 @@ async def _endpoint(request: HttpRequest) -> HttpResponseBase:
         )
     else:
         reason = "Authorization: Bearer <api key or access token> is required"
-        challenge = oauth.challenge(request)
     if principal is None:
         # WWW-Authenticate names the protected resource metadata (RFC 9728): where an MCP
         # client learns which authorization server issues tokens for this server.
@@ -385,7 +384,7 @@ async def _endpoint(request: HttpRequest) -> HttpResponseBase:
             RpcError(SERVER_ERROR, f"Unauthorized: {reason}"),
             request_id_of(request.body),
             status=401,
-            headers={"WWW-Authenticate": challenge},
+            headers={"WWW-Authenticate": challenge(request, refusal)},
         )
     headers = {key.lower(): value for key, value in request.headers.items()}
     try:

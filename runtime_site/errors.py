@@ -17,7 +17,8 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 
 from common import json_safety
-from tasks_app import errors
+from tasks_app import errors, oauth
+from tasks_app.auth import challenge
 from tasks_app.errors import AnswerConflict, CommandRefused, VersionConflict
 from tasks_app.selectors import task_snapshot
 
@@ -70,6 +71,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     response = drf_handler(exc, context)
     if response is None:
         return None  # a real bug: let Django log it and answer 500
+    if response.status_code == status.HTTP_401_UNAUTHORIZED or isinstance(exc, oauth.TokenForbidden):
+        # Why it was refused (RFC 6750 §3), where DRF only has the view's fixed header.
+        response["WWW-Authenticate"] = challenge(context["request"], exc)
     if isinstance(exc, exceptions.ValidationError):
         response.data = error_body("invalid_request", _first_message(exc.detail), fields=exc.detail)
     elif isinstance(exc, Http404 | exceptions.NotFound):

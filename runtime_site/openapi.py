@@ -78,7 +78,7 @@ def _error(description: str) -> OpenApiResponse:
 RATE_LIMITED = "the key's or the tenant's request rate limit is reached (throttled); retry after Retry-After"
 COMMON = {
     400: _error("invalid request (the error names the field)"),
-    401: _error("no or an invalid API key or access token (WWW-Authenticate names the resource metadata)"),
+    401: _error("no or an invalid API key or access token (WWW-Authenticate says which, see postprocess)"),
     403: _error("the key's role does not allow this, or the access token grants nothing here"),
     429: _error(RATE_LIMITED),
     503: _error("the database, or the issuer of an access token, is unavailable; retry"),
@@ -651,6 +651,15 @@ def _free_form_to_json_value(schema: dict[str, Any]) -> None:
 
 # --- Hooks (SPECTACULAR_SETTINGS["POSTPROCESSING_HOOKS"]) ----------------------------------------
 
+WWW_AUTHENTICATE = {
+    "required": True,
+    "schema": {"type": "string", "pattern": "^Bearer "},
+    "description": 'RFC 6750 §3: `Bearer realm="runtime", resource_metadata="<RFC 9728 metadata URL>"`; '
+    'with a credential that was refused also `error="invalid_token"` (unknown, malformed, revoked or '
+    "expired; `invalid_request` for an Authorization header that is not `Bearer <credential>`) and an "
+    "`error_description`. No error code when no credential came.",
+}
+
 
 def postprocess(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
     """The stream beside the other operations; request bodies as what is accepted (free-form JSON
@@ -659,6 +668,8 @@ def postprocess(result: dict[str, Any], generator: Any, request: Any, public: bo
     result["paths"][METADATA_PATH] = METADATA_OPERATION
     for item in result["paths"].values():
         for operation in item.values():
+            if "401" in operation.get("responses", {}):  # tasks_app.auth.challenge, on every edge
+                operation["responses"]["401"]["headers"] = {"WWW-Authenticate": WWW_AUTHENTICATE}
             if "429" in operation.get("responses", {}):
                 # DRF's Throttled (and the SSE view) set it; a quota_exceeded create does not.
                 operation["responses"]["429"]["headers"] = {

@@ -14,7 +14,6 @@ import secrets
 from typing import Any
 from uuid import UUID
 
-from django.conf import settings
 from django.db import transaction
 from django.db.models.functions import Now
 from django.utils import timezone
@@ -25,10 +24,10 @@ from ledger_app.actions import settle_interrupted
 from ledger_app.models import EffectStatus, LedgerEntry
 from steering_app.models import CommandStatus, CommandType, InputRequest, InputStatus, SteeringCommand
 from tasks_app import access, events, kills
-from tasks_app.access import check_role
+from tasks_app.access import answer_refusal, check_role
 from tasks_app.actions import TRANSITION_FIELDS, transition
 from tasks_app.agents import base as agents
-from tasks_app.agents.questions import APPROVER_KINDS, Answers
+from tasks_app.agents.questions import Answers
 from tasks_app.audit import record_audit
 from tasks_app.auth import Principal
 from tasks_app.errors import (
@@ -150,12 +149,15 @@ def do_enqueue_command(
 ) -> tuple[SteeringCommand, bool]:
     """Accept a command from `who` (compare-and-set on state_version) and apply it at once
     when the task is at a safe point. Returns (command, created); a known command_id returns
-    the original command whatever happened since. Steering needs the operator role, and an
-    answer (provide_input) also the answer rule (answer_refusal): Forbidden otherwise."""
-    check_role(who, Role.OPERATOR)
+    the original command whatever happened since. Steering needs the operator role; an
+    answer (provide_input) needs what answering its request needs (answer_refusal: the
+    approver role and approve scope for an approval, the operator's for a question), as it
+    does through REST's inputs and MCP: Forbidden otherwise."""
     if type == CommandType.PROVIDE_INPUT and isinstance(payload.get("key"), str):
         json_safety.check({"payload": payload})  # before the key reaches a query
-        check_may_answer(who, access.task_for(who, task_id), payload["key"])
+        check_may_answer(who, access.task_to_act_on(who, task_id), payload["key"])
+    else:
+        check_role(who, Role.OPERATOR)
     return _enqueue_command(
         task_id,
         tenant=who.tenant,
@@ -492,21 +494,6 @@ def answers_for(task: Task) -> Answers:
     )
 
 
-def answer_refusal(who: Principal, task: Task, kind: str) -> str | None:
-    """Why `who` (a Principal) may not answer an input request of this kind, or None. One
-    rule for every edge (REST, dashboard, MCP): approvals need the approver role (and, if
-    configured, someone other than the task's creator); other questions an operator."""
-    if kind in APPROVER_KINDS:  # an approval, a budget extension
-        # The approver role outranks the operator's; an approve-scoped key needs no operate scope.
-        if not who.has_role(Role.APPROVER):
-            return "answering an approval needs the approver role"
-        if settings.RUNTIME["security"].get("approver_not_creator") and who.actor == task.created_by:
-            return "the task's creator may not approve its own guarded calls"
-    elif not who.has_role(Role.OPERATOR):
-        return f"this needs the {Role.OPERATOR} role or above"
-    return None
-
-
 def check_may_answer(who: Principal, task: Task, key: str) -> None:
     """answer_refusal for the input request `key` (a question if there is none yet), as Forbidden."""
     kind = InputRequest.objects.filter(task=task, key=key).values_list("kind", flat=True).first()
@@ -522,7 +509,7 @@ def do_answer_input(task_id: UUID, *, who: Principal, key: str, answer: Any, rea
     applied), not the version the person saw: a worker moving the task meanwhile must not
     bounce the answer, so a version conflict is retried against the version now."""
     json_safety.check({"key": key, "answer": answer})  # before the key is hashed into the command id
-    check_may_answer(who, access.task_for(who, task_id), key)
+    check_may_answer(who, access.task_to_act_on(who, task_id), key)
     tenant, requested_by = who.tenant, who.actor
     command_id = "input:" + hashlib.sha1(key.encode(), usedforsecurity=False).hexdigest()  # a name, not a secret
     for attempt in range(5):

@@ -62,7 +62,7 @@ class InputRequest(models.Model):
     key = models.CharField(max_length=200)
     # What the answer is for (tasks_app.agents.questions): an agent's question, or the
     # runtime's approval, confirmation or budget extension. Approvals and budget extensions
-    # need the approver role (steering_app.actions.answer_refusal).
+    # need the approver role (tasks_app.access.answer_refusal).
     kind = models.CharField(max_length=20, choices=QuestionKind.choices, default=QuestionKind.QUESTION)
     prompt = models.TextField()
     answer_schema = models.JSONField(default=dict)

@@ -10,6 +10,14 @@ HMAC-SHA256) and writes them as one blob-store object per run. verify_anchors ho
 records against every anchor: an anchored record that is gone or hashes differently was
 deleted or rewritten after it was anchored. Only records newer than the last anchor
 (`audit.anchor_seconds`) rely on the chain alone.
+
+Anchoring itself reads the database (which chains grew: Task.audit_seq against
+Task.audit_anchored_seq), so a database writer could keep a chain from ever being anchored
+and then rewrite it at leisure. verify_anchors also holds the anchors against that
+(_check_coverage, docs/operations.md#audit-anchors): a task marked anchored beyond what any
+anchor holds, and a record that should have been anchored by now (written before the newest
+complete anchor was taken, or longer ago than the grace) but is in no anchor, are gaps;
+verify_chain checks that the task's audit_seq is its chain's last record.
 """
 
 from __future__ import annotations
@@ -18,13 +26,13 @@ import hashlib
 import hmac
 import json
 import uuid
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Case, F, IntegerField, Value, When
+from django.db.models import Case, Exists, F, IntegerField, Max, OuterRef, Value, When
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
@@ -130,6 +138,11 @@ def verify_chain(task: Task) -> BrokenLink | None:
         prev, expected_seq = record.hash, expected_seq + 1
     if task.audit_head != (prev if prev != GENESIS else ""):
         return BrokenLink(str(task.id), None, "task's audit head does not match the last record")
+    if task.audit_seq != expected_seq - 1:
+        # What anchor_heads reads to find the chains that grew: set back, it hides them.
+        return BrokenLink(
+            str(task.id), None, f"task's audit seq {task.audit_seq} is not its last record's ({expected_seq - 1})"
+        )
     return None
 
 
@@ -137,6 +150,31 @@ def verify_chain(task: Task) -> BrokenLink | None:
 
 ANCHOR_PREFIX = "audit-anchors"
 ANCHOR_BATCH = 5000  # heads per object; a backlog (first run, long outage) takes several runs
+# A record is stamped (created_at) before its transaction commits: one stamped this long
+# before an anchor was taken had committed by then, and that anchor had to take its chain.
+COMMIT_SLACK = timedelta(seconds=60)
+
+
+def anchor_grace() -> timedelta:
+    """How long a record may wait for its first anchor before verify_audit calls it a gap:
+    five runs of the beat job (a backlog of more than ANCHOR_BATCH chains takes several),
+    and never less than five minutes."""
+    return max(timedelta(seconds=5 * float(settings.RUNTIME["audit"]["anchor_seconds"])), timedelta(minutes=5))
+
+
+@dataclass
+class Coverage:
+    """What the verified anchors hold: each task's newest anchored seq, and when the newest
+    anchor that took every grown chain of its run (fewer than ANCHOR_BATCH heads) was taken."""
+
+    anchored: dict[str, int] = field(default_factory=dict)
+    newest_complete: datetime | None = None
+
+    def add(self, taken_at: datetime, heads: list[dict[str, Any]]) -> None:
+        for head in heads:
+            self.anchored[head["task"]] = max(self.anchored.get(head["task"], 0), int(head["seq"]))
+        if len(heads) < ANCHOR_BATCH and (self.newest_complete is None or taken_at > self.newest_complete):
+            self.newest_complete = taken_at
 
 
 def key_id(secret: str) -> str:
@@ -194,14 +232,17 @@ def verify_anchors(
     store: BlobStore | None = None,
     task_id: str | None = None,
     since: datetime | None = None,
+    grace: timedelta | None = None,
 ) -> tuple[int, list[BrokenLink]]:
-    """Every anchor's signature, and every anchored head against the records: (anchors checked,
-    problems). `since` skips older anchors (after deleting old tasks by retention policy)."""
+    """Every anchor's signature, every anchored head against the records, and the records
+    against the anchors (_check_coverage, with `grace`: anchor_grace() by default): (anchors
+    checked, problems). `since` skips older anchors and records (after deleting old tasks by
+    retention policy)."""
     store = store or blob_store()
     keys = _verification_keys()
     if since is not None and since.tzinfo is None:
         since = since.replace(tzinfo=UTC)  # an anchor's time has its zone: a bare --since means UTC
-    checked, problems = 0, []
+    checked, problems, coverage = 0, [], Coverage()
     for name in store.list(ANCHOR_PREFIX):
         try:
             anchor = json.loads(store.get(name))
@@ -217,10 +258,13 @@ def verify_anchors(
             checked += 1
             problems.append(BrokenLink("", None, f"anchor {name}: not an anchor ({type(exc).__name__}: {exc})"))
             continue
-        if since is not None and taken_at < since:
-            continue
-        checked += 1
+        skipped = since is not None and taken_at < since
+        checked += 0 if skipped else 1
         secret = keys.get(anchor.get("kid", ""))
+        if skipped:  # its heads still count as anchored if it verifies
+            if secret is not None and hmac.compare_digest(_signature(body, secret), str(anchor.get("signature"))):
+                coverage.add(taken_at, body["heads"])
+            continue
         if secret is None:
             problems.append(
                 BrokenLink(
@@ -234,9 +278,64 @@ def verify_anchors(
         if not hmac.compare_digest(_signature(body, secret), str(anchor.get("signature"))):
             problems.append(BrokenLink("", None, f"anchor {name}: signature does not verify (anchor edited)"))
             continue
+        coverage.add(taken_at, body["heads"])
         heads = [h for h in body["heads"] if task_id is None or h["task"] == str(task_id)]
         problems.extend(_check_heads(name, heads))
+    if settings.RUNTIME_AUDIT_KEY:  # without a key nothing is anchored (verify_audit warns)
+        problems.extend(
+            _check_coverage(coverage, anchor_grace() if grace is None else grace, task_id=task_id, since=since)
+        )
     return checked, problems
+
+
+def _check_coverage(
+    coverage: Coverage, grace: timedelta, *, task_id: str | None, since: datetime | None
+) -> list[BrokenLink]:
+    """The gaps a database writer leaves by keeping chains from being anchored:
+
+    1. a task whose audit_anchored_seq (what anchor_heads reads to skip a chain) is beyond
+       what any anchor holds for it: the marker was moved, not by an anchor;
+    2. a record that is in no anchor although it should be by now: stamped before the newest
+       complete anchor was taken (less COMMIT_SLACK), or longer ago than `grace` (anchoring
+       stopped, or the marker was moved and moved back). Its chain could be rewritten
+       without a trace, so it is reported, with the first such record.
+    """
+    tasks, records = Task.objects.all(), AuditRecord.objects.all()
+    if task_id is not None:
+        tasks, records = tasks.filter(id=task_id), records.filter(task_id=task_id)
+    if since is not None:
+        records = records.filter(created_at__gte=since)
+        tasks = tasks.filter(Exists(records.filter(task_id=OuterRef("id"))))
+    problems = []
+    for task, marked in tasks.filter(audit_anchored_seq__gt=0).values_list("id", "audit_anchored_seq"):
+        held = coverage.anchored.get(str(task), 0)
+        if marked > held:
+            problems.append(
+                BrokenLink(
+                    str(task),
+                    marked,
+                    f"marked anchored, but the anchors hold {f'up to record {held}' if held else 'none of it'} "
+                    "(the anchoring marker was moved: anchoring suppressed)",
+                )
+            )
+    cutoff, why = timezone.now() - grace, f"more than {grace.total_seconds():g}s ago"
+    if coverage.newest_complete is not None and coverage.newest_complete - COMMIT_SLACK > cutoff:
+        cutoff = coverage.newest_complete - COMMIT_SLACK
+        why = f"before the anchor of {coverage.newest_complete.isoformat()}"
+    due = records.filter(created_at__lte=cutoff).values("task_id").annotate(last=Max("seq")).order_by("task_id")
+    for row in due:
+        held = coverage.anchored.get(str(row["task_id"]), 0)
+        if row["last"] > held:
+            first = records.filter(task_id=row["task_id"], seq=held + 1).values_list("created_at", flat=True).first()
+            when = f"written {first.isoformat()}, " if first else ""
+            problems.append(
+                BrokenLink(
+                    str(row["task_id"]),
+                    held + 1,
+                    f"in no anchor ({when}{why}): anchoring was stopped or suppressed",
+                )
+            )
+    return problems
 
 
 def _check_heads(anchor: str, heads: list[dict[str, Any]]) -> list[BrokenLink]:

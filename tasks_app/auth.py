@@ -215,6 +215,10 @@ def last_use_stale(key: ApiKey, now: datetime) -> bool:
     return key.last_used_at is None or now - key.last_used_at >= LAST_USED_EVERY
 
 
+class MalformedAuthorization(exceptions.AuthenticationFailed):
+    """An Authorization header that is not `Bearer <credential>`: RFC 6750's invalid_request."""
+
+
 def bearer_token(request: Request | HttpRequest) -> str | None:
     """The request's bearer credential; None without an Authorization header."""
     header = request.META.get("HTTP_AUTHORIZATION", "")
@@ -222,8 +226,25 @@ def bearer_token(request: Request | HttpRequest) -> str | None:
         return None
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
-        raise exceptions.AuthenticationFailed("Authorization header must be 'Bearer <api key>'")
+        raise MalformedAuthorization("Authorization header must be 'Bearer <api key>'")
     return token.strip()
+
+
+def challenge(request: Any, refusal: Exception | None = None) -> str:
+    """The WWW-Authenticate of a 401 (or of a token's 403) on every edge, REST, SSE and /mcp
+    (RFC 6750 §3): a Bearer challenge naming the protected resource metadata (RFC 9728);
+    no error code when no credential came (`refusal` None or NotAuthenticated), invalid_request
+    for an Authorization header that is no bearer credential, invalid_token for one that does
+    not work (unknown, malformed, revoked, expired, a bad JWT), insufficient_scope for a good
+    token that grants nothing here."""
+    detail = str(getattr(refusal, "detail", refusal))
+    if isinstance(refusal, MalformedAuthorization):
+        return oauth.challenge(request, "invalid_request", detail)
+    if isinstance(refusal, exceptions.AuthenticationFailed):
+        return oauth.challenge(request, "invalid_token", detail)
+    if isinstance(refusal, oauth.TokenForbidden):
+        return oauth.challenge(request, "insufficient_scope", detail)
+    return oauth.challenge(request)  # no credential came (NotAuthenticated, None)
 
 
 def authenticate_token(token: str) -> tuple[Any, Principal]:
@@ -264,7 +285,9 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         return user, who
 
     def authenticate_header(self, request: Request) -> str:
-        return oauth.challenge(request)  # makes DRF answer 401, not 403
+        # Makes DRF answer 401, not 403; runtime_site.errors puts challenge(request, exc) in
+        # its place, which knows whether a credential came and why it was refused.
+        return challenge(request)
 
 
 def principal(request: Request) -> Principal:
@@ -283,7 +306,7 @@ def require_role(minimum: str) -> type[permissions.BasePermission]:
 
 
 class IsPrincipal(permissions.BasePermission):
-    """Any authenticated caller; the action itself decides (steering's answer_refusal)."""
+    """Any authenticated caller; the action itself decides (tasks_app.access.answer_refusal)."""
 
     def has_permission(self, request: Request, view: Any) -> bool:
         return isinstance(request.auth, Principal)

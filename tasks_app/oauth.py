@@ -6,7 +6,10 @@ checks against a key of the issuer's JWKS (fetched over HTTPS, cached, and fetch
 when a token names a key id the cache does not have, at most once per
 `jwks_refresh_seconds`), `iss` is the issuer, `aud` names this server, `exp` (and `nbf`)
 hold. Only asymmetric algorithms are accepted, so `alg: none` and an HMAC signed with the
-public key are refused. Then the claims map onto the runtime: `sub` (or `user_claim`) is
+public key are refused, and a token is verified only with the algorithm its key is for: the
+key's `alg` when the JWKS names one (RFC 7517 §4.4), else one of its key type's (RSA: RS*
+and PS*, EC: the ES* of its curve, OKP: EdDSA); a header naming any other is refused before
+the signature is looked at. Then the claims map onto the runtime: `sub` (or `user_claim`) is
 a user by username, the tenant claim a tenant by slug, and the token's OAuth scopes the
 runtime's role and scopes (`scopes`: {oauth scope: read | operate | approve | admin}),
 capped, like an API key, by the user's membership role.
@@ -99,9 +102,36 @@ def looks_like_jwt(token: str) -> bool:
     return token.count(".") == 2
 
 
+# The algorithms a key may verify when its JWK names none, by key type and curve.
+KEY_TYPE_ALGORITHMS: dict[tuple[str, str | None], frozenset[str]] = {
+    ("RSA", None): frozenset({"RS256", "RS384", "RS512", "PS256", "PS384", "PS512"}),
+    ("EC", "P-256"): frozenset({"ES256"}),
+    ("EC", "P-384"): frozenset({"ES384"}),
+    ("EC", "P-521"): frozenset({"ES512"}),
+    ("OKP", "Ed25519"): frozenset({"EdDSA"}),
+    ("OKP", "Ed448"): frozenset({"EdDSA"}),
+}
+
+
+@dataclass(frozen=True)
+class SigningKey:
+    """A key of the issuer's JWKS and the algorithms it may verify (RFC 7517 §4.4 `alg`)."""
+
+    jwk: jwt.PyJWK
+    algorithms: frozenset[str]
+
+
+def key_algorithms(raw: dict[str, Any]) -> frozenset[str]:
+    """The JWK's own `alg`, or its key type's algorithms when it names none."""
+    if isinstance(raw.get("alg"), str):
+        return frozenset({raw["alg"]})
+    crv = raw.get("crv") if raw.get("kty") != "RSA" else None
+    return KEY_TYPE_ALGORITHMS.get((str(raw.get("kty")), crv if isinstance(crv, str) else None), frozenset())
+
+
 @dataclass(frozen=True)
 class _KeySet:
-    keys: dict[str, jwt.PyJWK]
+    keys: dict[str, SigningKey]
     fetched_at: float  # the last fetch that worked (time.monotonic()), -inf before the first
     tried_at: float  # the last fetch, whether it worked or not
     failed: bool = False  # the last fetch did not work: the keys are the ones from before
@@ -131,7 +161,7 @@ class IssuerUnavailable(exceptions.APIException):
     wait = int(FAILED_FETCH_BACKOFF)  # DRF's handler sends it as Retry-After
 
 
-def _fetch(uri: str) -> dict[str, jwt.PyJWK]:
+def _fetch(uri: str) -> dict[str, SigningKey]:
     """The issuer's signing keys by kid. ValueError for anything but a key set within
     MAX_JWKS_BYTES and JWKS_TIMEOUT in all (a server trickling bytes cannot hold us longer)."""
     deadline = time.monotonic() + JWKS_TIMEOUT
@@ -147,7 +177,7 @@ def _fetch(uri: str) -> dict[str, jwt.PyJWK]:
     document = json.loads(body)
     if not isinstance(document, dict) or not isinstance(document.get("keys", []), list):
         raise ValueError(f"the JWKS at {uri} is not a key set ({{'keys': [...]}})")
-    keys: dict[str, jwt.PyJWK] = {}
+    keys: dict[str, SigningKey] = {}
     for raw in document.get("keys", []):
         if not isinstance(raw, dict) or raw.get("use", "sig") != "sig":
             continue
@@ -155,7 +185,7 @@ def _fetch(uri: str) -> dict[str, jwt.PyJWK]:
             key = jwt.PyJWK.from_dict(raw)
         except (jwt.PyJWKError, jwt.InvalidKeyError, ValueError, TypeError):
             continue  # a key type or curve we do not use: the others still count
-        keys[str(raw.get("kid", ""))] = key
+        keys[str(raw.get("kid", ""))] = SigningKey(key, key_algorithms(raw) & frozenset(ALGORITHMS))
     return keys
 
 
@@ -184,7 +214,7 @@ def _refresh(uri: str, seen: _KeySet) -> _KeySet:
         fetch_lock.release()
 
 
-def signing_key(kid: str) -> jwt.PyJWK:
+def signing_key(kid: str) -> SigningKey:
     """The issuer's key `kid`, from the cache; an unknown kid fetches the JWKS again (the
     issuer rotated), but not more often than jwks_refresh_seconds: random kids in forged
     tokens must not turn us into a flood against the issuer. While the issuer cannot be
@@ -222,11 +252,14 @@ def claims_of(token: str) -> dict[str, Any]:
     if header.get("alg") not in allowed:
         raise exceptions.AuthenticationFailed(f"the token's algorithm must be one of {', '.join(allowed)}")
     key = signing_key(str(header.get("kid", "")))
+    if header["alg"] not in key.algorithms:
+        # An RS256 key's token signed PS256, say: not what the issuer published the key for.
+        raise exceptions.AuthenticationFailed("the token's algorithm is not the one its signing key is for")
     try:
         return jwt.decode(
             token,
-            key=key.key,
-            algorithms=allowed,
+            key=key.jwk.key,
+            algorithms=[header["alg"]],
             audience=audience(),
             issuer=str(cfg["issuer"]),
             leeway=float(cfg.get("leeway_seconds", 30)),

@@ -30,6 +30,7 @@ class Issuer:
 
     def __init__(self) -> None:
         self.private: dict[str, tuple[Any, str]] = {}  # kid -> (private key, alg)
+        self.unnamed: set[str] = set()  # kids published without their alg (RFC 7517 makes it optional)
         self.fetches = 0
         self.mode = "ok"
         self.add("rsa-1", rsa_key(), "RS256")
@@ -56,14 +57,17 @@ class Issuer:
         self.jwks_uri = f"{self.url}/jwks"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
-    def add(self, kid: str, key: Any, alg: str) -> None:
+    def add(self, kid: str, key: Any, alg: str, *, publish_alg: bool = True) -> None:
         self.private[kid] = (key, alg)
+        if not publish_alg:
+            self.unnamed.add(kid)
 
     def jwks(self) -> dict[str, Any]:
         keys = []
         for kid, (key, alg) in self.private.items():
             algorithm = RSAAlgorithm if alg.startswith(("RS", "PS")) else ECAlgorithm
-            keys.append({**algorithm.to_jwk(key.public_key(), as_dict=True), "kid": kid, "alg": alg, "use": "sig"})
+            jwk = {**algorithm.to_jwk(key.public_key(), as_dict=True), "kid": kid, "use": "sig"}
+            keys.append(jwk if kid in self.unnamed else {**jwk, "alg": alg})
         return {"keys": keys}
 
     def claims(self, audience: str, **overrides: Any) -> dict[str, Any]:

@@ -60,6 +60,8 @@ def test_the_served_schema_documents_every_operation(processes: Processes):
         assert ok, (method, path)
         # Every authenticated request counts against its key's and tenant's rate limits.
         assert "Retry-After" in op["responses"]["429"]["headers"], (method, path)
+        # A 401 says why (RFC 6750 §3): tasks_app.auth.challenge.
+        assert op["responses"]["401"]["headers"]["WWW-Authenticate"]["required"] is True, (method, path)
         for code, response in op["responses"].items():
             assert response.get("content"), f"{method} {path} {code}: no body documented"
             if not code.startswith("2"):

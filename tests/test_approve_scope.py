@@ -49,11 +49,14 @@ def refusal(key: str) -> Any:
 
 @pytest.fixture
 def keys(db) -> dict[str, str]:
-    """One approver's keys, each narrowed to one scope."""
+    """One approver's keys, each narrowed to one scope, and one that reads and approves
+    (waiting on tasks/result is a read: it needs the read scope)."""
     april = make_persona("acme", "april", "approver")
     return {
-        scope: issue_api_key(april.tenant, april.user, role="approver", name=scope, scopes=[scope])[1]
-        for scope in ("read", "operate", "approve")
+        "+".join(scopes): issue_api_key(
+            april.tenant, april.user, role="approver", name="+".join(scopes), scopes=scopes
+        )[1]
+        for scopes in (["read"], ["operate"], ["approve"], ["read", "approve"])
     }
 
 
@@ -112,14 +115,14 @@ def test_a_legacy_elicitation_answer_needs_the_approve_scope(live, keys, alice):
         "capabilities": {"elicitation": {}},
         "clientInfo": {"name": "raw", "version": "0"},
     }
-    session_id = post(keys["approve"], {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": init}).headers[
-        "Mcp-Session-Id"
-    ]
+    session_id = post(
+        keys["read+approve"], {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": init}
+    ).headers["Mcp-Session-Id"]
     stream = PostStream(
         live,
         {"jsonrpc": "2.0", "id": 3, "method": "tasks/result", "params": {"taskId": str(task.id)}},
         {
-            "Authorization": f"Bearer {keys['approve']}",
+            "Authorization": f"Bearer {keys['read+approve']}",
             "Mcp-Session-Id": session_id,
             "Accept": "application/json, text/event-stream",
             "MCP-Protocol-Version": "2025-11-25",

@@ -175,6 +175,49 @@ def test_hostile_tokens_are_401_never_500(configured, alice):
     assert mcp(configured.sign(claims)).status_code == 200  # and a good one still works
 
 
+def test_a_token_is_verified_only_with_the_algorithm_its_key_is_for(configured, alice, settings):
+    """The JWKS publishes rsa-1 for RS256: the same private key signing PS256 (an allowed
+    algorithm, and one RSA keys can make) is not what the issuer vouched for. A key published
+    without alg verifies its key type's algorithms only; none and HS* never, even configured."""
+    claims = configured.claims(AUDIENCE)
+    assert mcp(configured.sign(claims)).status_code == 200
+    refused = mcp(configured.sign(claims, alg="PS256"))
+    assert refused.status_code == 401, refused.content
+    assert 'error="invalid_token"' in refused["WWW-Authenticate"]
+    assert (
+        Client(headers={"Authorization": f"Bearer {configured.sign(claims, alg='PS256')}"})
+        .get("/runtime/tasks")
+        .status_code
+        == 401
+    )
+
+    configured.add("rsa-bare", rsa_key(), "RS256", publish_alg=False)
+    for alg in ("RS256", "PS256"):
+        assert mcp(configured.sign(claims, kid="rsa-bare", alg=alg)).status_code == 200, alg
+    settings.RUNTIME["oauth"]["algorithms"] = ["RS256", "PS256", "ES256", "HS256", "none"]  # a careless config
+    public_pem = (
+        configured.private["rsa-1"][0]
+        .public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    for forged in (hs256(claims, public_pem), f"{b64({'alg': 'none', 'kid': 'rsa-1'})}.{b64(claims)}."):
+        assert mcp(forged).status_code == 401
+
+
+def test_a_token_without_the_read_scope_cannot_read_a_task(configured, alice):
+    """As a key without read: MCP refuses the read as REST does, with the request's id."""
+    started = mcp(alice.token, "tools/call", {"name": "noop", "arguments": {"steps": 1}}, name="noop")
+    task_id = started.json()["result"]["taskId"]
+    operate = configured.sign(configured.claims(AUDIENCE, scope="runtime:operate"))
+    refused = mcp(operate, "tasks/get", {"taskId": task_id}, name=task_id)
+    assert refused.status_code == 403 and refused.json()["id"] == 5, refused.content
+    assert "viewer" in refused.json()["error"]["message"] and task_id not in refused.content.decode()
+    rest = Client(headers={"Authorization": f"Bearer {operate}"}).get(f"/runtime/tasks/{task_id}")
+    assert rest.status_code == 403
+    reader = configured.sign(configured.claims(AUDIENCE, scope="runtime:read"))
+    assert mcp(reader, "tasks/get", {"taskId": task_id}, name=task_id).json()["result"]["taskId"] == task_id
+
+
 def test_a_new_key_of_the_issuer_is_fetched_on_its_first_token(configured, alice):
     assert mcp(configured.sign(configured.claims(AUDIENCE))).status_code == 200
     fetched = configured.fetches

@@ -51,7 +51,7 @@ class TaskSteeringApi(APIView):
         return Response({"results": [command_body(c) for c in commands]})
 
     def post(self, request: Request, task_id: str) -> Response:
-        task = access.task_for(principal(request), task_id)
+        task = access.task_to_act_on(principal(request), task_id)
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         body, who = data.validated_data, principal(request)
@@ -82,7 +82,7 @@ class TaskInputApi(APIView):
         reason = StrictCharField(max_length=500, allow_blank=True, default="")
 
     def post(self, request: Request, task_id: str, key: str) -> Response:
-        task = access.task_for(principal(request), task_id)
+        task = access.task_to_act_on(principal(request), task_id)
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         command = do_answer_input(

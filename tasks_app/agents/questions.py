@@ -25,7 +25,7 @@ class QuestionKind(models.TextChoices):
     BUDGET_EXTENSION = "budget_extension"  # higher limits, or "stop"
 
 
-# The kinds only an approver answers (steering_app.actions.answer_refusal).
+# The kinds only an approver answers (tasks_app.access.answer_refusal).
 APPROVER_KINDS = frozenset({QuestionKind.APPROVAL, QuestionKind.BUDGET_EXTENSION})
 
 APPROVAL_PREFIX, CONFIRMATION_PREFIX, BUDGET_PREFIX = "approve-", "confirm-", "budget-"

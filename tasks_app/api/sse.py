@@ -33,7 +33,7 @@ from runtime_site.lean import LeanStream
 from runtime_site.ratelimit import RateLimited
 from tasks_app import access, oauth
 from tasks_app.api import lean
-from tasks_app.auth import ApiKeyAuthentication, Principal, bearer_token, reauthenticate
+from tasks_app.auth import ApiKeyAuthentication, Principal, bearer_token, challenge, reauthenticate
 from tasks_app.errors import Forbidden, TaskNotFound
 from tasks_app.models import Role, Task
 from tasks_app.selectors import task_snapshot
@@ -174,9 +174,17 @@ def task_events(request: HttpRequest, task_id: str) -> HttpResponseBase:
     try:
         authenticated = ApiKeyAuthentication().authenticate(request)  # only reads headers
     except AuthenticationFailed as exc:
-        return JsonResponse(error_body("authentication_failed", str(exc.detail)), status=401)
+        return JsonResponse(
+            error_body("authentication_failed", str(exc.detail)),
+            status=401,
+            headers={"WWW-Authenticate": challenge(request, exc)},
+        )
     except PermissionDenied as exc:  # an access token that grants nothing here (tasks_app/oauth.py)
-        return JsonResponse(error_body("permission_denied", str(exc.detail)), status=403)
+        return JsonResponse(
+            error_body("permission_denied", str(exc.detail)),
+            status=403,
+            headers={"WWW-Authenticate": challenge(request, exc)},
+        )
     except oauth.IssuerUnavailable as exc:  # its issuer's keys cannot be read now
         return JsonResponse(
             error_body("issuer_unavailable", str(exc.detail)), status=503, headers={"Retry-After": str(exc.wait)}
@@ -193,7 +201,11 @@ def task_events(request: HttpRequest, task_id: str) -> HttpResponseBase:
     elif request.user.is_authenticated:
         who = request.user  # a dashboard session: the person's tenants
     else:
-        return JsonResponse(error_body("not_authenticated", "an API key or a session is required"), status=401)
+        return JsonResponse(
+            error_body("not_authenticated", "an API key or a session is required"),
+            status=401,
+            headers={"WWW-Authenticate": challenge(request)},
+        )
     try:
         task = access.task_for(who, task_id)
     except TaskNotFound as exc:  # another tenant's task: the same answer as no task at all

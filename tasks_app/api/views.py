@@ -135,7 +135,7 @@ class TaskCancelApi(APIView):
         reason = StrictCharField(max_length=500, allow_blank=True, default="")
 
     def post(self, request: Request, task_id: str) -> Response:
-        task = access.task_for(principal(request), task_id)
+        task = access.task_to_act_on(principal(request), task_id)
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         who = principal(request)

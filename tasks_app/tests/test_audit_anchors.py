@@ -6,7 +6,9 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -42,11 +44,11 @@ def finished_task(persona, steps: int = 3) -> Task:
     return Task.objects.get(id=task.id)
 
 
-def verify_audit_problems() -> str:
+def verify_audit_problems(*args: str) -> str:
     """verify_audit's complaints, one a line, or "" when everything verifies."""
     out, err = io.StringIO(), io.StringIO()
     try:
-        call_command("verify_audit", stdout=out, stderr=err)
+        call_command("verify_audit", *args, stdout=out, stderr=err)
     except CommandError as exc:
         return f"{err.getvalue()}{exc}"
     assert " 0 broken" in out.getvalue()
@@ -71,6 +73,29 @@ def rewrite_chain_with_sql(task: Task) -> None:
                 [record.prev_hash, prev, record.id],
             )
         cursor.execute("UPDATE tasks_app_task SET audit_head = %s WHERE id = %s", [prev, task.id])
+
+
+def rechain_with_sql(task: Task, **changes: Any) -> None:
+    """Set fields of every record of the task and recompute the chain and head, as someone who
+    can write the database does (a chain no anchor holds verifies again afterwards)."""
+    prev = audit.GENESIS
+    with connection.cursor() as cursor:
+        for record in AuditRecord.objects.filter(task=task).order_by("seq"):
+            for name, change in changes.items():
+                setattr(record, name, change(getattr(record, name)))
+            record.prev_hash = prev
+            prev = hashlib.sha256(canonical_json(record.chained_fields()).encode()).hexdigest()
+            cursor.execute(
+                "UPDATE tasks_app_auditrecord SET created_at = %s, reason = %s, prev_hash = %s, hash = %s WHERE id = %s",
+                [record.created_at, record.reason, record.prev_hash, prev, record.id],
+            )
+        cursor.execute("UPDATE tasks_app_task SET audit_head = %s WHERE id = %s", [prev, task.id])
+
+
+def set_task_column(task: Task, column: str, value: str) -> None:
+    """An UPDATE of the task row in plain SQL (value: an SQL expression over the row)."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE tasks_app_task SET {column} = {value} WHERE id = %s", [task.id])  # noqa: S608
 
 
 def test_a_rewrite_with_recomputed_hashes_is_caught_by_the_anchor(alice):
@@ -173,3 +198,63 @@ def test_an_anchor_that_is_not_one_is_reported_and_every_other_still_checked(ali
         assert f"task {task.id}: record {task.audit_seq}: differs from its anchor" in problems, (since, problems)
         for name in junk:
             assert f"anchor {audit.ANCHOR_PREFIX}/{name}.json: not an anchor" in problems, (since, name, problems)
+
+
+# --- Anchoring suppressed: what the anchor job reads is in the database too ---------------------
+
+
+def test_a_chain_kept_from_its_anchor_by_moving_the_marker_is_a_gap(alice):
+    """anchor_heads anchors the chains whose audit_seq is past audit_anchored_seq: a writer who
+    moves the marker keeps a chain out of every anchor, free to be rewritten later."""
+    task = finished_task(alice)
+    set_task_column(task, "audit_anchored_seq", "audit_seq")
+    assert audit.anchor_heads() is None  # the job is fooled: nothing seems to have grown
+
+    problems = verify_audit_problems()
+    assert f"task {task.id}: record {task.audit_seq}: marked anchored, but the anchors hold none of it" in problems
+    assert "anchoring suppressed" in problems
+
+
+def test_a_head_seq_set_back_is_named_by_the_chain(alice):
+    """The other column the job reads: audit_seq set back hides a grown chain from it."""
+    task = finished_task(alice)
+    set_task_column(task, "audit_seq", "0")
+    assert audit.anchor_heads() is None
+
+    problems = verify_audit_problems()
+    assert f"task {task.id}: head: task's audit seq 0 is not its last record's ({task.audit_seq})" in problems
+
+
+def test_a_chain_left_out_of_a_later_anchor_is_a_gap_though_the_marker_was_moved_back(alice):
+    """The marker moved for one anchor run and moved back: nothing in the database says so, but
+    the chain's records were written before the newest anchor was taken and it holds none of
+    them. The rewrite the gap made possible verifies as a chain."""
+    hidden = finished_task(alice)
+    rechain_with_sql(hidden, created_at=lambda at: at - timedelta(minutes=3))  # written a while ago
+    set_task_column(hidden, "audit_anchored_seq", "audit_seq")
+    other = finished_task(alice)
+    anchor = json.loads(blob_store().get(audit.anchor_heads()))
+    assert [h["task"] for h in anchor["heads"]] == [str(other.id)]
+    set_task_column(hidden, "audit_anchored_seq", "0")  # the tracks covered
+    rechain_with_sql(hidden, reason=lambda _: "nothing happened here")
+    assert verify_chain(Task.objects.get(id=hidden.id)) is None
+
+    problems = verify_audit_problems()
+    assert f"task {hidden.id}: record 1: in no anchor (written " in problems, problems
+    assert f"before the anchor of {anchor['taken_at']}" in problems
+    assert f"task {other.id}" not in problems
+    assert "1 audit problem(s)" in problems
+
+
+def test_records_no_anchor_took_within_the_grace_are_a_gap(alice):
+    """Anchoring stopped altogether (the beat job, its key, its queue): records wait past the
+    grace. Within it they are not yet a problem; once anchored, never."""
+    task = finished_task(alice)
+    assert verify_audit_problems() == ""  # just written: within five anchor periods
+
+    problems = verify_audit_problems("--anchor-grace", "0")
+    assert f"task {task.id}: record 1: in no anchor (written " in problems
+    assert "more than 0s ago): anchoring was stopped or suppressed" in problems
+
+    audit.anchor_heads()
+    assert verify_audit_problems("--anchor-grace", "0") == ""

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -21,7 +21,13 @@ class Command(BaseCommand):
         parser.add_argument(
             "--since",
             type=datetime.fromisoformat,
-            help="skip anchors taken before this ISO time (tasks deleted by retention policy)",
+            help="skip anchors taken and records written before this ISO time (tasks deleted by retention policy)",
+        )
+        parser.add_argument(
+            "--anchor-grace",
+            type=float,
+            help="seconds a record may wait for its first anchor before it is a gap "
+            "(default: five audit.anchor_seconds, at least 300)",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -33,7 +39,8 @@ class Command(BaseCommand):
             checked += 1
             if (link := verify_chain(task)) is not None:
                 broken.append(link)
-        anchors, anchor_problems = verify_anchors(task_id=options["task"], since=options["since"])
+        grace = timedelta(seconds=options["anchor_grace"]) if options["anchor_grace"] is not None else None
+        anchors, anchor_problems = verify_anchors(task_id=options["task"], since=options["since"], grace=grace)
         broken.extend(anchor_problems)
         for link in broken:
             self.stderr.write(f"BROKEN {link}")
