@@ -120,7 +120,9 @@ def _listen() -> None:
         except Exception as exc:  # noqa: BLE001 (Redis away: the lease is the sure path meanwhile)
             logger.info("kill doorbell listener: %s; reconnecting in %.1fs", exc, backoff)
             time.sleep(backoff)
-            backoff = min(backoff * 2, 30)
+            # A few seconds at most: a kill rung while Redis was away waits for the heartbeat's
+            # look at the row (its lease period), and one rung after it returns waits for this.
+            backoff = min(backoff * 2, 5)
 
 
 # --- cutting the step -----------------------------------------------------------------
