@@ -296,6 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=600, help="contracts in the corpus (default 600)")
     parser.add_argument("--pacing", type=int, default=300, help="ms per batch of 20, to have a run to watch")
     parser.add_argument("--verbose", action="store_true", help="also show every checkpoint")
+    # Stopped by a signal (a closed terminal, a test's deadline), it stops its processes too
+    # (run's finally) instead of leaving web, workers and beat running.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     return run(parser.parse_args(argv))
 
 
