@@ -1,0 +1,62 @@
+"""A key without the read scope acts without reading (issue 16): what it is told when it acts
+(a cancel's answer, a refused or conflicting command, a replayed command id) says whether
+the act took and the version to act at, never the task (its goal, its error, its questions)
+or another caller's command; and a narrow key cannot revoke a wider one of its user (a leaked
+read-only exporter key must not switch off its user's operating keys). In-process (the
+Django test client); the tasks are brought to their questions by the engine in this process."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from tasks_app.access import console
+from tasks_app.actions import do_create_task
+from tasks_app.models import Task
+from tests.test_scope_rules import scoped_keys
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+GOAL = "merge the quarterly numbers of project larkspur"
+
+
+def as_key(token: str) -> Client:
+    return Client(headers={"Authorization": f"Bearer {token}"})
+
+
+def steer(token: str, task: Task, command_id: str, expected_version: int, **fields: Any):
+    body = {"commandId": command_id, "type": "pause", "payload": {}, "expectedVersion": expected_version, **fields}
+    return as_key(token).post(f"/runtime/tasks/{task.id}/steering", body, content_type="application/json")
+
+
+def test_a_key_without_read_learns_the_version_but_not_the_task_from_a_stale_command(alice):
+    keys = scoped_keys("operator", "otto", ["operate"], ["operate", "read"])
+    blind, sighted = keys["operate"], keys["operate+read"]
+    task, _ = do_create_task(console(alice.tenant, "user:creator"), agent="noop", input={"steps": 2}, goal=GOAL)
+    version = Task.objects.get(id=task.id).state_version
+
+    stale = steer(blind, task, "blind-1", version + 7)
+    assert stale.status_code == 409, stale.content
+    # What it needs to act again: the version now. Not the task.
+    assert stale.json()["error"]["currentVersion"] == version
+    assert "snapshot" not in stale.json()["error"], stale.json()
+    assert GOAL not in stale.content.decode()
+    # A key that may read gets the snapshot, as before.
+    seen = steer(sighted, task, "sighted-1", version + 7)
+    assert seen.status_code == 409 and seen.json()["error"]["snapshot"]["goal"] == GOAL
+
+
+def test_a_key_without_read_cancels_without_reading_the_task(alice):
+    keys = scoped_keys("operator", "olga", ["operate"])
+    task, _ = do_create_task(console(alice.tenant, "user:creator"), agent="noop", input={"steps": 2}, goal=GOAL)
+
+    cancelled = as_key(keys["operate"]).post(f"/runtime/tasks/{task.id}/cancel", {}, content_type="application/json")
+    assert cancelled.status_code == 202, cancelled.content
+    body = cancelled.json()
+    assert body["taskId"] == str(task.id) and body["runtimeStatus"] == "cancelled"
+    assert GOAL not in cancelled.content.decode() and "goal" not in body
+    # Refused for being finished: a 409 without the snapshot either.
+    again = as_key(keys["operate"]).post(f"/runtime/tasks/{task.id}/cancel", {}, content_type="application/json")
+    assert again.status_code == 409 and GOAL not in again.content.decode()
