@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from steering_app.models import InputRequest, InputStatus
+from tasks_app import engine
 from tasks_app.access import console
 from tasks_app.actions import do_create_task
 from tasks_app.models import Task
@@ -60,3 +62,40 @@ def test_a_key_without_read_cancels_without_reading_the_task(alice):
     # Refused for being finished: a 409 without the snapshot either.
     again = as_key(keys["operate"]).post(f"/runtime/tasks/{task.id}/cancel", {}, content_type="application/json")
     assert again.status_code == 409 and GOAL not in again.content.decode()
+
+
+def test_a_command_id_replays_only_for_the_caller_that_sent_it(alice):
+    keys = scoped_keys("approver", "paula", ["operate"])
+    task, _ = do_create_task(console(alice.tenant, "user:creator"), agent="noop", input={"steps": 2, "askAt": 1})
+    engine.run_slice(task.id, worker_id="test")
+    request = InputRequest.objects.get(task=task, status=InputStatus.OPEN)
+    version = Task.objects.get(id=task.id).state_version
+    answered = as_key(alice.token).post(
+        f"/runtime/tasks/{task.id}/steering",
+        {
+            "commandId": "alices-answer",
+            "type": "provide_input",
+            "payload": {"key": request.key, "answer": True},
+            "expectedVersion": version,
+            "reason": "the launch codes are 0000, from the runbook",
+        },
+        content_type="application/json",
+    )
+    assert answered.status_code == 202, answered.content
+
+    # Another caller naming that command id is not its sender: no replay of alice's answer.
+    other = steer(keys["operate"], task, "alices-answer", version)
+    assert other.status_code == 409, other.content
+    assert "launch codes" not in other.content.decode() and "runbook" not in other.content.decode()
+    # Alice's own replay still gets her command back.
+    replay = as_key(alice.token).post(
+        f"/runtime/tasks/{task.id}/steering",
+        {
+            "commandId": "alices-answer",
+            "type": "provide_input",
+            "payload": {"key": request.key, "answer": True},
+            "expectedVersion": version,
+        },
+        content_type="application/json",
+    )
+    assert replay.status_code == 202 and replay.json()["commandId"] == "alices-answer"
