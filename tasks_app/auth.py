@@ -90,6 +90,18 @@ def check_key_grant(
             raise ValueError(f"a key that expires at {ends.isoformat()} may not make one that outlives it")
 
 
+def check_may_revoke(key: ApiKey, who: Principal) -> None:
+    """A key may always revoke itself; another key only if it can do nothing the caller
+    cannot (its scopes within the caller's): a narrow key that leaked (a read-only exporter's)
+    must not switch off its user's wider keys. ValueError naming what the key has beyond."""
+    if who.key == key.prefix:
+        return
+    own = who.scopes if who.scopes is not None else scopes_within(who.role)
+    beyond = effective_scopes(key.role, key.scopes) - own
+    if beyond:
+        raise ValueError(f"key {key.prefix} has scopes {sorted(beyond)} beyond this caller's; it may not revoke it")
+
+
 def issue_api_key(
     tenant: Tenant,
     user: User,

@@ -16,7 +16,7 @@ from steering_app.models import InputRequest, InputStatus
 from tasks_app import engine
 from tasks_app.access import console
 from tasks_app.actions import do_create_task
-from tasks_app.models import Task
+from tasks_app.models import ApiKey, Task
 from tests.test_scope_rules import scoped_keys
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -99,3 +99,17 @@ def test_a_command_id_replays_only_for_the_caller_that_sent_it(alice):
         content_type="application/json",
     )
     assert replay.status_code == 202 and replay.json()["commandId"] == "alices-answer"
+
+
+def test_a_narrow_key_cannot_revoke_a_wider_key_of_its_user(alice):
+    keys = scoped_keys("operator", "rita", ["read"], ["operate", "read"])
+    reader, full = keys["read"], keys["operate+read"]
+    full_id = ApiKey.objects.get(user__username="rita", name="operate+read").prefix
+    refused = as_key(reader).delete(f"/runtime/keys/{full_id}")
+    assert refused.status_code == 403, refused.content
+    assert ApiKey.objects.get(prefix=full_id).revoked_at is None
+    assert as_key(full).get("/runtime/tasks").status_code == 200
+    # The wider key revokes the narrower one, and a key may always revoke itself.
+    reader_id = ApiKey.objects.filter(user__username="rita", name="read").first().prefix
+    assert as_key(reader).delete(f"/runtime/keys/{reader_id}").status_code == 200
+    assert as_key(full).delete(f"/runtime/keys/{full_id}").status_code == 200

@@ -22,6 +22,7 @@ from tasks_app.auth import (
     IsPrincipal,
     Principal,
     check_key_grant,
+    check_may_revoke,
     issue_api_key,
     principal,
     revoke_api_key,
@@ -112,6 +113,10 @@ class KeyDetailApi(APIView):
     def delete(self, request: Request, key_id: str) -> Response:
         """Revoke: the key stops working on its next request."""
         key = manageable_key(request, key_id)
+        try:
+            check_may_revoke(key, principal(request))
+        except ValueError as exc:
+            raise PermissionDenied(str(exc)) from None
         revoke_api_key(key)
         key.refresh_from_db()
         return Response(key_body(key))
