@@ -49,7 +49,14 @@ from runtime_site.errors import DATABASE_UNAVAILABLE, RETRY_AFTER_SECONDS, error
 from runtime_site.middleware import request_texts
 from runtime_site.ratelimit import RateLimited
 from tasks_app import oauth
-from tasks_app.auth import ApiKeyAuthentication, Principal, bearer_token, challenge, reauthenticate
+from tasks_app.auth import (
+    ApiKeyAuthentication,
+    Principal,
+    bearer_token,
+    challenge,
+    reauthenticate,
+    scope_challenge,
+)
 from tasks_app.errors import DomainError
 from tasks_app.models import Task
 from tasks_app.streams import wakeups
@@ -429,7 +436,11 @@ async def _endpoint(request: HttpRequest) -> HttpResponseBase:
     except json_safety.UnsafeInput as exc:  # an action's last check (parse() already refused the body's)
         return _error(rpc_error(exc), message.id)
     except DomainError as exc:  # an action refused (tasks_app.errors): as a handler's own error
-        return _error(rpc_error(exc), message.id, status=None if message.modern else 200)
+        if not message.modern:
+            return _error(rpc_error(exc), message.id, status=200)
+        # A 403 that a token with more scope would lift says which (MCP's scope challenge).
+        step_up = scope_challenge(request, principal, exc)
+        return _error(rpc_error(exc), message.id, headers={"WWW-Authenticate": step_up} if step_up else None)
     except DATABASE_UNAVAILABLE:
         raise
     except Exception:

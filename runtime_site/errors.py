@@ -18,7 +18,7 @@ from rest_framework.views import exception_handler as drf_handler
 
 from common import json_safety
 from tasks_app import access, errors, oauth
-from tasks_app.auth import Principal, challenge
+from tasks_app.auth import Principal, challenge, scope_challenge
 from tasks_app.errors import AnswerConflict, CommandRefused, VersionConflict
 from tasks_app.selectors import task_snapshot
 
@@ -73,7 +73,10 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         who = getattr(context.get("request"), "auth", None)
         reader = isinstance(who, Principal) and access.may_read(who)
         body = error_body(answer.code, errors.message(exc), **_details(exc, reader))
-        return Response(body, status=answer.http_status)
+        refused = Response(body, status=answer.http_status)
+        if (step_up := scope_challenge(context.get("request"), who, exc)) is not None:
+            refused["WWW-Authenticate"] = step_up  # a 403 that a token with more scope would lift
+        return refused
     response = drf_handler(exc, context)
     if response is None:
         return None  # a real bug: let Django log it and answer 500
