@@ -7,9 +7,11 @@ Django test client); the tasks are brought to their questions by the engine in t
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.test import Client
 
 from steering_app.models import InputRequest, InputStatus
@@ -17,7 +19,7 @@ from tasks_app import engine
 from tasks_app.access import console
 from tasks_app.actions import do_create_task
 from tasks_app.models import ApiKey, Task
-from tests.test_scope_rules import scoped_keys
+from tests.test_scope_rules import LEGACY, rpc, scoped_keys
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -113,3 +115,29 @@ def test_a_narrow_key_cannot_revoke_a_wider_key_of_its_user(alice):
     reader_id = ApiKey.objects.filter(user__username="rita", name="read").first().prefix
     assert as_key(reader).delete(f"/runtime/keys/{reader_id}").status_code == 200
     assert as_key(full).delete(f"/runtime/keys/{full_id}").status_code == 200
+
+
+def final_message(response) -> dict[str, Any]:
+    """The JSON-RPC answer of a /mcp response, plain JSON or the last message of its stream."""
+    if response["Content-Type"].startswith("application/json"):
+        return response.json()
+
+    async def chunks() -> bytes:
+        return b"".join([chunk async for chunk in response.streaming_content])
+
+    body = async_to_sync(chunks)().decode()
+    return [json.loads(line[6:]) for line in body.splitlines() if line.startswith("data: ")][-1]
+
+
+def test_a_key_without_read_cancels_over_legacy_mcp_without_reading_the_task(alice):
+    """The 2025 wire answers tasks/cancel with the Task: its status, not its message (the
+    agent's question, an error) for a key that may not read it."""
+    keys = scoped_keys("operator", "otis", ["operate"], ["operate", "read"])
+    for token, shown in ((keys["operate"], False), (keys["operate+read"], True)):
+        task, _ = do_create_task(console(alice.tenant, "user:creator"), agent="noop", input={"steps": 2, "askAt": 1})
+        engine.run_slice(task.id, worker_id="test")
+        prompt = InputRequest.objects.get(task=task, status=InputStatus.OPEN).prompt
+        assert prompt in Task.objects.get(id=task.id).status_text()
+        answer = final_message(rpc(token, "tasks/cancel", {"taskId": str(task.id)}, wire=LEGACY))
+        assert answer["result"]["taskId"] == str(task.id) and answer["result"]["status"] == "cancelled", answer
+        assert (prompt in json.dumps(answer)) is shown, answer
