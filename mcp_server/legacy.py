@@ -191,7 +191,15 @@ def legacy_tasks_cancel(call: Call) -> dict[str, Any] | Wait:
         task.refresh_from_db()
         raise RpcError(INVALID_PARAMS, f"Cannot cancel task: already in terminal status {task.mcp_status!r}") from None
     # A worker mid-step stops at its next safe point: give it a moment to get there.
-    return Wait(task.id, shared.terminal, lambda t, _: legacy_task(t), LEGACY_CANCEL_WAIT_SECONDS)
+    # Cancelling is not reading: a caller without the read scope gets the Task's status and
+    # times, not its message (the agent's question, an error).
+    reader = access.may_read(call.principal)
+    return Wait(
+        task.id,
+        shared.terminal,
+        lambda t, _: legacy_task(t) if reader else {k: v for k, v in legacy_task(t).items() if k != "statusMessage"},
+        LEGACY_CANCEL_WAIT_SECONDS,
+    )
 
 
 def legacy_tools_list(call: Call) -> dict[str, Any]:

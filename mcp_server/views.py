@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -49,7 +50,14 @@ from runtime_site.errors import DATABASE_UNAVAILABLE, RETRY_AFTER_SECONDS, error
 from runtime_site.middleware import request_texts
 from runtime_site.ratelimit import RateLimited
 from tasks_app import oauth
-from tasks_app.auth import ApiKeyAuthentication, Principal, bearer_token, challenge, reauthenticate
+from tasks_app.auth import (
+    ApiKeyAuthentication,
+    Principal,
+    bearer_token,
+    challenge,
+    reauthenticate,
+    scope_challenge,
+)
 from tasks_app.errors import DomainError
 from tasks_app.models import Task
 from tasks_app.streams import wakeups
@@ -171,6 +179,61 @@ def _sse(payload: dict[str, Any]) -> str:
 
 
 REVOKED = RpcError(SERVER_ERROR, "Unauthorized: the credential this request came with no longer works")
+
+
+class OpenWaits:
+    """How many answers that wait each key holds open in this process (limits.mcp_streams_per_key:
+    past it, a new listen or blocking tasks/result is 429).
+
+    The request rate limit counts a wait once, when it opens, but it then looks at the
+    database several times a second for as long as it lasts: a key opening its allowance of
+    listens every minute would pile up thousands of them. Counted on the event loop, which
+    runs every view of this process, so a plain dict suffices."""
+
+    def __init__(self) -> None:
+        self.open: dict[str, int] = {}
+        self.lock = threading.Lock()  # a stream gives back from Django's close(), on a thread
+
+    def full(self, principal: Principal) -> bool:
+        cap = int(settings.RUNTIME.get("limits", {}).get("mcp_streams_per_key", 0) or 0)
+        return bool(cap) and self.open.get(principal.key or principal.actor, 0) >= cap
+
+    def take(self, principal: Principal) -> None:
+        key = principal.key or principal.actor
+        with self.lock:
+            self.open[key] = self.open.get(key, 0) + 1
+
+    def give_back(self, principal: Principal) -> None:
+        key = principal.key or principal.actor
+        with self.lock:
+            if (left := self.open.get(key, 0) - 1) > 0:
+                self.open[key] = left
+            else:
+                self.open.pop(key, None)
+
+
+class WaitStream(StreamingHttpResponse):
+    """A waiting answer's stream, whose key's place (OpenWaits) is given back when Django
+    closes the response: always, however the stream ended or if it never started."""
+
+    def __init__(self, *args: Any, principal: Principal, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.principal: Principal | None = principal
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            if self.principal is not None:
+                OPEN_WAITS.give_back(self.principal)
+                self.principal = None
+
+
+OPEN_WAITS = OpenWaits()
+STREAMS_RETRY_AFTER = 5  # seconds: a wait of the key's has to end first; there is no window to name
+# The reads whose answer may wait without end (until the tasks finish): refused past the cap.
+# The others that wait (a synchronous tools/call, a legacy cancel) are bounded and count only.
+UNBOUNDED_WAITS = frozenset({"subscriptions/listen", "tasks/result"})
 
 
 class Recheck:
@@ -301,7 +364,7 @@ async def _listened(message: Message, listen: modern.Listen, recheck: Recheck) -
 
 
 def _respond_wait(
-    request: HttpRequest, message: Message, wait: Wait | modern.Listen, recheck: Recheck
+    request: HttpRequest, message: Message, wait: Wait | modern.Listen, recheck: Recheck, principal: Principal
 ) -> HttpResponseBase:
     async def stream() -> AsyncIterator[str]:
         yield ": waiting for the task\n\n"
@@ -311,7 +374,7 @@ def _respond_wait(
         async for item in items:
             yield ": keep-alive\n\n" if item is None else _sse(item)
 
-    response = StreamingHttpResponse(stream(), content_type="text/event-stream")
+    response = WaitStream(stream(), content_type="text/event-stream", principal=principal)
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     return response
@@ -421,6 +484,14 @@ async def _endpoint(request: HttpRequest) -> HttpResponseBase:
         return _error(exc, message.id)
     if message.is_notification:
         return HttpResponse(status=202)
+    if message.method in UNBOUNDED_WAITS and OPEN_WAITS.full(principal):
+        # Refused before anything is done (these only read); the waits already open go on.
+        return _error(
+            RpcError(RATE_LIMITED, "Too Many Requests: this key holds as many waiting answers open as it may"),
+            message.id,
+            status=429,
+            headers={"Retry-After": str(STREAMS_RETRY_AFTER)},
+        )
     try:
         outcome = await sync_to_async(_run)(Call(principal, message))
     except RpcError as exc:
@@ -429,18 +500,27 @@ async def _endpoint(request: HttpRequest) -> HttpResponseBase:
     except json_safety.UnsafeInput as exc:  # an action's last check (parse() already refused the body's)
         return _error(rpc_error(exc), message.id)
     except DomainError as exc:  # an action refused (tasks_app.errors): as a handler's own error
-        return _error(rpc_error(exc), message.id, status=None if message.modern else 200)
+        if not message.modern:
+            return _error(rpc_error(exc), message.id, status=200)
+        # A 403 that a token with more scope would lift says which (MCP's scope challenge).
+        step_up = scope_challenge(request, principal, exc)
+        return _error(rpc_error(exc), message.id, headers={"WWW-Authenticate": step_up} if step_up else None)
     except DATABASE_UNAVAILABLE:
         raise
     except Exception:
         logger.exception("mcp: %s failed", message.method)
         return _error(RpcError(INTERNAL_ERROR, "Internal error"), message.id)
+    if isinstance(outcome, modern.Listen | Wait):
+        OPEN_WAITS.take(principal)  # given back when the answer ends, however it ends
     if isinstance(outcome, modern.Listen):  # always a stream: it is nothing else
-        return _respond_wait(request, message, outcome, Recheck(request, principal))
+        return _respond_wait(request, message, outcome, Recheck(request, principal), principal)
     if isinstance(outcome, Wait):
         if "text/event-stream" in request.headers.get("Accept", ""):
-            return _respond_wait(request, message, outcome, Recheck(request, principal))
-        return await _respond_wait_json(request, message, outcome, Recheck(request, principal))
+            return _respond_wait(request, message, outcome, Recheck(request, principal), principal)
+        try:
+            return await _respond_wait_json(request, message, outcome, Recheck(request, principal))
+        finally:
+            OPEN_WAITS.give_back(principal)
     response = JsonResponse(result_body(message.id, _with_server_info(message, outcome)))
     if not message.modern and message.method == "initialize":
         # Signed, never stored: carries the client's capabilities to later requests.

@@ -17,8 +17,8 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 
 from common import json_safety
-from tasks_app import errors, oauth
-from tasks_app.auth import challenge
+from tasks_app import access, errors, oauth
+from tasks_app.auth import Principal, challenge, scope_challenge
 from tasks_app.errors import AnswerConflict, CommandRefused, VersionConflict
 from tasks_app.selectors import task_snapshot
 
@@ -43,11 +43,15 @@ def _first_message(detail: Any) -> str:
     return str(detail)
 
 
-def _details(exc: Exception) -> dict[str, Any]:
-    """What REST adds to a domain error's body beside the code and message."""
+def _details(exc: Exception, reader: bool) -> dict[str, Any]:
+    """What REST adds to a domain error's body beside the code and message. The task's
+    snapshot only for a `reader` (access.may_read): a key without the read scope that acts
+    (steers, cancels, answers) must not read the task through the act's refusal."""
     if isinstance(exc, VersionConflict):
-        # The person's view is stale: here is the task as it is now (DESIGN §5).
-        return {"currentVersion": exc.task.state_version, "snapshot": task_snapshot(exc.task)}
+        # The person's view is stale: here is the task as it is now (DESIGN §5). The version
+        # alone to a caller that may not read: it is what acting again needs.
+        snapshot = {"snapshot": task_snapshot(exc.task)} if reader else {}
+        return {"currentVersion": exc.task.state_version, **snapshot}
     if isinstance(exc, AnswerConflict):
         # The answer that stands, so the client can tell "mine won" from "someone else's did".
         return {
@@ -56,7 +60,7 @@ def _details(exc: Exception) -> dict[str, Any]:
             "answeredBy": exc.command.requested_by,
             "commandId": exc.command.command_id,
         }
-    if isinstance(exc, CommandRefused) and exc.task is not None:
+    if isinstance(exc, CommandRefused) and exc.task is not None and reader:
         # As for a conflict: the task as it is now, so the caller sees why (finished, held).
         return {"snapshot": task_snapshot(exc.task)}
     return {}
@@ -66,8 +70,13 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, json_safety.UnsafeInput):  # from the body parser, or an action's last check
         return Response(unsafe_input_body(exc), status=status.HTTP_400_BAD_REQUEST)
     if (answer := errors.answer_for(exc)) is not None:
-        body = error_body(answer.code, errors.message(exc), **_details(exc))
-        return Response(body, status=answer.http_status)
+        who = getattr(context.get("request"), "auth", None)
+        reader = isinstance(who, Principal) and access.may_read(who)
+        body = error_body(answer.code, errors.message(exc), **_details(exc, reader))
+        refused = Response(body, status=answer.http_status)
+        if (step_up := scope_challenge(context.get("request"), who, exc)) is not None:
+            refused["WWW-Authenticate"] = step_up  # a 403 that a token with more scope would lift
+        return refused
     response = drf_handler(exc, context)
     if response is None:
         return None  # a real bug: let Django log it and answer 500

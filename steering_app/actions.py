@@ -167,6 +167,7 @@ def do_enqueue_command(
         expected_version=expected_version,
         requested_by=who.actor,
         reason=reason,
+        own_replays_only=True,
     )
 
 
@@ -181,7 +182,11 @@ def _enqueue_command(
     expected_version: int,
     requested_by: str,
     reason: str = "",
+    own_replays_only: bool = False,
 ) -> tuple[SteeringCommand, bool]:
+    """own_replays_only: a command id the caller chose replays only the caller's own command.
+    (do_answer_input's ids are the request's, the same for everyone, and a second answerer
+    is meant to meet the answer that stands.)"""
     json_safety.check(
         {
             "commandId": command_id,
@@ -196,6 +201,10 @@ def _enqueue_command(
     # version sees its version still current.
     task = Task.objects.select_for_update().get(id=task_id, tenant=tenant)
     if existing := SteeringCommand.objects.filter(task=task, command_id=command_id).first():
+        if own_replays_only and existing.requested_by != requested_by:
+            # Someone else's command: replaying it would hand this caller its payload and
+            # reason (an answer, say) and call it accepted, with nothing of theirs done.
+            raise CommandRefused(f"command id {command_id!r} is another caller's on this task; use a new one", task)
         return existing, False
     if refused := refusal(task, type):
         raise CommandRefused(refused, task)

@@ -37,6 +37,13 @@ def check_reads(who: Principal | User) -> None:
         check_role(who, Role.VIEWER)
 
 
+def may_read(who: Principal | User) -> bool:
+    """Whether `who` may read tasks (check_reads): what an answer to an act may show of the
+    task. A key without the read scope acts, and is told whether the act took and the version
+    to act at, never the task itself (its goal, its error, its questions)."""
+    return not isinstance(who, Principal) or who.has_role(Role.VIEWER)
+
+
 def visible_tasks(who: Principal | User) -> TaskQuerySet:
     """To read: a principal's tenant's tasks, or every task of a person's tenants (check_reads)."""
     check_reads(who)

@@ -135,6 +135,12 @@ def verify_chain(task: Task) -> BrokenLink | None:
             return BrokenLink(str(task.id), record.seq, "prev_hash does not match the previous record")
         if _hash(record) != record.hash:
             return BrokenLink(str(task.id), record.seq, "content does not match its hash (edited)")
+        if record.tenant_id != task.tenant_id:
+            # The hash covers the record's task, not its tenant: a record moved to another
+            # tenant (out of its auditors' sight) is caught here, a moved task by its anchor.
+            return BrokenLink(
+                str(task.id), record.seq, f"tenant {record.tenant_id} is not its task's ({task.tenant_id})"
+            )
         prev, expected_seq = record.hash, expected_seq + 1
     if task.audit_head != (prev if prev != GENESIS else ""):
         return BrokenLink(str(task.id), None, "task's audit head does not match the last record")
@@ -346,13 +352,24 @@ def _check_heads(anchor: str, heads: list[dict[str, Any]]) -> list[BrokenLink]:
             task_id__in=task_ids, seq__in={h["seq"] for h in heads}
         ).values_list("task_id", "seq", "hash")
     }
-    existing = {str(t) for t in Task.objects.filter(id__in=task_ids).values_list("id", flat=True)}
+    existing = {
+        str(t): str(tenant) for t, tenant in Task.objects.filter(id__in=task_ids).values_list("id", "tenant_id")
+    }
     problems = []
     for head in heads:
         task, seq = head["task"], head["seq"]
         found = stored.get((task, seq))
         if task not in existing:
             problems.append(BrokenLink(task, seq, f"task deleted (anchored in {anchor})"))
+        elif existing[task] != str(head["tenant"]):
+            # The chain cannot tell: the tenant is not hashed. The anchor can.
+            problems.append(
+                BrokenLink(
+                    task,
+                    seq,
+                    f"task now of tenant {existing[task]}, anchored in {anchor} as tenant {head['tenant']}'s (moved)",
+                )
+            )
         elif found is None:
             problems.append(BrokenLink(task, seq, f"deleted (anchored in {anchor})"))
         elif found != head["hash"]:

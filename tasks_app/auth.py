@@ -21,6 +21,7 @@ from rest_framework.request import Request
 from common.canonical import sha256_hex
 from runtime_site import ratelimit
 from tasks_app import oauth
+from tasks_app.errors import Forbidden
 from tasks_app.models import ROLE_RANK, ROLE_SCOPES, ApiKey, Membership, Role, Scope, Tenant, scopes_within
 
 KEY_PREFIX = "rt_"
@@ -88,6 +89,18 @@ def check_key_grant(
         ends = granted_by.expires_at
         if ends is not None and (expires_at is None or expires_at > ends):
             raise ValueError(f"a key that expires at {ends.isoformat()} may not make one that outlives it")
+
+
+def check_may_revoke(key: ApiKey, who: Principal) -> None:
+    """A key may always revoke itself; another key only if it can do nothing the caller
+    cannot (its scopes within the caller's): a narrow key that leaked (a read-only exporter's)
+    must not switch off its user's wider keys. ValueError naming what the key has beyond."""
+    if who.key == key.prefix:
+        return
+    own = who.scopes if who.scopes is not None else scopes_within(who.role)
+    beyond = effective_scopes(key.role, key.scopes) - own
+    if beyond:
+        raise ValueError(f"key {key.prefix} has scopes {sorted(beyond)} beyond this caller's; it may not revoke it")
 
 
 def issue_api_key(
@@ -247,13 +260,34 @@ def challenge(request: Any, refusal: Exception | None = None) -> str:
     return oauth.challenge(request)  # no credential came (NotAuthenticated, None)
 
 
+OAUTH_KEY_PREFIX = "oauth-"  # a token's Principal.key: what rate limits count it by
+
+
+def scope_challenge(request: Any, who: Any, refusal: Exception) -> str | None:
+    """The WWW-Authenticate of a 403 that more scope would lift (RFC 6750 §3.1, MCP
+    authorization's scope challenge): error="insufficient_scope" and the scope to ask for,
+    the issuer's for a token, the key scope for an API key. None when the refusal is not
+    a role check (`refusal.role`), or the credential has the scopes and its user's membership
+    falls short (the membership caps the role, never the scopes: no token would help, and a
+    client must not be sent round asking)."""
+    minimum = getattr(refusal, "role", None)
+    if not isinstance(who, Principal) or who.scopes is None or minimum is None:
+        return None
+    missing = ROLE_SCOPES[minimum] - who.scopes
+    if not missing:
+        return None
+    token = (who.key or "").startswith(OAUTH_KEY_PREFIX)
+    names = oauth.scopes_granting(frozenset(missing)) if token else sorted(missing)
+    return oauth.challenge(request, "insufficient_scope", str(refusal), scope=" ".join(names))
+
+
 def authenticate_token(token: str) -> tuple[Any, Principal]:
     """An API key, or the configured issuer's bearer JWT (tasks_app/oauth.py). Also what a
     long-lived stream asks again while it is open: a key revoked since closes it."""
     if not token.startswith(KEY_PREFIX) and oauth.enabled() and oauth.looks_like_jwt(token):
         grant = oauth.authenticate_jwt(token)
         # key: what rate limits count by, per token subject (never the token, which is renewed)
-        key = f"oauth-{grant.user.pk}"
+        key = f"{OAUTH_KEY_PREFIX}{grant.user.pk}"
         return grant.user, Principal(
             grant.tenant, grant.role, f"user:{grant.user.pk}", grant.scopes, key=key, expires_at=grant.expires_at
         )
@@ -300,7 +334,13 @@ def require_role(minimum: str) -> type[permissions.BasePermission]:
         message = f"this needs the {minimum} role or above"
 
         def has_permission(self, request: Request, view: Any) -> bool:
-            return isinstance(request.auth, Principal) and request.auth.has_role(minimum)
+            if not isinstance(request.auth, Principal):
+                return False  # DRF answers 401: no credential came
+            if not request.auth.has_role(minimum):
+                # The domain error, not DRF's bare 403: it names the role, so the answer can
+                # say which scope would lift it (scope_challenge), as every other edge does.
+                raise Forbidden(self.message, role=minimum)
+            return True
 
     return HasRole
 

@@ -86,16 +86,29 @@ def metadata(request: Any) -> dict[str, Any]:
     return body
 
 
-def challenge(request: Any, error: str | None = None, description: str | None = None) -> str:
+def challenge(request: Any, error: str | None = None, description: str | None = None, scope: str = "") -> str:
     """The WWW-Authenticate of a 401 or 403: where the metadata is (MCP authorization),
-    and with a token that failed, why (RFC 6750 error codes)."""
+    and with a token that failed, why (RFC 6750 error codes); with insufficient_scope, the
+    scope to ask for (`scope`)."""
     parts = ['realm="runtime"', f'resource_metadata="{request.build_absolute_uri(METADATA_PATH)}"']
     if error:
         parts.append(f'error="{error}"')
     if description:
         clean = "".join(c for c in description if c.isprintable() and c not in '"\\')[:200]
         parts.append(f'error_description="{clean}"')
+    if scope:
+        parts.append(f'scope="{scope}"')
     return "Bearer " + ", ".join(parts)
+
+
+def scopes_granting(needed: frozenset[str]) -> list[str]:
+    """The issuer's scopes (oauth.scopes) a token needs for the runtime scopes `needed`: each
+    one's own mapped scope, or the admin scope for one that has none."""
+    mapping: dict[str, str] = config().get("scopes") or {}
+    names = {name for name, power in mapping.items() if power in needed}
+    if not needed <= {mapping[name] for name in names}:
+        names |= {name for name, power in mapping.items() if power == ADMIN}
+    return sorted(names)
 
 
 def looks_like_jwt(token: str) -> bool:

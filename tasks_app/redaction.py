@@ -19,21 +19,30 @@ _SECRET_KEY = re.compile(
     r"private[_-]?key|session",
     re.IGNORECASE,
 )
-# A secret named by its key inside a string (an error message, a URL, a printed dict): the
-# value is masked and the key kept, so the line still says what was there.
-# It starts where a run of name characters starts (the lookbehind), never inside one: from
-# each position inside, the scan to the run's end and back made masking quadratic, and one
-# 16 KB query string in an access log line held the web process's event loop for 25 s.
-_KEY_IN_TEXT = (
-    r"(?<![A-Za-z0-9_-])[A-Za-z0-9_-]*(?i:pass(?:word|wd)|secret|token|api[_-]?key|authori[sz]ation|cookie|"
-    r"credential|private[_-]?key|session)"
+# A secret named by its key inside a string (an error message, a URL, a printed dict, a
+# config file quoted back): the value is masked and the key kept, so the line still says what
+# was there. The secret word may sit anywhere in the name (aws_secret_access_key,
+# clientSecretValue), as for a dict's keys, but not inside a longer word (max_tokens,
+# sessions: counts, not secrets).
+# It starts where a run of name characters starts (the lookbehind), never inside one, and the
+# run is taken whole (possessive): from each position inside, the scan to the run's end and
+# back made masking quadratic, and one 16 KB query string in an access log line held the web
+# process's event loop for 25 s. The lookahead scans the run once, to find the secret word.
+_NAME_WORDS = (
+    r"(?i:pass(?:word|wd)|secret|token|api[_-]?key|authori[sz]ation|cookie|credential|private[_-]?key|session)"
 )
+_KEY_IN_TEXT = rf"(?<![A-Za-z0-9_-])(?=[A-Za-z0-9_-]*?{_NAME_WORDS}(?![a-z0-9]))[A-Za-z0-9_-]++"
 _SECRET_VALUE = re.compile(
     r"(?P<bearer>\b(?:Bearer|Basic|Token)\s+)[A-Za-z0-9._~+/=-]{8,}"  # authorization header values
     r"|\brt_[0-9a-f]{12}_[A-Za-z0-9_-]{20,}"  # our own API keys
     r"|\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"  # AWS access key ids
     r"|\b(?:sk|pk|ghp|gho|xox[abp])[-_][A-Za-z0-9-_]{16,}"  # common vendor tokens
+    # A PEM private key, to its END line (or as far as it goes, when cut or escaped in JSON).
+    r"|-----BEGIN[A-Z ]*PRIVATE KEY-----[A-Za-z0-9+/=\s\\]*(?:-----END[A-Z ]*PRIVATE KEY-----)?"
     rf"|(?P<quoted>{_KEY_IN_TEXT}\\*[\"']\s*[:=]\s*\\*[\"'])[^\"'\\]*"  # 'password': 'x', "api_key": "x", \"token\":\"x\"
+    rf"|(?P<bare>{_KEY_IN_TEXT}\\*[\"']\s*[:=]\s*)[^\s\"'\\,{{}}\[\]]+"  # "pin_secret": 1234 (a number, true)
+    # api_key="x", token: 'x': to the closing quote
+    rf"|(?P<unquoted>{_KEY_IN_TEXT}\s*[:=]\s*\\*[\"'](?:(?:Bearer|Basic|Token)\s+)?)[^\"'\\]*"
     rf"|(?P<named>{_KEY_IN_TEXT}\s*[:=]\s*(?:(?:Bearer|Basic|Token)\s+)?)[^\s\"'&;,}})]+"  # api_key=x, X-Api-Key: x
     r"|(?P<userinfo>://[^/\s:@]+:)[^/\s@]+(?=@)"  # https://user:password@host
 )
@@ -73,10 +82,16 @@ def _personal_in_text(personal: frozenset[str]) -> re.Pattern[str] | None:
     )
 
 
+_KEPT = ("bearer", "quoted", "bare", "unquoted", "named", "userinfo")
+
+
+def _kept(match: re.Match[str]) -> str:
+    """What of a secret's match stays: its name and separator, or its scheme."""
+    return next((kept for group in _KEPT if (kept := match.group(group))), "")
+
+
 def _mask(text: str, personal: frozenset[str] = frozenset()) -> str:
-    text = _SECRET_VALUE.sub(
-        lambda m: (m.group("bearer") or m.group("quoted") or m.group("named") or m.group("userinfo") or "") + MASK, text
-    )
+    text = _SECRET_VALUE.sub(lambda m: _kept(m) + MASK, text)
     if (pattern := _personal_in_text(personal)) is not None:
         text = pattern.sub(lambda m: (m.group("quoted") or m.group("named") or "") + MASK, text)
     text = _JWT.sub(MASK, text)

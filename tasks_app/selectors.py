@@ -19,6 +19,18 @@ def task_urls(task: Task) -> dict[str, str]:
     }
 
 
+def task_ack(task: Task) -> dict[str, Any]:
+    """What an act tells a caller that may not read the task (a cancel): that it took, the
+    task's status and version (what acting again needs), and where a key that may read it."""
+    return {
+        "taskId": str(task.id),
+        "status": task.mcp_status,
+        "runtimeStatus": task.status,
+        "stateVersion": task.state_version,
+        **task_urls(task),
+    }
+
+
 def with_snapshot(tasks: QuerySet[Task], *, prefetch_inputs: bool = False) -> QuerySet[Task]:
     """`tasks` with what task_snapshot reads beside the row, in the row's own query: the
     newest checkpoint's sequence and whether an input request is open (its rows are read

@@ -338,3 +338,43 @@ def test_a_key_made_with_a_token_expires_with_it(configured, alice):
     assert forever.status_code == 400 and "outlive" in forever.json()["error"]["message"]
     far = configured.sign({**claims, "exp": 10**15})  # past year 9999: no datetime holds it
     assert Client(headers={"Authorization": f"Bearer {far}"}).get("/runtime/tasks").status_code == 200
+
+
+def test_a_token_short_of_a_scope_is_told_which_one_to_ask_for(configured, alice, victor):
+    """MCP authorization's scope challenge (RFC 6750 §3.1): a good token whose scopes fall short
+    of what it asked is 403 with error="insufficient_scope" and the OAuth scope it needs, on
+    /mcp, REST and SSE alike, so the client can ask its issuer for more (step-up) instead of
+    guessing. Not when the membership falls short: no scope would help then."""
+    task_id = mcp(alice.token, "tools/call", {"name": "noop", "arguments": {"steps": 1}}, name="noop").json()["result"][
+        "taskId"
+    ]
+    operate = configured.sign(configured.claims(AUDIENCE, scope="runtime:operate"))
+    as_operate = Client(headers={"Authorization": f"Bearer {operate}"})
+    for edge, refused in (
+        ("mcp tasks/get", mcp(operate, "tasks/get", {"taskId": task_id}, name=task_id)),
+        ("rest detail", as_operate.get(f"/runtime/tasks/{task_id}")),
+        ("rest list", as_operate.get("/runtime/tasks")),
+        ("sse", as_operate.get(f"/runtime/tasks/{task_id}/events")),
+    ):
+        assert refused.status_code == 403, (edge, refused.content)
+        challenge = refused.get("WWW-Authenticate", "")
+        assert challenge.startswith("Bearer ") and 'error="insufficient_scope"' in challenge, (edge, challenge)
+        assert 'scope="runtime:read"' in challenge, (edge, challenge)
+        assert 'resource_metadata="http://testserver/.well-known/oauth-protected-resource"' in challenge
+    reader = configured.sign(configured.claims(AUDIENCE, scope="runtime:read"))
+    cancel = Client(headers={"Authorization": f"Bearer {reader}"}).post(
+        f"/runtime/tasks/{task_id}/cancel", {}, content_type="application/json"
+    )
+    assert cancel.status_code == 403 and 'scope="runtime:operate"' in cancel["WWW-Authenticate"], cancel.content
+    # victor is a viewer: a token with every scope still may not cancel, and is not sent to ask for more.
+    capped = configured.sign(configured.claims(AUDIENCE, sub="victor", scope="runtime:admin"))
+    refused = Client(headers={"Authorization": f"Bearer {capped}"}).post(
+        f"/runtime/tasks/{task_id}/cancel", {}, content_type="application/json"
+    )
+    assert refused.status_code == 403 and "insufficient_scope" not in refused.get("WWW-Authenticate", "")
+    # An API key short of a scope is told the key scope it lacks.
+    from tests.test_scope_rules import scoped_keys
+
+    blind = scoped_keys("operator", "oscar", ["operate"])["operate"]
+    refused = Client(headers={"Authorization": f"Bearer {blind}"}).get(f"/runtime/tasks/{task_id}")
+    assert refused.status_code == 403 and 'scope="read"' in refused["WWW-Authenticate"], refused.headers

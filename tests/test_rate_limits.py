@@ -11,14 +11,20 @@ import socket
 import time
 from collections.abc import Iterator
 
+import httpx
 import pytest
 from django.test import Client
 
-from conftest import make_persona
+from conftest import Processes, free_port, make_persona, wait_until
 from mcp_server.protocol import MODERN, TASKS_EXT
 from runtime_site import ratelimit
+from steering_app.actions import do_cancel_task
+from tasks_app.access import console
+from tasks_app.actions import do_create_task
 from tasks_app.models import Task
 from tasks_app.tests.test_engine import new_task
+from tests.mcp_stream import PostStream
+from tests.test_mcp_tasks import modern_body, modern_headers
 
 pytestmark = pytest.mark.django_db
 
@@ -189,3 +195,35 @@ def test_sign_in_locks_out_after_repeated_wrong_passwords(alice, path):
     assert locked.status_code == 429  # the right password no longer helps
     other = "/admin/login/" if path.startswith("/dashboard") else "/dashboard/login/"
     assert login(other, "alice", "right-pw-123").status_code == 429  # one lockout for both
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_key_holds_at_most_its_share_of_waiting_mcp_answers(alice, processes: Processes):
+    """A listen is one request to the rate limit, then looks at the database four times a
+    second for as long as its tasks run: a key opening its allowance every minute piled them
+    up without end. Past limits.mcp_streams_per_key open at once, a new listen is 429 with
+    Retry-After (-32029), and a place comes back when one ends. uvicorn, no worker."""
+    port = free_port()
+    processes.web(port, LIMITS_MCP_STREAMS_PER_KEY="2")
+    url = f"http://127.0.0.1:{port}/mcp"
+    who = console(alice.tenant, f"user:{alice.user.pk}")
+    tasks = [do_create_task(who, agent="noop", input={"steps": 1})[0] for _ in range(3)]
+
+    def listen(request_id: int, task: Task) -> dict:
+        return modern_body(request_id, "subscriptions/listen", {"notifications": {"taskIds": [str(task.id)]}})
+
+    headers = modern_headers(alice.token, "subscriptions/listen")
+    streams = [PostStream(url, listen(i, task), headers) for i, task in enumerate(tasks[:2])]
+    wait_until(lambda: all(s.messages for s in streams), timeout=20, what="both listens acknowledged")
+
+    with httpx.stream("POST", url, json=listen(3, tasks[2]), headers=headers, timeout=10) as refused:
+        assert refused.status_code == 429, refused.headers  # before: a third stream, and so on without end
+        body = json.loads(refused.read())
+    assert body["error"]["code"] == -32029 and body["id"] == 3
+    assert int(refused.headers["Retry-After"]) >= 1
+
+    do_cancel_task(tasks[0].id, who=who, reason="frees a place")  # its listen ends with the task
+    wait_until(lambda: streams[0].closed, timeout=20, what="the cancelled task's listen to end")
+    third = PostStream(url, listen(4, tasks[2]), headers)
+    wait_until(lambda: third.messages or third.closed, timeout=20, what="the third listen to answer")
+    assert third.status == 200 and third.methods()[0] == "notifications/subscriptions/acknowledged"

@@ -22,12 +22,13 @@ from tasks_app.auth import (
     IsPrincipal,
     Principal,
     check_key_grant,
+    check_may_revoke,
     issue_api_key,
     principal,
     revoke_api_key,
     rotate_api_key,
 )
-from tasks_app.models import ApiKey, Role, Scope
+from tasks_app.models import ApiKey, Role, Scope, scopes_within
 
 
 def key_body(key: ApiKey, token: str | None = None) -> dict[str, Any]:
@@ -86,8 +87,10 @@ class KeyListCreateApi(APIView):
         data.is_valid(raise_exception=True)
         body, who = data.validated_data, principal(request)
         role = body.get("role", who.role)
-        # A narrow key's child is at most as narrow: it inherits the maker's scopes by default.
-        scopes = body.get("scopes") or (sorted(who.scopes) if who.scopes is not None else None)
+        # A narrow key's child is at most as narrow: it inherits the maker's scopes by default,
+        # those its role allows (a key wider than its user's membership acts, and makes keys,
+        # with the membership's role: its other scopes are not the new key's to carry).
+        scopes = body.get("scopes") or (sorted(who.scopes & scopes_within(role)) if who.scopes is not None else None)
         # ... and expires with it by default (a key, or an access token, that expires).
         expires = body.get("expiresAt", who.expires_at)
         if expires is not None and expires <= timezone.now():
@@ -112,6 +115,10 @@ class KeyDetailApi(APIView):
     def delete(self, request: Request, key_id: str) -> Response:
         """Revoke: the key stops working on its next request."""
         key = manageable_key(request, key_id)
+        try:
+            check_may_revoke(key, principal(request))
+        except ValueError as exc:
+            raise PermissionDenied(str(exc)) from None
         revoke_api_key(key)
         key.refresh_from_db()
         return Response(key_body(key))

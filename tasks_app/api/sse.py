@@ -33,7 +33,14 @@ from runtime_site.lean import LeanStream
 from runtime_site.ratelimit import RateLimited
 from tasks_app import access, oauth
 from tasks_app.api import lean
-from tasks_app.auth import ApiKeyAuthentication, Principal, bearer_token, challenge, reauthenticate
+from tasks_app.auth import (
+    ApiKeyAuthentication,
+    Principal,
+    bearer_token,
+    challenge,
+    reauthenticate,
+    scope_challenge,
+)
 from tasks_app.errors import Forbidden, TaskNotFound
 from tasks_app.models import Role, Task
 from tasks_app.selectors import task_snapshot
@@ -197,7 +204,9 @@ def task_events(request: HttpRequest, task_id: str) -> HttpResponseBase:
         try:  # reading a stream is the read scope's, as reading the task over REST is
             access.check_role(who, Role.VIEWER)
         except Forbidden as exc:
-            return JsonResponse(error_body("permission_denied", str(exc)), status=403)
+            step_up = scope_challenge(request, who, exc)
+            headers = {"WWW-Authenticate": step_up} if step_up else None
+            return JsonResponse(error_body("permission_denied", str(exc)), status=403, headers=headers)
     elif request.user.is_authenticated:
         who = request.user  # a dashboard session: the person's tenants
     else:

@@ -90,6 +90,18 @@ def test_a_demoted_member_s_key_acts_with_the_lower_role(alice):
     assert rest(alice.token, "post", body={"agent": "noop", "input": {"steps": 1}}).status_code == 403
 
 
+def test_a_demoted_member_s_key_makes_a_key_of_its_lower_role_by_default(alice):
+    """A key (or token) wider than its user's membership acts with the lower role; a key it
+    makes by default is of that role, with the scopes that role allows of its own, not a 400
+    for carrying scopes beyond the role it defaulted to."""
+    made = rest(key := alice.token, "post", "/runtime/keys", {"name": "derived"})
+    assert made.status_code == 201, made.content
+    Membership.objects.filter(user=alice.user).update(role="viewer")
+    made = rest(key, "post", "/runtime/keys", {"name": "after demotion"})
+    assert made.status_code == 201, made.content
+    assert made.json()["role"] == "viewer" and made.json()["scopes"] == ["read"]
+
+
 # the SSE view closes its connection (pitfall 1), which would end a test transaction
 @pytest.mark.django_db(transaction=True)
 def test_an_expired_key_is_refused(alice):

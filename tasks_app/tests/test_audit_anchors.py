@@ -258,3 +258,22 @@ def test_records_no_anchor_took_within_the_grace_are_a_gap(alice):
 
     audit.anchor_heads()
     assert verify_audit_problems("--anchor-grace", "0") == ""
+
+
+def test_a_task_moved_to_another_tenant_with_its_audit_is_caught(alice, mallory):
+    """The hash covers a record's task, not its tenant: moving a task and its records to
+    another tenant leaves every chain intact. The anchor says whose the task was, and each
+    record must be its task's tenant's."""
+    task = finished_task(alice)
+    audit.anchor_heads()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE tasks_app_auditrecord SET tenant_id = %s WHERE task_id = %s", [mallory.tenant.pk, task.id]
+        )
+    problems = verify_audit_problems()
+    assert f"task {task.id}: record 1: tenant {mallory.tenant.pk} is not its task's ({alice.tenant.pk})" in problems
+
+    set_task_column(task, "tenant_id", str(mallory.tenant.pk))
+    problems = verify_audit_problems()
+    assert verify_chain(Task.objects.get(id=task.id)) is None  # records and task agree again
+    assert f"task {task.id}: record {task.audit_seq}: task now of tenant {mallory.tenant.pk}" in problems, problems

@@ -94,6 +94,88 @@ def test_a_remote_error_body_quoting_the_payload_lands_masked_and_bounded(alice,
     assert len(task.error["message"]) < 500 and "more characters" in task.error["message"]
 
 
+# Secrets as a remote's configuration or code quotes them, not as JSON: a name with the
+# secret word inside it, a quoted value after an unquoted name, a bare number after a quoted
+# name, a PEM private key.
+AWS_SECRET, CLIENT_KEY, DB_PASSWORD = (
+    "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+    "sk9-live-0123456789abcdef",
+    "90210731",
+)
+PEM_BODY = "MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7"
+CONFIG_ERROR = (
+    f"config rejected: aws_secret_access_key: {AWS_SECRET}\n"
+    f'client = Client(api_key="{CLIENT_KEY}")\n'
+    f'{{"db_password": {DB_PASSWORD}}}\n'
+    f"-----BEGIN PRIVATE KEY-----\n{PEM_BODY}\n-----END PRIVATE KEY-----"
+)
+
+
+class ConfigQuotingRemote(BaseHTTPRequestHandler):
+    """Refuses every call with a 400 that quotes its own configuration."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        data = CONFIG_ERROR.encode()
+        self.send_response(400)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def config_remote() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), ConfigQuotingRemote)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/deploy"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_secrets_a_remote_quotes_from_its_configuration_land_masked(alice, config_remote, settings, caplog):
+    settings.RUNTIME = {
+        **settings.RUNTIME,
+        "security": {**settings.RUNTIME["security"], "http_allowlist": ["127.0.0.1"]},
+    }
+    task, _ = do_create_task(
+        console(alice.tenant, "user:test"), agent="webhook", input={"url": config_remote, "payload": {}, "count": 1}
+    )
+    while engine.run_slice(task.id, worker_id="w") is engine.SliceOutcome.CONTINUE:
+        pass
+    task = Task.objects.get(id=task.id)
+    assert task.status == "failed" and "HTTP 400" in task.error["message"]
+    places = {
+        "task error": json.dumps(task.error),
+        "audit reason": AuditRecord.objects.get(task=task, to_status="failed").reason,
+        "terminal event": json.dumps(task.events.get(type="terminal").data),
+        "ledger error": json.dumps(LedgerEntry.objects.get(task=task).error),
+    }
+    for place, text in places.items():
+        found = [v for v in (AWS_SECRET, CLIENT_KEY, DB_PASSWORD, PEM_BODY) if v in text]
+        assert not found, f"{place} leaks {found}: {text[:400]}"
+    # What was there is still said: the names stay, the values go.
+    assert "aws_secret_access_key: ***" in task.error["message"], task.error["message"]
+    assert 'api_key="***' in task.error["message"], task.error["message"]
+
+
+def test_secret_words_inside_a_name_mask_its_value_but_plural_counts_stay():
+    for text, masked in [
+        ("aws_secret_access_key = abc/def+ghi", "aws_secret_access_key = ***"),
+        ("SECRET_KEY_BASE=0f1e2d3c", "SECRET_KEY_BASE=***"),
+        ("clientSecretValue: zzz", "clientSecretValue: ***"),
+        ("token_type=bearer&x=1", "token_type=***&x=1"),
+        ("max_tokens: 4096 is too large", "max_tokens: 4096 is too large"),
+        ("sessions=12", "sessions=12"),
+        ("password: 'hunter 2'", "password: '***'"),
+    ]:
+        assert redact(text) == masked, (text, redact(text))
+
+
 def test_values_that_look_like_secrets_or_personal_data_are_masked_in_any_text():
     text = (
         f"to {EMAIL}, card {CARD}, Authorization: Bearer abcdefgh12345678, {JWT}, "
