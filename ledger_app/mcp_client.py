@@ -24,6 +24,8 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import REQUEST_TIMEOUT
 from pydantic import TypeAdapter
 
+from tasks_app.redaction import tool_text
+
 TASKS = "io.modelcontextprotocol/tasks"
 TERMINAL = ("completed", "failed", "cancelled")
 # Our key travels in the request's _meta, so a remote that de-duplicates can use it.
@@ -150,7 +152,7 @@ def get_task(
 def _tool_result(what: str, result: dict[str, Any]) -> dict[str, Any]:
     if result.get("isError"):
         text = " ".join(c.get("text", "") for c in result.get("content", []) if c.get("type") == "text")
-        raise RemoteError(f"{what} answered with an error: {text[:500]}", retryable=False)
+        raise RemoteError(f"{what} answered with an error: {tool_text(text, limit=500)}", retryable=False)
     result.pop("_meta", None)
     result.pop("resultType", None)
     return result

@@ -40,7 +40,7 @@ from tasks_app.agents import base as agents
 from tasks_app.agents import tools
 from tasks_app.audit import record_audit
 from tasks_app.models import AuditRecord, Step, Task
-from tasks_app.redaction import redact
+from tasks_app.redaction import redact, tool_text
 from tasks_app.selectors import task_snapshot
 from tasks_app.states import TERMINAL, Status
 
@@ -327,20 +327,20 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
             _stop(
                 run.lease,
                 Status.FAILED,
-                reason=f"step {step_name}: {exc}"[:500],
-                error={"code": "rejected", "step": step_name, "message": str(exc)[:1000]},
+                reason=tool_text(f"step {step_name}: {exc}", limit=500),
+                error={"code": "rejected", "step": step_name, "message": tool_text(str(exc), limit=1000)},
             )
             return SliceOutcome.DONE
         except (ledger.ToolFailed, tools.UnknownTool, SchemaError) as exc:
             _stop(
                 run.lease,
                 Status.FAILED,
-                reason=f"step {step_name}: {exc}"[:500],
+                reason=tool_text(f"step {step_name}: {exc}", limit=500),
                 error={
                     "code": getattr(exc, "code", "tool_failed"),
                     "step": step_name,
                     "sequence": run.sequence + 1,
-                    "message": str(exc)[:1000],
+                    "message": tool_text(str(exc), limit=1000),
                 },
             )
             return SliceOutcome.DONE
@@ -351,12 +351,12 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
             _stop(
                 run.lease,
                 Status.FAILED,
-                reason=f"step {step_name} failed: {exc}"[:500],
+                reason=tool_text(f"step {step_name} failed: {exc}", limit=500),
                 error={
                     "code": "step_failed",
                     "step": step_name,
                     "sequence": run.sequence + 1,
-                    "message": f"{type(exc).__name__}: {exc}"[:1000],
+                    "message": tool_text(f"{type(exc).__name__}: {exc}", limit=1000),
                 },
             )
             return SliceOutcome.DONE
@@ -784,7 +784,7 @@ def _complete(run: _Run) -> SliceOutcome:
             run.lease,
             Status.FAILED,
             reason=str(exc)[:500],
-            error={"code": "invalid_result", "message": str(exc)[:1000]},
+            error={"code": "invalid_result", "message": tool_text(str(exc), limit=1000)},
         )
         return SliceOutcome.DONE
     _finish(run, Status.COMPLETED, result=result)

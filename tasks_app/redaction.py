@@ -15,7 +15,7 @@ from django.conf import settings
 
 MASK = "***"
 _SECRET_KEY = re.compile(
-    r"pass(word|wd)?$|secret|token|api[_-]?key|authori[sz]ation|cookie|credential|"
+    r"pass(word|wd|phrase)?$|pwd$|secret|token|api[_-]?key|authori[sz]ation|cookie|credential|"
     r"private[_-]?key|session",
     re.IGNORECASE,
 )
@@ -29,7 +29,8 @@ _SECRET_KEY = re.compile(
 # back made masking quadratic, and one 16 KB query string in an access log line held the web
 # process's event loop for 25 s. The lookahead scans the run once, to find the secret word.
 _NAME_WORDS = (
-    r"(?i:pass(?:word|wd)|secret|token|api[_-]?key|authori[sz]ation|cookie|credential|private[_-]?key|session)"
+    r"(?i:pass(?:word|wd|phrase)|pwd|secret|token|api[_-]?key|authori[sz]ation|cookie|credential|private[_-]?key|"
+    r"session)"
 )
 _KEY_IN_TEXT = rf"(?<![A-Za-z0-9_-])(?=[A-Za-z0-9_-]*?{_NAME_WORDS}(?![a-z0-9]))[A-Za-z0-9_-]++"
 _SECRET_VALUE = re.compile(
@@ -37,6 +38,7 @@ _SECRET_VALUE = re.compile(
     r"|\brt_[0-9a-f]{12}_[A-Za-z0-9_-]{20,}"  # our own API keys
     r"|\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"  # AWS access key ids
     r"|\b(?:sk|pk|ghp|gho|xox[abp])[-_][A-Za-z0-9-_]{16,}"  # common vendor tokens
+    r"|\bgithub_pat_[A-Za-z0-9_]{20,}|\bAIza[0-9A-Za-z_-]{30,}"  # GitHub fine-grained, Google API keys
     # A PEM private key, to its END line (or as far as it goes, when cut or escaped in JSON).
     r"|-----BEGIN[A-Z ]*PRIVATE KEY-----[A-Za-z0-9+/=\s\\]*(?:-----END[A-Z ]*PRIVATE KEY-----)?"
     rf"|(?P<quoted>{_KEY_IN_TEXT}\\*[\"']\s*[:=]\s*\\*[\"'])[^\"'\\]*"  # 'password': 'x', "api_key": "x", \"token\":\"x\"

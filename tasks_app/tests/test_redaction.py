@@ -94,6 +94,10 @@ def test_it_masks_secrets_named_inside_strings():
         ("login failed: password=hunter2; retrying", "login failed: password=***; retrying"),
         ("X-Api-Key: abc123secret", "X-Api-Key: ***"),
         ("reviewed 40 of 100 (token budget: 3)", "reviewed 40 of 100 (token budget: 3)"),
+        ("mysql://db?user=bob&pwd=hunter2", "mysql://db?user=bob&pwd=***"),
+        ("key_passphrase: open sesame", "key_passphrase: *** sesame"),
+        ("auth with github_pat_11ABCDEFG0123456789_abcdefghijklmnop", "auth with ***"),
+        ("maps key AIzaSyA1234567890abcdefghijklmnopqrstuv rejected", "maps key *** rejected"),
     ]:
         assert redact(text) == masked, text
 

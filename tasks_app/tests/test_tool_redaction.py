@@ -10,6 +10,7 @@ import logging
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import pytest
 
@@ -17,6 +18,7 @@ from ledger_app.models import LedgerEntry
 from tasks_app import engine
 from tasks_app.access import console
 from tasks_app.actions import do_create_task
+from tasks_app.agents.base import Agent, StepContext, register
 from tasks_app.models import AuditRecord, Task
 from tasks_app.redaction import MASK, RedactingFilter, redact, tool_text
 
@@ -202,3 +204,36 @@ def test_a_logged_traceback_quoting_a_tool_answer_is_masked(caplog):
     finally:
         caplog.handler.removeFilter(redacting)
     assert "remote said" in caplog.text and not leaked(caplog.text)
+
+
+@register
+class LeakyAgent(Agent):
+    """Fails its one step with an error that names a secret at `at` characters in."""
+
+    name = "test_leaky_error"
+    input_schema = {"type": "object", "properties": {"at": {"type": "integer"}}}
+
+    def start(self, input: dict[str, Any], goal: str) -> dict[str, Any]:
+        return {"at": input["at"]}
+
+    def next_step(self, state: dict[str, Any]) -> str | None:
+        return "connect"
+
+    def run_step(self, ctx: StepContext, state: dict[str, Any]) -> dict[str, Any]:
+        raise RuntimeError("x" * state["at"] + f" {TOKEN} rejected")
+
+    def result(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+
+@pytest.mark.parametrize("at", [470, 478, 975, 985])
+def test_a_secret_cut_in_half_by_the_reasons_limit_is_still_masked(alice, at):
+    # Cut first and masked after, the token's first characters outlived the cut (too short to
+    # look like a token any more) in the reason (500 characters) or the error (1,000).
+    task, _ = do_create_task(console(alice.tenant, "user:test"), agent="test_leaky_error", input={"at": at})
+    engine.run_slice(task.id, worker_id="w1")
+    task = Task.objects.get(id=task.id)
+    reasons = AuditRecord.objects.filter(task=task).values_list("reason", flat=True)
+    stored = [task.status_message, json.dumps(task.error), *reasons]
+    assert task.status == "failed"
+    assert not [text for text in stored if "ghp_" in text or "ZZZZ" in text]
