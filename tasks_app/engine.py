@@ -31,15 +31,18 @@ from checkpoints_app.models import Checkpoint
 from common.schema import SchemaError, validate
 from ledger_app import actions as ledger
 from ledger_app import llm
+from ledger_app.models import EffectStatus, LedgerEntry
 from runtime_site.blobstore import blob_store
 from runtime_site.metrics import LEASE_TAKEOVERS
 from steering_app import actions as steering
+from steering_app.models import InputRequest, InputStatus
 from tasks_app import audit, events, faults, kills, leases, operators, policy, quotas, shutdown, telemetry
 from tasks_app.actions import transition
 from tasks_app.agents import base as agents
 from tasks_app.agents import tools
+from tasks_app.agents.questions import Answers
 from tasks_app.audit import record_audit
-from tasks_app.models import AuditRecord, Step, Task
+from tasks_app.models import AuditRecord, Step, Task, from_rows
 from tasks_app.redaction import redact
 from tasks_app.selectors import task_snapshot
 from tasks_app.states import TERMINAL, Status
@@ -186,8 +189,15 @@ def _load(lease: leases.Lease, task: Task | None = None) -> _Run | None:
             error={"code": "unknown_agent", "message": f"agent {task.agent!r} is not registered"},
         )
         return None
-    ledger.settle_interrupted(task.id)  # whatever a lost worker left started is unknown now
-    cp = checkpoints.latest_checkpoint(task)
+    if connection.vendor == "postgresql":
+        cp, high_step, answers, interrupted = _reads(task)
+        if interrupted:
+            ledger.settle_interrupted(task.id)  # whatever a lost worker left started is unknown now
+    else:
+        ledger.settle_interrupted(task.id)
+        cp = checkpoints.latest_checkpoint(task)
+        high_step = Step.objects.filter(task_id=task.id).aggregate(n=Max("sequence"))["n"] or 0
+        answers = steering.answers_for(task)
     if cp is None:
         state, sequence, step_name, refs = agent.start(task.input, task.goal), 0, "", []
     else:
@@ -208,7 +218,7 @@ def _load(lease: leases.Lease, task: Task | None = None) -> _Run | None:
         state, plan_version = agent.replan(state, task.goal, task.constraints), task.plan_version
     # Steps past the checkpoint up to the highest one ever committed run again, as new attempts.
     # Read from the step rows, which nothing lowers (releases before issue 12 lowered steps_done).
-    high_water = max(task.steps_done, Step.objects.filter(task_id=task.id).aggregate(n=Max("sequence"))["n"] or 0)
+    high_water = max(task.steps_done, high_step)
     if task.status in (Status.QUEUED, Status.RECOVERING):
         task = _start_working(lease, task.status, sequence if cp else None)
     policy = task.checkpoint_policy or {}
@@ -225,10 +235,45 @@ def _load(lease: leases.Lease, task: Task | None = None) -> _Run | None:
         rerun_until=high_water,
         plan_version=plan_version,
         steering_cursor=cp.steering_cursor if cp else 0,
-        answers=steering.answers_for(task),
+        answers=answers,
         every_steps=int(policy.get("everySteps", defaults["every_steps"])),
         max_interval=float(policy.get("maxSeconds", defaults["max_interval_seconds"])),
     )
+
+
+def _reads(task: Task) -> tuple[Checkpoint | None, int, Answers, bool]:
+    """What _load reads besides the task, in one statement and one round trip (PostgreSQL):
+    (the newest checkpoint not discarded, the highest step sequence committed, the answered
+    input requests, whether the ledger holds rows a lost worker left started that
+    settle_interrupted must settle). Four ORM queries took four round trips and, building
+    them, about half of a one-step slice's CPU time (py-spy)."""
+    quote = connection.ops.quote_name
+    cp_fields = Checkpoint._meta.concrete_fields
+    cp_columns = ", ".join(quote(f.column or f.attname) for f in cp_fields)
+    table = {m: quote(m._meta.db_table) for m in (Checkpoint, Step, LedgerEntry, InputRequest)}
+    sql = (
+        f"SELECT (SELECT MAX(sequence) FROM {table[Step]} WHERE task_id = %s),"  # noqa: S608 (names from the models; values are parameters)
+        f" EXISTS (SELECT 1 FROM {table[LedgerEntry]} WHERE task_id = %s AND status = %s AND NOT (tool = ANY(%s))),"
+        f" (SELECT json_agg(json_build_array(key, answer, kind) ORDER BY id)::text FROM {table[InputRequest]}"
+        f" WHERE task_id = %s AND status = %s), cp.*"
+        f" FROM (SELECT 1) AS one LEFT JOIN LATERAL (SELECT {cp_columns} FROM {table[Checkpoint]}"
+        " WHERE task_id = %s AND NOT discarded ORDER BY sequence DESC, id DESC LIMIT 1) AS cp ON TRUE"
+    )
+    params: list[Any] = [
+        task.id,
+        task.id,
+        EffectStatus.STARTED.value,
+        ledger.harmless_tools(),
+        task.id,
+        InputStatus.ANSWERED.value,
+        task.id,
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        high_step, interrupted, answered, *cp_row = cursor.fetchone()
+    cp = from_rows(Checkpoint, [f.attname for f in cp_fields], [cp_row])[0] if cp_row[0] is not None else None
+    answers = Answers(tuple(row) for row in json.loads(answered)) if answered else Answers()
+    return cp, high_step or 0, answers, bool(interrupted)
 
 
 def _start_working(lease: leases.Lease, status: str, checkpoint: int | None) -> Task:
