@@ -205,6 +205,9 @@ def next_waiting(task_id: UUID, *, tenant_id: int | None = None) -> list[tuple[U
         tenant_id = Task.objects.filter(id=task_id).values_list("tenant_id", flat=True).first()
     if tenant_id is None:  # the task is gone: nobody of its tenant to ring
         return []
+    conn = transaction.get_connection()
+    if conn.vendor == "postgresql":
+        return _next_waiting_sql(tenant_id, limit, conn)
     waiting = Task.objects.filter(
         tenant_id=tenant_id, waiting_turn_since__isnull=False, status__in=CLAIMABLE, lease_owner__isnull=True
     ).order_by("priority", "waiting_turn_since")
@@ -212,6 +215,22 @@ def next_waiting(task_id: UUID, *, tenant_id: int | None = None) -> list[tuple[U
         return []
     running = Task.objects.for_tenant(tenant_id).filter(lease_owner__isnull=False, lease_expires_at__gt=Now()).count()
     return list(waiting.values_list("id", "priority")[: max(limit - running, 0)])
+
+
+def _next_waiting_sql(tenant_id: int, limit: int, conn: Any) -> list[tuple[UUID, int]]:
+    """next_waiting's reads as one statement, in SQL written here: it runs at the end of
+    every slice, where the ORM's three queries (anyone waiting? how many run? who?) took
+    three round trips and building them a tenth of a one-step slice's CPU time."""
+    table = conn.ops.quote_name(Task._meta.db_table)
+    sql = (
+        f"SELECT id, priority FROM {table} WHERE tenant_id = %s AND waiting_turn_since IS NOT NULL"  # noqa: S608 (names from the model; values are parameters)
+        " AND status = ANY(%s) AND lease_owner IS NULL ORDER BY priority, waiting_turn_since"
+        f" LIMIT GREATEST(%s - (SELECT COUNT(*) FROM {table} WHERE tenant_id = %s AND lease_owner IS NOT NULL"
+        " AND lease_expires_at > STATEMENT_TIMESTAMP()), 0)"
+    )
+    with conn.cursor() as cursor:
+        cursor.execute(sql, [tenant_id, [str(s) for s in CLAIMABLE], limit, tenant_id])
+        return [(row[0], row[1]) for row in cursor.fetchall()]
 
 
 def renew(lease: Lease, *, ttl: float, unless_killed: bool = True) -> bool:
