@@ -313,11 +313,7 @@ def _snapshot(task: Task, checkpoint: int | None, *, inputs_open: bool | None) -
     requests, which only the lease holder opens) instead of reading it again."""
     if inputs_open is not False:
         return task_snapshot(task)
-    task.snapshot_last_checkpoint, task.snapshot_inputs_open = checkpoint, False  # type: ignore[attr-defined]
-    try:
-        return task_snapshot(task)
-    finally:
-        del task.snapshot_last_checkpoint, task.snapshot_inputs_open  # type: ignore[attr-defined]
+    return task_snapshot(task, last_checkpoint=checkpoint, no_open_inputs=True)
 
 
 def _start_working_in_one_statement(
