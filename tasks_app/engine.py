@@ -221,7 +221,7 @@ def _load(lease: leases.Lease, task: Task | None = None) -> _Run | None:
     # Read from the step rows, which nothing lowers (releases before issue 12 lowered steps_done).
     high_water = max(task.steps_done, high_step)
     if task.status in (Status.QUEUED, Status.RECOVERING):
-        task = _start_working(lease, task, sequence if cp else None, inputs_open=inputs_open)
+        task = _start_working(lease, task.status, sequence if cp else None, claimed=task, inputs_open=inputs_open)
     policy = task.checkpoint_policy or {}
     defaults = settings.RUNTIME["checkpoint"]
     return _Run(
@@ -281,17 +281,26 @@ def _reads(task: Task) -> tuple[Checkpoint | None, int, Answers, bool, bool]:
     return cp, high_step or 0, answers, bool(interrupted), bool(inputs_open)
 
 
-def _start_working(lease: leases.Lease, claimed: Task, checkpoint: int | None, *, inputs_open: bool | None) -> Task:
-    """queued or recovering → working, audited, with a fresh snapshot event. `claimed`: the
-    row as the slice read it; `inputs_open`: whether it has open input requests (None: not
-    known), read with the checkpoint (_reads), so the snapshot needs no reads of its own."""
-    status = claimed.status
+def _start_working(
+    lease: leases.Lease,
+    status: str,
+    checkpoint: int | None,
+    *,
+    claimed: Task | None = None,
+    inputs_open: bool | None = None,
+) -> Task:
+    """queued or recovering (`status`) → working, audited, with a fresh snapshot event.
+    `claimed`: the row as the slice read it; `inputs_open`: whether it has open input
+    requests (None: not known), read with the checkpoint (_reads), so the snapshot needs no
+    reads of its own. With both, on PostgreSQL, one statement."""
     if status == Status.QUEUED:
         reason = "first slice"
     else:
         reason = f"resumed from checkpoint {checkpoint}" if checkpoint else "resumed from the start"
     if (
         inputs_open is False
+        and claimed is not None
+        and claimed.status == status
         and leases.one_statement_writes()
         and (task := _start_working_in_one_statement(lease, claimed, reason, checkpoint))
     ):

@@ -207,7 +207,7 @@ def test_a_start_that_finds_the_task_moved_since_its_claim_takes_the_transaction
         payload={"priority": 3},
         expected_version=claimed.state_version,
     )
-    started = engine._start_working(lease, claimed, None, inputs_open=False)
+    started = engine._start_working(lease, "queued", None, claimed=claimed, inputs_open=False)
     task.refresh_from_db()
     assert (started.status, started.state_version) == ("working", task.state_version)
     assert task.status == "working" and verify_chain(task) is None
