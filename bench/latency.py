@@ -90,7 +90,7 @@ def main() -> None:
     logs = Path(tempfile.mkdtemp(prefix="bench-latency-"))
     builds = {"this checkout": _common.ROOT}
     if args.baseline:
-        from api import export
+        from _common import export
 
         builds = {args.baseline: export(args.baseline), **builds}
     results: dict[str, dict[str, list[float]]] = {name: {} for name in builds}

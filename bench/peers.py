@@ -184,7 +184,7 @@ def main() -> None:
     names = [p for p in args.peers.split(",") if p]
     builds = {"runtime": _common.ROOT}
     if args.baseline:  # the same runtime workload on a worker running that ref's code
-        from api import export
+        from _common import export
 
         builds = {f"runtime@{args.baseline}": export(args.baseline), **builds}
     seconds: dict[str, list[float]] = {**{b: [] for b in builds}, **{p: [] for p in names}}

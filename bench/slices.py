@@ -95,7 +95,7 @@ def main() -> None:
     tenant = Tenant.objects.create(slug="bench", name="bench")
     builds = {"runtime": _common.ROOT}
     if args.baseline:
-        from api import export
+        from _common import export
 
         builds = {f"runtime@{args.baseline}": export(args.baseline), **builds}
     results: dict[str, list[tuple[float, float]]] = {"hop": [], **{b: [] for b in builds}}

@@ -83,12 +83,16 @@ def settle_interrupted(task_id: Any) -> int:
     may have called). Not a tool without side effects (Tool.side_effect, e.g. llm.chat):
     whatever it did changed nothing outside, so its row stays started and the re-run step
     simply sends it again, with nothing to reconcile and nobody to ask."""
-    harmless = [name for name in tools.tool_names() if not tools.get_tool(name).side_effect]
     return (
         LedgerEntry.objects.filter(task_id=task_id, status=EffectStatus.STARTED)
-        .exclude(tool__in=harmless)
+        .exclude(tool__in=harmless_tools())
         .update(status=EffectStatus.UNKNOWN)
     )
+
+
+def harmless_tools() -> list[str]:
+    """Tools without side effects, whose started rows settle_interrupted leaves alone."""
+    return [name for name in tools.tool_names() if not tools.get_tool(name).side_effect]
 
 
 # A kill cuts the step only inside the remote call itself, where the Kill Policy lets it

@@ -156,8 +156,10 @@ def do_create_task(
             record_audit(
                 task, actor=actor, action="created", to_status=task.status, before_version=0, data={"agent": agent}
             )
-            events.emit(task, "task.snapshot", task_snapshot(task))
+            # Rung first of what the commit sends: the worker starts while the snapshot is published.
             enqueue_slice_on_commit(task.id, task.priority)
+            # Just created: no checkpoint, no input request, nothing to read for them.
+            events.emit(task, "task.snapshot", task_snapshot(task, last_checkpoint=None, no_open_inputs=True))
     except IntegrityError:
         # A concurrent request with the same key won the insert; answer as its replay.
         if idempotency_key is not None and (existing := _replay(tenant, idempotency_key, fingerprint)):

@@ -81,7 +81,6 @@ def publish_on_commit(task_id: Any, rows: list[TaskEvent]) -> None:
     """Published only once the change is committed; never from inside the transaction."""
 
     def publish_rows() -> None:
-        for row in rows:
-            publish.publish(task_id, row.type, row.data)
+        publish.publish_all(task_id, [(row.type, row.data) for row in rows])
 
     transaction.on_commit(publish_rows)

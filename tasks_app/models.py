@@ -127,6 +127,19 @@ class TaskQuerySet(models.QuerySet["Task"]):
         return [self.model.from_db(self.db, names, row) for row in rows]
 
 
+def from_rows[M: models.Model](
+    model: type[M], names: Sequence[str], rows: Sequence[Sequence[Any]], using: str = "default"
+) -> list[M]:
+    """Rows of `names` columns, read by SQL written by hand, as instances of `model`,
+    converted as the ORM's own reads convert them (JSON text decoded, and so on)."""
+    compiler = model._base_manager.db_manager(using).all().query.get_compiler(using)
+    table = model._meta.db_table
+    fields = [cast("models.Field[Any, Any]", model._meta.get_field(name)) for name in names]
+    converters = compiler.get_converters([field.get_col(table) for field in fields])
+    converted = compiler.apply_converters(rows, converters) if converters else rows
+    return [model.from_db(using, list(names), list(row)) for row in converted]
+
+
 class Task(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="tasks")

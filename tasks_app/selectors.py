@@ -87,15 +87,25 @@ SNAPSHOT_FIELDS = [
 ]
 
 
-def task_snapshot(task: Task) -> dict[str, Any]:
+UNREAD: Any = object()  # task_snapshot's knowns not given: read them
+
+
+def task_snapshot(task: Task, *, last_checkpoint: int | None = UNREAD, no_open_inputs: bool = False) -> dict[str, Any]:
+    """`last_checkpoint` (the newest checkpoint's sequence, None: none) and `no_open_inputs`
+    (True: the task has no open input request): what the caller knows already, not read."""
     from checkpoints_app.models import Checkpoint
     from steering_app.models import InputRequest, InputStatus
 
-    if hasattr(task, "snapshot_last_checkpoint"):  # read by with_snapshot()
+    if last_checkpoint is not UNREAD:
+        last = last_checkpoint
+    elif hasattr(task, "snapshot_last_checkpoint"):  # read by with_snapshot()
         last = task.snapshot_last_checkpoint
     else:
         last = _last_checkpoint(Checkpoint.objects.filter(task_id=task.id)).first()
-    if hasattr(task, "snapshot_open_inputs"):
+    inputs: Any
+    if no_open_inputs:
+        inputs = []
+    elif hasattr(task, "snapshot_open_inputs"):
         inputs = task.snapshot_open_inputs
     elif getattr(task, "snapshot_inputs_open", True):
         inputs = InputRequest.objects.filter(task_id=task.id, status=InputStatus.OPEN).order_by("id")

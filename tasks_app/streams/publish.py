@@ -31,6 +31,7 @@ from typing import Any
 from uuid import UUID
 
 from django.conf import settings
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection
 from django.http import HttpRequest
 from django_eventstream.channelmanager import ChannelManagerBase
@@ -99,6 +100,45 @@ class TaskChannelManager(ChannelManagerBase):
 
     def is_channel_reliable(self, channel: str) -> bool:
         return True
+
+
+def publish_all(task_id: UUID, events: list[tuple[str, dict[str, Any]]]) -> None:
+    """publish() of each (type, data), in order. With Redis and no GRIP proxy (ours), the
+    messages send_event would publish go in one pipeline, one round trip for a commit's
+    events (a slice's end has two or three: progress, checkpoint)."""
+    from django_eventstream import eventstream
+
+    client = eventstream.redis_client
+    if (
+        len(events) < 2
+        or client is None
+        or getattr(settings, "GRIP_URL", None)
+        or getattr(settings, "GRIP_PROXIES", None)
+    ):
+        for event_type, data in events:
+            publish(task_id, event_type, data)
+        return
+    channel = channel_for(task_id)
+    try:
+        pipe = client.pipeline(transaction=False)
+        for event_type, data in events:
+            # What send_event publishes: the payload as JSON text, its id the event's seq (TaskEventStorage).
+            message = {
+                "channel": channel,
+                "event_type": event_type,
+                "data": json.dumps(data, cls=DjangoJSONEncoder),
+                "pub_id": str(data["seq"]),
+            }
+            pipe.publish("events_channel", json.dumps(message))
+        pipe.execute()
+    except Exception:
+        logger.warning(
+            "could not publish events #%s-#%s of task %s; streams will catch up from storage",
+            events[0][1].get("seq"),
+            events[-1][1].get("seq"),
+            task_id,
+            exc_info=True,
+        )
 
 
 def publish(task_id: UUID, event_type: str, data: dict[str, Any]) -> None:

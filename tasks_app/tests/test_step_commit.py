@@ -90,7 +90,8 @@ def test_a_step_with_events_cost_audit_and_checkpoint_is_one_statement(alice, se
     # checkpoint (5, 6) with its event, and the last one the lease given back: one statement.
     assert writes(queries).count("WITH") == 3
     assert not {"INSERT", "DELETE"} & set(writes(queries))
-    assert writes(queries).count("SAVEPOINT") == 1  # the claim's (a transaction: the tenant limit)
+    # The claim (a transaction: the tenant limit) is one message, with no savepoint around it.
+    assert writes(queries).count("SAVEPOINT") == 0
     assert engine.run_slice(task.id, worker_id="w1") is engine.SliceOutcome.DONE
     task.refresh_from_db()
     assert task.status == "completed" and task.cost == 4.0
@@ -154,7 +155,7 @@ def test_a_one_step_slice_commits_its_step_and_its_yield_at_once(alice, settings
     assert task.status == "completed" and task.result == {"steps": 3}
 
 
-def test_a_claim_is_one_statement_and_with_a_tenant_limit_two(alice, settings):
+def test_a_claim_is_one_round_trip_also_with_a_tenant_limit(alice, settings):
     task, _ = do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 3})
     settings.RUNTIME = {**settings.RUNTIME, "runtime": {**settings.RUNTIME["runtime"], "max_concurrent_tasks": 0}}
     with CaptureQueriesContext(connection) as queries:
@@ -167,4 +168,46 @@ def test_a_claim_is_one_statement_and_with_a_tenant_limit_two(alice, settings):
     with CaptureQueriesContext(connection) as queries:
         claimed = leases.claim_task(task.id, worker_id="w2", ttl=30)
     assert claimed is not None and claimed[0].epoch == 2
-    assert [w for w in writes(queries) if w not in ("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE")] == ["SELECT", "UPDATE"]
+    # The tenant's turn, then the claiming UPDATE, as statements of their own in one message.
+    [claim] = [q["sql"] for q in queries.captured_queries]
+    assert [part.split()[0] for part in claim.split("; ")] == ["SELECT", "UPDATE", "SELECT"]
+    assert "FOR NO KEY UPDATE" in claim.split("; ")[0]
+
+
+def test_a_task_starts_working_in_one_statement_and_reads_once(alice, settings):
+    settings.RUNTIME_SLICE_STEPS = 1
+    task, _ = do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 2})
+    with CaptureQueriesContext(connection) as queries:
+        assert engine.run_slice(task.id, worker_id="w1") is engine.SliceOutcome.CONTINUE
+    # The claim, one read of the checkpoint, steps, ledger and answers, the start (status,
+    # audit record, snapshot event) in one statement, and the step with the slice's yield in one.
+    assert writes(queries) == ["SELECT", "SELECT", "WITH", "WITH"]
+    task.refresh_from_db()
+    assert task.status == "working" and task.started_at is not None and task.steps_done == 1
+    assert verify_chain(task) is None
+    transition = AuditRecord.objects.get(task=task, action="transition", to_status="working")
+    assert (transition.from_status, transition.reason, transition.after_version) == ("queued", "first slice", 2)
+    snapshot = TaskEvent.objects.filter(task=task, type="task.snapshot").latest("seq")
+    assert snapshot.data["runtimeStatus"] == "working" and snapshot.data["stateVersion"] == 2
+    assert snapshot.data["lastCheckpoint"] is None and snapshot.data["inputRequests"] == []
+    assert list(TaskEvent.objects.filter(task=task).order_by("seq").values_list("seq", flat=True)) == list(
+        range(1, task.event_seq + 1)
+    )
+
+
+def test_a_start_that_finds_the_task_moved_since_its_claim_takes_the_transaction(alice, settings):
+    task, _ = do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 2})
+    lease, claimed = leases.claim_task(task.id, worker_id="w1", ttl=30)
+    # A command accepted after the claim moved the version and the audit chain's head.
+    do_enqueue_command(
+        task.id,
+        who=console(alice.tenant, "user:other"),
+        command_id="p1",
+        type="set_priority",
+        payload={"priority": 3},
+        expected_version=claimed.state_version,
+    )
+    started = engine._start_working(lease, "queued", None, claimed=claimed, inputs_open=False)
+    task.refresh_from_db()
+    assert (started.status, started.state_version) == ("working", task.state_version)
+    assert task.status == "working" and verify_chain(task) is None
