@@ -637,8 +637,10 @@ def log_counts(logs: Path) -> Counter[str]:
         "slice raised {}": re.compile(r"run_task_slice\[[^]]*\] raised unexpected: (\w+)"),
         "step failed in the engine": re.compile(r"tasks_app\.engine task \S+: step \S+ failed"),
         "lease lost": re.compile(r"lease lost, slice abandoned|lease on task \S+ lost"),
-        "recovered by the reaper": re.compile(r"worker lost, now recovering"),
-        "dead-lettered by the reaper": re.compile(r"worker lost, now dead_lettered"),
+        # "worker lost (lease of host:pid expired), now ..." (before: "worker lost, now ...")
+        "recovered by the reaper": re.compile(r"worker lost(?: \([^)]*\))?, now recovering"),
+        "dead-lettered by the reaper": re.compile(r"worker lost(?: \([^)]*\))?, now dead_lettered"),
+        "lease expired across a database restart": re.compile(r"expired across a restart of the database"),
     }
     counts: Counter[str] = Counter()
     for log in logs.glob("*.log"):
