@@ -465,11 +465,14 @@ class Soak:
 
         worker = self.workers[i]
         identities = group_identities(worker.proc.pid)
+        spare = self.spare(rows, but=i)
         os.killpg(worker.proc.pid, signal.SIGSTOP)
         worker.frozen_until = time.monotonic() + self.args.freeze_seconds
         self.figures.freezes += 1
         self.figures.signalled.append(
-            Signalled("SIGSTOP", timezone.now(), identities, [t for t, row in rows.items() if row[3] in identities])
+            Signalled(
+                "SIGSTOP", timezone.now(), identities, [t for t, row in rows.items() if row[3] in identities], spare
+            )
         )
 
     def terminate_backends(self) -> None:
