@@ -144,15 +144,15 @@ def test_a_checkpoint_without_a_migration_path_dead_letters(alice, settings, mon
     assert task.status == "dead_lettered" and "no migration from checkpoint schema_version 1" in task.error["message"]
 
 
-def test_a_cancel_accepted_while_a_worker_held_the_task_ends_it_when_the_worker_is_lost(alice):
+def test_a_cancel_accepted_while_a_worker_held_the_task_ends_it_when_the_worker_is_lost(alice, settings):
     """Cancel always wins: accepted while w1 held the task, the cancel waits for w1's next
     safe point, which never comes (w1 died). The reaper, finding the lease expired, ends
     the task as cancelled: no recovery counted, no recovering status, no dead letter, and
     nothing runs again."""
-    task = new_task(alice, steps=3)
-    engine.run_slice(task.id, worker_id="w0")  # some steps done; then w1 takes it and dies
-    Task.objects.filter(id=task.id).update(status="working")
-    assert leases.claim(task.id, worker_id="w1", ttl=60) is not None
+    settings.RUNTIME_SLICE_STEPS = 2
+    task = new_task(alice, steps=5)
+    assert engine.run_slice(task.id, worker_id="w0") is engine.SliceOutcome.CONTINUE  # 2 steps, handed on
+    assert leases.claim(task.id, worker_id="w1", ttl=60) is not None  # w1 takes it, then dies
     do_cancel_task(task.id, who=console(alice.tenant, "admin:op"), reason="not needed")
     assert Task.objects.get(id=task.id).status == "working"  # asked for, at w1's safe point
     steps = Step.objects.filter(task=task).count()
