@@ -519,6 +519,11 @@ class Soak:
         i = self.victim(rows)
         if i is None or (fault == "freeze" and not mid_step):
             return False
+        if fault == "SIGTERM" and patient and not self.spare(rows, but=i):
+            # Every worker busy (tasks re-running after kills are topped up beyond
+            # --in-flight): the takeover would wait for another task's slice to end. Wait
+            # for a spare worker a while (listed as "no spare" if it never comes).
+            return False
         if fault == "freeze":
             self.freeze(i, rows)
         else:
