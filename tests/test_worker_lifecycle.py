@@ -147,6 +147,35 @@ def test_a_worker_frozen_right_before_a_call_and_thawed_after_a_takeover_never_s
     assert stats["posts"] == 1 and list(stats["perKey"].values()) == [1], stats  # the zombie never sent
 
 
+def test_a_worker_frozen_after_confirming_its_lease_and_thawed_after_a_takeover_never_sends(alice, processes, tmp_path):
+    # The soak's duplicate (bench/soak.py, a freeze): the worker had confirmed its lease for
+    # the call and was stopped before the bytes went out; the next owner found the call's
+    # row started, asked the sink (404) and sent it; the thawed worker then sent it again.
+    sink = Sink(processes)
+    marker = tmp_path / "frozen"
+    processes.worker(**FAST, RUNTIME_FAULT_INJECTION=f"freeze:ledger:confirmed:{marker}")
+    processes.beat(**FAST)
+    task = webhook(alice, sink, count=1)
+    wait_until(marker.exists, timeout=60, what="the worker to freeze between its confirmed lease and its call")
+    zombie = int(wait_until(marker.read_text, timeout=5, what="the frozen pid"))
+    wait_until(lambda: stopped(zombie), timeout=5, what="the worker to be stopped")
+
+    processes.worker(**FAST)  # takes over once the frozen worker's lease runs out
+    task = settled(task)
+    assert task.status == "completed" and task.recoveries == 1, task.error
+    assert sink.stats()["posts"] == 1  # the new owner asked the sink by key, then made the call
+
+    os.kill(zombie, signal.SIGCONT)  # it wakes where it stopped: its lease confirmed, about to send
+    wait_until(
+        lambda: not stopped(zombie) and "lease lost, slice abandoned" in processes.logs(),
+        timeout=30,
+        what="the thawed worker to give up its slice",
+    )
+    stats = sink.stats()
+    assert stats["posts"] == 1 and list(stats["perKey"].values()) == [1], stats  # the zombie never sent
+    assert "ran out before the call was sent" in processes.logs()
+
+
 def pool_pids(worker: subprocess.Popen[bytes]) -> set[int]:
     return {int(pid) for pid in Path(f"/proc/{worker.pid}/task/{worker.pid}/children").read_text().split()}
 
