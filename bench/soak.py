@@ -92,12 +92,21 @@ def group_identities(pgid: int) -> set[str]:
 @dataclass
 class Worker:
     proc: subprocess.Popen[bytes]
+    log: Path
     frozen_until: float | None = None  # SIGSTOPped until then (monotonic)
     stopping_since: float | None = None  # SIGTERM sent then (monotonic)
+    started: bool = False  # its log said " ready." (consuming, its pool up)
 
     @property
     def usable(self) -> bool:
         return self.frozen_until is None and self.stopping_since is None and self.proc.poll() is None
+
+    @property
+    def ready(self) -> bool:
+        if not self.started:
+            with contextlib.suppress(OSError):
+                self.started = b" ready." in self.log.read_bytes()
+        return self.started and self.usable
 
 
 @dataclass
@@ -108,6 +117,7 @@ class Signalled:
     at: datetime
     identities: set[str]
     held: list[str]
+    spare: int = 0  # ready workers holding no lease at that moment, but the one signalled
 
 
 @dataclass
@@ -192,7 +202,8 @@ class Soak:
         from conftest import WORKER
 
         self.generation += 1
-        return Worker(_common.start([*WORKER, str(self.args.concurrency)], self.logs / f"worker-{self.generation}.log"))
+        log = self.logs / f"worker-{self.generation}.log"
+        return Worker(_common.start([*WORKER, str(self.args.concurrency)], log), log)
 
     def start_beat(self) -> None:
         from conftest import BEAT
@@ -369,6 +380,16 @@ class Soak:
                 held[i] = [t for t, row in rows.items() if row[3] in identities]
         return held
 
+    def spare(self, rows: dict[str, Row], but: int) -> int:
+        """Ready workers (but worker `but`) whose processes hold no lease: what can take a
+        task over at once."""
+        owners = {row[3] for row in rows.values() if row[3]}
+        return sum(
+            1
+            for j, worker in enumerate(self.workers)
+            if j != but and worker.ready and not owners & group_identities(worker.proc.pid)
+        )
+
     def victim(self, rows: dict[str, Row]) -> int | None:
         """A usable worker, one holding a lease when there is one (a fault mid-step)."""
         held = self.holders(rows)
@@ -386,6 +407,7 @@ class Soak:
         identities = group_identities(worker.proc.pid)
         rows = {**rows, **self.open_rows()}  # the lease holders of this very moment
         held = [t for t, row in rows.items() if row[3] in identities]
+        spare = self.spare(rows, but=i)
         if how == "SIGKILL":
             os.killpg(worker.proc.pid, signal.SIGKILL)
             worker.proc.wait()
@@ -397,7 +419,7 @@ class Soak:
             worker.stopping_since = time.monotonic()
             self.figures.sigterms += 1
         at = timezone.now()
-        self.figures.signalled.append(Signalled(how, at, identities, held))
+        self.figures.signalled.append(Signalled(how, at, identities, held, spare))
         if how != "SIGKILL":
             return
         for task_id in held:
@@ -443,11 +465,14 @@ class Soak:
 
         worker = self.workers[i]
         identities = group_identities(worker.proc.pid)
+        spare = self.spare(rows, but=i)
         os.killpg(worker.proc.pid, signal.SIGSTOP)
         worker.frozen_until = time.monotonic() + self.args.freeze_seconds
         self.figures.freezes += 1
         self.figures.signalled.append(
-            Signalled("SIGSTOP", timezone.now(), identities, [t for t, row in rows.items() if row[3] in identities])
+            Signalled(
+                "SIGSTOP", timezone.now(), identities, [t for t, row in rows.items() if row[3] in identities], spare
+            )
         )
 
     def terminate_backends(self) -> None:
@@ -485,8 +510,19 @@ class Soak:
             return True
         if fault == "freeze" and any(w.frozen_until for w in self.workers):
             return False
+        if fault == "SIGTERM" and not all(w.ready for w in self.workers):
+            # A rolling restart stops the next worker once the last one's replacement is
+            # ready (a readiness probe, maxUnavailable): stopping one while another is
+            # still booting (2-4 s of imports on a busy machine) leaves no spare worker, and
+            # the takeover would time the queue behind busy workers, not the handover.
+            return False
         i = self.victim(rows)
         if i is None or (fault == "freeze" and not mid_step):
+            return False
+        if fault == "SIGTERM" and patient and not self.spare(rows, but=i):
+            # Every worker busy (tasks re-running after kills are topped up beyond
+            # --in-flight): the takeover would wait for another task's slice to end. Wait
+            # for a spare worker a while (listed as "no spare" if it never comes).
             return False
         if fault == "freeze":
             self.freeze(i, rows)
@@ -599,7 +635,7 @@ def takeovers(signalled: list[Signalled], logs: Path) -> dict[str, list[float]]:
                 taken[task_id] = None if first is None else (first - s.at).total_seconds()
                 if first is not None:
                     times[s.how].append(taken[task_id])
-            out.write(f"{s.at.isoformat()} {s.how} {sorted(s.identities)} held {taken}\n")
+            out.write(f"{s.at.isoformat()} {s.how} {sorted(s.identities)} spare {s.spare} held {taken}\n")
     return times
 
 
@@ -609,8 +645,10 @@ def log_counts(logs: Path) -> Counter[str]:
         "slice raised {}": re.compile(r"run_task_slice\[[^]]*\] raised unexpected: (\w+)"),
         "step failed in the engine": re.compile(r"tasks_app\.engine task \S+: step \S+ failed"),
         "lease lost": re.compile(r"lease lost, slice abandoned|lease on task \S+ lost"),
-        "recovered by the reaper": re.compile(r"worker lost, now recovering"),
-        "dead-lettered by the reaper": re.compile(r"worker lost, now dead_lettered"),
+        # "worker lost (lease of host:pid expired), now ..." (before: "worker lost, now ...")
+        "recovered by the reaper": re.compile(r"worker lost(?: \([^)]*\))?, now recovering"),
+        "dead-lettered by the reaper": re.compile(r"worker lost(?: \([^)]*\))?, now dead_lettered"),
+        "lease expired across a database restart": re.compile(r"expired across a restart of the database"),
     }
     counts: Counter[str] = Counter()
     for log in logs.glob("*.log"):
@@ -686,9 +724,10 @@ def report(soak: Soak, elapsed: float) -> bool:
     print(f"  API: 5xx answers {dict(f.api_5xx) or 0}, transport errors {f.api_transport_errors}")
     for how, times in taken.items():
         held = sum(len(s.held) for s in f.signalled if s.how == how)
+        no_spare = sum(1 for s in f.signalled if s.how == how and s.held and not s.spare)
         print(
             f"  takeover after {how} (signal → next step committed by another worker): {held} tasks held, "
-            f"{len(times)} taken over"
+            f"{len(times)} taken over ({no_spare} signals with no spare worker ready)"
             + (
                 f": p50 {statistics.median(times):.2f}s, p99 "
                 f"{_common.percentile(times, 99):.2f}s, max {max(times):.2f}s"

@@ -240,10 +240,13 @@ def _call_and_settle(lease: leases.Lease, entry: LedgerEntry, tool: tools.Tool, 
     durations: list[float] = []
     delay = tool.backoff
     for attempt in range(1, tool.retries + 2):
-        leases.confirm(lease)  # still ours, right before the bytes go out
         t0 = time.perf_counter()
         try:
-            with kills.calling(tool.name):
+            # Still ours, right before the bytes go out (the tool's client checks it again as
+            # it sends: leases.still_confirmed).
+            with leases.sending(lease), kills.calling(tool.name):
+                _crash_here("ledger:confirmed")
+                t0 = time.perf_counter()
                 result = tool.call(args, entry.key, tool.timeout)
         except tools.ToolError as exc:
             durations.append(round((time.perf_counter() - t0) * 1000, 1))

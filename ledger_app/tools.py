@@ -14,7 +14,7 @@ import httpx
 from django.conf import settings
 
 from runtime_site.tracing import trace_headers
-from tasks_app import telemetry
+from tasks_app import leases, telemetry
 from tasks_app.agents import tools as registry
 from tasks_app.agents.tools import DONE, NOT_DONE, Pending, Tool, ToolError, retry_after
 from tasks_app.redaction import tool_text
@@ -50,8 +50,14 @@ def _http() -> httpx.Client:
     pid = os.getpid()
     if pid not in _clients:
         _clients.clear()
-        _clients[pid] = httpx.Client()
+        _clients[pid] = httpx.Client(event_hooks={"request": [_lease_still_ours]})
     return _clients[pid]
+
+
+def _lease_still_ours(request: httpx.Request) -> None:
+    """Right before a request goes out: a worker frozen since its lease was confirmed for
+    the call, and thawed after another took the task over, sends nothing."""
+    leases.still_confirmed()
 
 
 def _http_call(args: dict[str, Any], key: str, timeout: float) -> Any:

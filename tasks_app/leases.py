@@ -7,6 +7,7 @@ whose lease was taken over (frozen, partitioned) can never commit again.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import functools
 import logging
@@ -14,8 +15,9 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, cast
@@ -271,12 +273,52 @@ def confirm(lease: Lease) -> None:
     are fenced, the wire is not; a worker frozen past its lease and thawed after a
     takeover stops here instead of sending. The epoch, not the clock, decides: an
     expired lease nobody has taken over is still ours, and this renewal keeps it so.
-    What remains is the time between this statement and the bytes on the wire
-    (docs/architecture.md)."""
+    What remains is the time between this statement and the bytes on the wire: an
+    outbound client checks that too, right before it sends (still_confirmed)."""
+    started = _clock()  # before the renewal: the lease runs at least ttl from here
     if not renew(lease, ttl=settings.RUNTIME_LEASE_SECONDS):
         if killed_while_held(lease) is not None:
             raise kills.StepKilled(f"task {lease.task_id} was killed")  # no call starts after a kill
         raise LeaseLost(lease.task_id)
+    _confirmed.set((lease.task_id, started + settings.RUNTIME_LEASE_SECONDS * 0.9))
+
+
+@contextlib.contextmanager
+def sending(lease: Lease) -> Iterator[None]:
+    """An external call under the lease: confirm() it, and until the call returns an
+    outbound client's still_confirmed() holds the send to that renewal."""
+    confirm(lease)
+    try:
+        yield
+    finally:
+        _confirmed.set(None)
+
+
+def still_confirmed() -> None:
+    """Called by an outbound client right before the bytes go out (an HTTP request hook):
+    LeaseLost if the renewal confirm() made has run out since. A worker frozen (SIGSTOP, a
+    paused container) between confirm() and the send wakes after that; by then its lease
+    may have been taken over, and the new holder, finding the call's ledger row started
+    and the remote without it, may have sent it itself (measured in bench/soak.py: a
+    freeze there sent a key twice). Nothing can have taken an unexpired lease over (only
+    an operator's explicit release), so a send inside it is one only we make. Outside a
+    call (a reconcile's read) it checks nothing."""
+    confirmed = _confirmed.get()
+    if confirmed is not None and _clock() >= confirmed[1]:
+        task_id = confirmed[0]
+        logger.warning("task %s: the lease confirmed for a call ran out before the call was sent: not sent", task_id)
+        raise LeaseLost(task_id)
+
+
+def _clock() -> float:
+    """Seconds that keep counting while the process is stopped (and, where the system has
+    it, while the machine sleeps: CLOCK_BOOTTIME)."""
+    return time.clock_gettime(BOOTTIME) if BOOTTIME is not None else time.monotonic()
+
+
+BOOTTIME: int | None = getattr(time, "CLOCK_BOOTTIME", None)
+# (task id, clock reading until which the lease confirmed for the call in hand is ours)
+_confirmed: ContextVar[tuple[UUID, float] | None] = ContextVar("runtime_confirmed_lease", default=None)
 
 
 def fenced(lease: Lease) -> Task:

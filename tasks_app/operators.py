@@ -18,8 +18,9 @@ from django.db import connection, transaction
 from django.db.models.functions import Now
 
 from checkpoints_app.actions import discard_back_to_last_good
-from ledger_app.actions import ToolFailed
+from ledger_app.actions import ToolFailed, settle_interrupted
 from ledger_app.models import EffectStatus, LedgerEntry
+from runtime_site.metrics import RECOVERIES
 from steering_app.actions import STEERING_FIELDS, apply_pending, do_enqueue_command, withdraw_cancel
 from steering_app.models import CommandType, InputRequest, InputStatus
 from tasks_app import events
@@ -60,7 +61,10 @@ def expired_ttl_ids(limit: int = 500) -> list[UUID]:
 @transaction.atomic(durable=True)
 def do_mark_recovering(task_id: UUID, *, actor: str, max_recoveries: int | None = None) -> Task | None:
     """A runnable task whose lease expired lost its worker: count a recovery and hand it to
-    the next worker, or dead-letter it when it has crashed workers too often."""
+    the next worker, or dead-letter it when it has crashed workers too often; a cancel
+    asked for meanwhile ends it instead (_recover). A lease that expired across a restart
+    of the database lost no worker: an infrastructure fault, logged as one. Each outcome
+    logs its own diagnosis (the reaper only calls this)."""
     task = (
         Task.objects.select_for_update()
         .filter(id=task_id, status__in=CLAIMABLE, lease_owner__isnull=False, lease_expires_at__lt=Now())
@@ -82,13 +86,32 @@ def do_mark_recovering(task_id: UUID, *, actor: str, max_recoveries: int | None 
         lost = task.lease_owner
         task.drop_lease()
         diagnosis = f"the lease of {lost} expired across a restart of the database at {started.isoformat()}"
-        logger.warning("task %s: %s: an infrastructure fault, not a recovery", task_id, diagnosis)
-        if not count_infrastructure_fault(task, actor=actor, diagnosis=diagnosis, fields=list(Task.LEASE_FIELDS)):
-            enqueue_slice_on_commit(task.id, task.priority)
+        if task.cancel_requested:  # cancel always wins: nobody needs to run it again to end it
+            logger.warning("task %s: %s; the cancel asked for applies now", task_id, diagnosis)
+            return _cancel_now(task, actor=actor)
+        if count_infrastructure_fault(task, actor=actor, diagnosis=diagnosis, fields=list(Task.LEASE_FIELDS)):
+            return task  # held for an operator (count_infrastructure_fault logged why)
+        logger.warning(
+            "task %s: %s: its worker may live (it is fenced out), an infrastructure fault, not a recovery; "
+            "re-enqueued (infrastructure faults %s)",
+            task_id,
+            diagnosis,
+            task.infra_faults,
+        )
+        enqueue_slice_on_commit(task.id, task.priority)
         return task
-    lost = task.lease_owner
+    lost = f"lease of {task.lease_owner} expired"
     task.drop_lease()
-    return _recover(task, actor=actor, lost=f"lease of {lost} expired", max_recoveries=max_recoveries)
+    task = _recover(task, actor=actor, lost=lost, max_recoveries=max_recoveries)
+    if task.status != Status.CANCELLED:
+        status, recoveries = task.status, task.recoveries
+
+        def counted() -> None:
+            RECOVERIES.labels(status).inc()
+            logger.warning("task %s: worker lost (%s), now %s (recoveries %s)", task_id, lost, status, recoveries)
+
+        transaction.on_commit(counted)
+    return task
 
 
 def _database_started_at() -> datetime | None:
@@ -172,13 +195,13 @@ def _recover(
     """On a locked row whose lease was just dropped: count the recovery and enqueue the
     next slice, or dead-letter past max_recoveries. `lost` says what happened, `cause`
     (audited, and kept in the dead letter's error) what an operator should look at."""
-    if task.kill_requested:
-        # A kill waited for this worker's call that had to finish (kills.must_finish). The
-        # worker is lost, so it will never stop the task: the kill applies now (the call's
-        # row becomes unknown), rather than in a next slice that may never come.
-        apply_pending(task, actor=actor, by_worker=False)
-        task.save(update_fields=STEERING_FIELDS)
-        return task
+    if task.cancel_requested:
+        # A cancel (or a kill, which waited for a call that had to finish: kills.must_finish)
+        # was accepted while this worker held the task, for its next safe point. The worker
+        # is lost, so it will never stop the task: cancel always wins, and applies now,
+        # rather than after a recovery that re-runs the task (or dead-letters it) first.
+        logger.warning("task %s: %s; the cancel asked for applies now", task.id, lost)
+        return _cancel_now(task, actor=actor)
     max_recoveries = settings.RUNTIME["runtime"]["max_recoveries"] if max_recoveries is None else max_recoveries
     task.recoveries += 1
     fields = [*TRANSITION_FIELDS, *Task.LEASE_FIELDS, "recoveries"]
@@ -200,6 +223,16 @@ def _recover(
         events.emit(task, "recovering", {"recoveries": task.recoveries, "reason": reason})
         enqueue_slice_on_commit(task.id, task.priority)
     task.save(update_fields=fields)
+    return task
+
+
+def _cancel_now(task: Task, *, actor: str) -> Task:
+    """On a locked row whose lease was just dropped, with a cancel asked for: it ends now
+    (commands pending before it apply first, in order). What the lost call left started is
+    unknown, for the remote (by key) or a person to settle, as after a kill."""
+    apply_pending(task, actor=actor, by_worker=False)
+    settle_interrupted(task.id)
+    task.save(update_fields=STEERING_FIELDS)
     return task
 
 

@@ -74,9 +74,7 @@ def _hand_on(task_id: str, report: engine.SliceReport) -> None:
 def scan_leases() -> None:
     """Beat job: the broker may lose messages; the database never forgets running work."""
     for task_id in operators.expired_lease_ids():
-        if task := operators.do_mark_recovering(task_id, actor="system:reaper"):
-            metrics.RECOVERIES.labels(task.status).inc()
-            logger.warning("task %s: worker lost, now %s (recoveries %s)", task_id, task.status, task.recoveries)
+        operators.do_mark_recovering(task_id, actor="system:reaper")  # logs what it found
     for task_id, priority in leases.stalled(
         stall_seconds=settings.RUNTIME_STALL_SECONDS, recovering_seconds=settings.RUNTIME_LEASE_SECONDS
     ):

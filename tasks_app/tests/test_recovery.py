@@ -3,16 +3,18 @@ max recoveries, TTL expiry, checkpoint schema migrations, redrive, close, releas
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import connection, transaction
 from django.utils import timezone
 
 from checkpoints_app import codec
 from checkpoints_app.models import Checkpoint
 from steering_app.actions import do_cancel_task
-from tasks_app import engine, leases, operators
+from tasks_app import engine, leases, operators, tasks
 from tasks_app.access import console
 from tasks_app.actions import do_create_task
 from tasks_app.agents.base import Agent, StepContext, register
@@ -142,17 +144,75 @@ def test_a_checkpoint_without_a_migration_path_dead_letters(alice, settings, mon
     assert task.status == "dead_lettered" and "no migration from checkpoint schema_version 1" in task.error["message"]
 
 
-def test_a_redrive_withdraws_a_cancel_its_lost_worker_never_landed(alice):
+def test_a_cancel_accepted_while_a_worker_held_the_task_ends_it_when_the_worker_is_lost(alice, settings):
+    """Cancel always wins: accepted while w1 held the task, the cancel waits for w1's next
+    safe point, which never comes (w1 died). The reaper, finding the lease expired, ends
+    the task as cancelled: no recovery counted, no recovering status, no dead letter, and
+    nothing runs again."""
+    settings.RUNTIME_SLICE_STEPS = 2
+    task = new_task(alice, steps=5)
+    assert engine.run_slice(task.id, worker_id="w0") is engine.SliceOutcome.CONTINUE  # 2 steps, handed on
+    assert leases.claim(task.id, worker_id="w1", ttl=60) is not None  # w1 takes it, then dies
+    do_cancel_task(task.id, who=console(alice.tenant, "admin:op"), reason="not needed")
+    assert Task.objects.get(id=task.id).status == "working"  # asked for, at w1's safe point
+    steps = Step.objects.filter(task=task).count()
+    expire_lease(task)
+
+    reaped = operators.do_mark_recovering(task.id, actor="system:reaper", max_recoveries=0)
+
+    assert reaped is not None
+    task = Task.objects.get(id=task.id)
+    assert (task.status, task.recoveries, task.lease_owner) == ("cancelled", 0, None)
+    assert not AuditRecord.objects.filter(task=task, to_status__in=["recovering", "dead_lettered"]).exists()
+    assert AuditRecord.objects.get(task=task, to_status="cancelled").reason == "not needed"
+    assert list(task.steering_commands.values_list("type", "status")) == [("cancel", "applied")]
+    assert not task.events.filter(type="recovering").exists()
+    assert engine.run_slice(task.id, worker_id="w2") is engine.SliceOutcome.DROPPED
+    assert Step.objects.filter(task=task).count() == steps
+    assert verify_chain(task) is None
+
+
+def test_a_lease_expired_across_a_database_restart_is_not_logged_as_a_lost_worker(alice, caplog):
+    """The worker may well be alive: the database was down longer than its lease, so no
+    renewal could land. The reaper's log and metric say so, never "worker lost"."""
+    from runtime_site.metrics import RECOVERIES
+
+    task = new_task(alice)
+    assert leases.claim(task.id, worker_id="w1", ttl=30) is not None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_postmaster_start_time()")
+        started = cursor.fetchone()[0]
+    # Last renewed just before the server (re)started, as a lease is during an outage.
+    Task.objects.filter(id=task.id).update(lease_expires_at=started + timedelta(seconds=1))
+    counted = {label: RECOVERIES.labels(label)._value.get() for label in ("working", "recovering")}
+
+    with caplog.at_level(logging.INFO):
+        tasks.scan_leases()
+
+    lines = [r.getMessage() for r in caplog.records if task.id.hex[:8] in r.getMessage().replace("-", "")]
+    assert lines and not [line for line in lines if "worker lost" in line], lines
+    assert [line for line in lines if "restart of the database" in line and "not a recovery" in line], lines
+    assert {label: RECOVERIES.labels(label)._value.get() for label in counted} == counted
+    task = Task.objects.get(id=task.id)
+    assert (task.status, task.recoveries, task.infra_faults, task.lease_owner) == ("queued", 0, 1, None)
+
+
+def test_a_redrive_withdraws_a_cancel_that_never_landed(alice, settings):
     """REST's /cancel, MCP's tasks/cancel and the admin's send the cancel command: accepted
-    while a worker held the task, it waits for that worker's safe point. The worker is lost
-    and the task dead-lettered; an operator's redrive runs it again, and the old command must
-    not end it at the first safe point."""
+    while a worker held the task, it waits for that worker's safe point. The worker held
+    the task for an operator instead (infrastructure faults without progress); an
+    operator's redrive runs it again, and the old command must not end it at the first
+    safe point."""
+    settings.RUNTIME = {**settings.RUNTIME, "runtime": {**settings.RUNTIME["runtime"], "max_infra_faults": 1}}
     task = new_task(alice, steps=3)
     assert leases.claim(task.id, worker_id="w1", ttl=60) is not None
     who = console(alice.tenant, "admin:op")
     do_cancel_task(task.id, who=who, reason="not needed")
-    expire_lease(task)
-    assert operators.do_mark_recovering(task.id, actor="system:reaper", max_recoveries=0).status == "dead_lettered"
+    with transaction.atomic():
+        held = Task.objects.select_for_update().get(id=task.id)
+        fields = held.drop_lease(fence=False)
+        assert operators.count_infrastructure_fault(held, actor="worker:w1", diagnosis="database down", fields=fields)
+    assert Task.objects.get(id=task.id).status == "dead_lettered"
     operators.do_redrive_task(task.id, who=who, reason="needed after all")
     assert run_to_end(task, worker="w2")[-1] is engine.SliceOutcome.DONE
     task = Task.objects.get(id=task.id)
