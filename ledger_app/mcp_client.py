@@ -24,6 +24,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import REQUEST_TIMEOUT
 from pydantic import TypeAdapter
 
+from tasks_app import leases
 from tasks_app.redaction import tool_text
 
 TASKS = "io.modelcontextprotocol/tasks"
@@ -182,6 +183,18 @@ def warm() -> None:
 
 def _run[T](server: str, timeout: float, headers: dict[str, str] | None, go: Callable[[Client], Awaitable[T]]) -> T:
     refused: list[int] = []  # the SDK reports an HTTP 401 as a generic error; we need to tell
+    lost: list[leases.LeaseLost] = []  # ... and whatever it makes of a request we did not send
+
+    async def still_ours(request: httpx2.Request) -> None:
+        """Right before each request goes out (the SDK's tasks copy this thread's context,
+        so the lease confirmed for a call is seen here): a worker frozen since, and thawed
+        after another took the task over, sends nothing (leases.still_confirmed, as
+        http.request's client)."""
+        try:
+            leases.still_confirmed()
+        except leases.LeaseLost as exc:
+            lost.append(exc)
+            raise
 
     async def seen(response: httpx2.Response) -> None:
         if response.status_code in (401, 403, 404):
@@ -190,7 +203,7 @@ def _run[T](server: str, timeout: float, headers: dict[str, str] | None, go: Cal
     async def session() -> T:
         http = httpx2.AsyncClient(
             headers=headers or {},
-            event_hooks={"response": [seen]},
+            event_hooks={"request": [still_ours], "response": [seen]},
             verify=_tls(),
             timeout=httpx2.Timeout(30.0, connect=min(timeout, 30.0), read=300.0),
         )
@@ -206,6 +219,8 @@ def _run[T](server: str, timeout: float, headers: dict[str, str] | None, go: Cal
     try:
         return asyncio.run(session())
     except BaseException as exc:  # the SDK's task groups wrap what went wrong
+        if lost:
+            raise lost[0] from exc  # not a remote's error: the slice gives the task up, unsent
         raise _classify(exc, refused) from exc
 
 

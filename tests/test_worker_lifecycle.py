@@ -177,6 +177,47 @@ def test_a_worker_frozen_after_confirming_its_lease_and_thawed_after_a_takeover_
     assert "ran out before the call was sent" in processes.logs()
 
 
+def test_a_worker_frozen_after_confirming_its_lease_for_a_remote_tool_and_thawed_after_a_takeover_never_calls(
+    alice, processes, tmp_path
+):
+    # As above, for mcp.call: its own HTTP client (the MCP SDK's) sent the tools/call of a
+    # worker thawed after a takeover. The new owner found the call's row started and, the
+    # remote having no way to be asked by key, asked a person; the remote ran it all the same.
+    remote = Remote(processes)
+    marker = tmp_path / "frozen"
+    processes.worker(**FAST, RUNTIME_FAULT_INJECTION=f"freeze:ledger:confirmed:{marker}")
+    processes.beat(**FAST)
+    task, _ = do_create_task(
+        console(alice.tenant, "user:test"),
+        agent="tool_calls",
+        input={
+            "calls": [
+                {"tool": "mcp.call", "args": {"server": remote.mcp, "tool": "record", "arguments": {"text": "a"}}}
+            ]
+        },
+    )
+    wait_until(marker.exists, timeout=60, what="the worker to freeze between its confirmed lease and its call")
+    zombie = int(wait_until(marker.read_text, timeout=5, what="the frozen pid"))
+    wait_until(lambda: stopped(zombie), timeout=5, what="the worker to be stopped")
+
+    processes.worker(**FAST)  # takes over once the frozen worker's lease runs out
+    wait_until(
+        lambda: Task.objects.get(id=task.id).status == "input_required",
+        timeout=60,
+        what="the new owner to ask whether the call it found started took effect",
+    )
+    assert remote.stats()["effects"] == {}
+
+    os.kill(zombie, signal.SIGCONT)  # it wakes where it stopped: its lease confirmed, about to call
+    wait_until(
+        lambda: not stopped(zombie) and "lease lost, slice abandoned" in processes.logs(),
+        timeout=30,
+        what="the thawed worker to give up its slice",
+    )
+    assert remote.stats()["effects"] == {}  # the zombie never called
+    assert "ran out before the call was sent" in processes.logs()
+
+
 def pool_pids(worker: subprocess.Popen[bytes]) -> set[int]:
     return {int(pid) for pid in Path(f"/proc/{worker.pid}/task/{worker.pid}/children").read_text().split()}
 
