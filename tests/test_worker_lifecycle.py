@@ -218,6 +218,44 @@ def test_a_worker_frozen_after_confirming_its_lease_for_a_remote_tool_and_thawed
     assert "ran out before the call was sent" in processes.logs()
 
 
+def test_a_worker_frozen_after_confirming_its_lease_for_a_mail_and_thawed_after_a_takeover_never_sends_it(
+    alice, processes, tmp_path
+):
+    # As above, for email.send (SMTP, which cannot be asked afterwards): the thawed worker
+    # delivered the mail the new owner had asked a person about.
+    from tests.test_approvals import smtp_sink
+
+    port, mail = smtp_sink(processes, tmp_path)
+    marker = tmp_path / "frozen"
+    env = {**FAST, "EMAIL_HOST": "127.0.0.1", "EMAIL_PORT": str(port), "SECURITY_REQUIRE_APPROVAL": "content.publish"}
+    processes.worker(**env, RUNTIME_FAULT_INJECTION=f"freeze:ledger:confirmed:{marker}")
+    processes.beat(**env)
+    args = {"to": ["legal@example.com"], "subject": "report", "body": "done"}
+    task, _ = do_create_task(
+        console(alice.tenant, "user:test"), agent="tool_calls", input={"calls": [{"tool": "email.send", "args": args}]}
+    )
+    wait_until(marker.exists, timeout=60, what="the worker to freeze between its confirmed lease and its call")
+    zombie = int(wait_until(marker.read_text, timeout=5, what="the frozen pid"))
+    wait_until(lambda: stopped(zombie), timeout=5, what="the worker to be stopped")
+
+    processes.worker(**env)  # takes over once the frozen worker's lease runs out
+    wait_until(
+        lambda: Task.objects.get(id=task.id).status == "input_required",
+        timeout=60,
+        what="the new owner to ask whether the mail it found started went out",
+    )
+    assert mail.read_text() == ""
+
+    os.kill(zombie, signal.SIGCONT)  # it wakes where it stopped: its lease confirmed, about to send
+    wait_until(
+        lambda: not stopped(zombie) and "lease lost, slice abandoned" in processes.logs(),
+        timeout=30,
+        what="the thawed worker to give up its slice",
+    )
+    assert mail.read_text() == ""  # the zombie never sent it
+    assert "ran out before the call was sent" in processes.logs()
+
+
 def pool_pids(worker: subprocess.Popen[bytes]) -> set[int]:
     return {int(pid) for pid in Path(f"/proc/{worker.pid}/task/{worker.pid}/children").read_text().split()}
 
