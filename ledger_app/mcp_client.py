@@ -10,6 +10,7 @@ exchange runs in its own short event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import ssl
 from collections.abc import Awaitable, Callable
@@ -184,17 +185,25 @@ def warm() -> None:
 def _run[T](server: str, timeout: float, headers: dict[str, str] | None, go: Callable[[Client], Awaitable[T]]) -> T:
     refused: list[int] = []  # the SDK reports an HTTP 401 as a generic error; we need to tell
     lost: list[leases.LeaseLost] = []  # ... and whatever it makes of a request we did not send
+    called: list[bool] = []  # the tools/call went out
 
     async def still_ours(request: httpx2.Request) -> None:
-        """Right before each request goes out (the SDK's tasks copy this thread's context,
-        so the lease confirmed for a call is seen here): a worker frozen since, and thawed
-        after another took the task over, sends nothing (leases.still_confirmed, as
-        http.request's client)."""
+        """Right before each request up to the tools/call goes out (the SDK's tasks copy this
+        thread's context, so the lease confirmed for a call is seen here): a worker frozen
+        since, and thawed after another took the task over, sends nothing
+        (leases.still_confirmed, as http.request's client). Not after it: what follows (the
+        session's end, after a call that may have run for several leases while the
+        heartbeat renewed ours) changes nothing at the remote."""
+        if called:
+            return
         try:
             leases.still_confirmed()
         except leases.LeaseLost as exc:
             lost.append(exc)
             raise
+        with contextlib.suppress(httpx2.RequestNotRead):  # a streamed body: not the SDK's JSON-RPC
+            if b'"tools/call"' in request.content:
+                called.append(True)
 
     async def seen(response: httpx2.Response) -> None:
         if response.status_code in (401, 403, 404):

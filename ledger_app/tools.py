@@ -178,7 +178,7 @@ register(
 def _mail_call(args: dict[str, Any], key: str, timeout: float) -> Any:
     import smtplib
 
-    from django.core.mail import EmailMessage, mailers
+    from django.core.mail import EmailMessage
 
     # SMTP cannot be asked afterwards whether a message went out, so email.send has no
     # reconcile hook: an interrupted send is confirmed by a person, never re-sent blindly.
@@ -188,19 +188,13 @@ def _mail_call(args: dict[str, Any], key: str, timeout: float) -> Any:
         to=args["to"],
         headers={"Idempotency-Key": key, "Message-ID": f"<{key.replace(':', '.')}@runtime>"},
     )
-    mailer = mailers["default"]
+    # Right before connecting, as http.request's request hook: a worker frozen since its lease
+    # was confirmed for the call, and thawed after a takeover, sends nothing. (Not after
+    # connecting: a mail server slow to greet would then refuse the sends of a worker whose
+    # heartbeat kept its lease all along.)
+    leases.still_confirmed()
     try:
-        # Connected and greeted (logged in) first: what can take long happens before the
-        # last look at the lease; then the message goes out at once. A worker frozen since
-        # its lease was confirmed for the call, and thawed after a takeover, sends nothing
-        # (leases.still_confirmed, as http.request's request hook).
-        opened = mailer.open()
-        try:
-            leases.still_confirmed()
-            sent = mailer.send_messages([message])
-        finally:
-            if opened:
-                mailer.close()
+        sent = message.send(using="default")
     except (smtplib.SMTPServerDisconnected, smtplib.SMTPConnectError, ConnectionError, TimeoutError) as exc:
         raise ToolError(f"mail server unreachable: {exc}", retryable=True) from exc
     except smtplib.SMTPException as exc:
