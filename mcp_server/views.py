@@ -187,12 +187,12 @@ class OpenWaits:
 
     The request rate limit counts a wait once, when it opens, but it then looks at the
     database several times a second for as long as it lasts: a key opening its allowance of
-    listens every minute would pile up thousands of them. Counted on the event loop, which
-    runs every view of this process, so a plain dict suffices."""
+    listens every minute would pile up thousands of them. Taken on the event loop, given
+    back from Django's close() on a thread as well: hence the lock."""
 
     def __init__(self) -> None:
         self.open: dict[str, int] = {}
-        self.lock = threading.Lock()  # a stream gives back from Django's close(), on a thread
+        self.lock = threading.Lock()
 
     def full(self, principal: Principal) -> bool:
         cap = int(settings.RUNTIME.get("limits", {}).get("mcp_streams_per_key", 0) or 0)

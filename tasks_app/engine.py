@@ -907,7 +907,7 @@ def _complete(run: _Run) -> SliceOutcome:
         _stop(
             run.lease,
             Status.FAILED,
-            reason=str(exc)[:500],
+            reason=tool_text(str(exc), limit=500),
             error={"code": "invalid_result", "message": tool_text(str(exc), limit=1000)},
         )
         return SliceOutcome.DONE
