@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -35,30 +35,38 @@ PAYLOAD = {
 }
 
 
-class EchoingRemote(BaseHTTPRequestHandler):
-    """Refuses every call with a 422 that quotes the whole request body, as many APIs do."""
+def refusing_remote(status: int, content_type: str, body: Callable[[bytes], bytes], path: str) -> Iterator[str]:
+    """A real HTTP server on loopback that refuses every POST with `status` and body(what it
+    received), as many APIs do; yields its URL."""
 
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode()
-        data = json.dumps({"error": "invalid customer", "received": body}).encode()
-        self.send_response(422)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+    class Remote(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            data = body(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
 
-    def log_message(self, *args: object) -> None:
-        pass
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Remote)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}{path}"
+    server.shutdown()
+    server.server_close()
 
 
 @pytest.fixture
 def remote() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), EchoingRemote)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/customers"
-    server.shutdown()
-    server.server_close()
+    """Refuses every call with a 422 that quotes the whole request body."""
+    yield from refusing_remote(
+        422,
+        "application/json",
+        lambda received: json.dumps({"error": "invalid customer", "received": received.decode()}).encode(),
+        "/customers",
+    )
 
 
 def leaked(text: str) -> list[str]:
@@ -113,29 +121,10 @@ CONFIG_ERROR = (
 )
 
 
-class ConfigQuotingRemote(BaseHTTPRequestHandler):
-    """Refuses every call with a 400 that quotes its own configuration."""
-
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        data = CONFIG_ERROR.encode()
-        self.send_response(400)
-        self.send_header("Content-Type", "text/plain")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
 def config_remote() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), ConfigQuotingRemote)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/deploy"
-    server.shutdown()
-    server.server_close()
+    """Refuses every call with a 400 that quotes its own configuration."""
+    yield from refusing_remote(400, "text/plain", lambda _: CONFIG_ERROR.encode(), "/deploy")
 
 
 @pytest.mark.django_db(transaction=True)
