@@ -123,58 +123,60 @@ def stopped(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
 
 
-def test_a_worker_frozen_right_before_a_call_and_thawed_after_a_takeover_never_sends(alice, processes, tmp_path):
-    sink = Sink(processes)
+def worker_freezing_at(processes: Processes, tmp_path: Path, point: str, **env: str) -> Path:
+    """A worker that stops itself (SIGSTOP) at fault point `point`, and beat; the marker file
+    it writes its pid to when it does."""
     marker = tmp_path / "frozen"
-    processes.worker(**FAST, RUNTIME_FAULT_INJECTION=f"freeze:ledger:before_call:{marker}")
-    processes.beat(**FAST)
-    task = webhook(alice, sink, count=1)
-    wait_until(marker.exists, timeout=60, what="the worker to freeze right before its call")
+    processes.worker(**env, RUNTIME_FAULT_INJECTION=f"freeze:{point}:{marker}")
+    processes.beat(**env)
+    return marker
+
+
+def frozen(marker: Path) -> int:
+    """The pid of the worker frozen at its fault point, once it is stopped."""
+    wait_until(marker.exists, timeout=60, what="the worker to freeze at its fault point")
     zombie = int(wait_until(marker.read_text, timeout=5, what="the frozen pid"))
     wait_until(lambda: stopped(zombie), timeout=5, what="the worker to be stopped")
+    return zombie
+
+
+def thaw(processes: Processes, zombie: int) -> None:
+    """SIGCONT: it wakes where it stopped, about to send, and must give its slice up."""
+    os.kill(zombie, signal.SIGCONT)
+    wait_until(
+        lambda: not stopped(zombie) and "lease lost, slice abandoned" in processes.logs(),
+        timeout=30,
+        what="the thawed worker to give up its slice",
+    )
+
+
+# Right before a call (the lease is confirmed after it), and after the lease was confirmed
+# for the call: the soak's duplicate (bench/soak.py, a freeze) was the second, where the next
+# owner found the call's row started, asked the sink (404) and sent it, and the thawed
+# worker sent it again.
+@pytest.mark.parametrize(
+    ("point", "refused_saying"),
+    [("ledger:before_call", None), ("ledger:confirmed", "ran out before the call was sent")],
+    ids=["before_call", "lease_confirmed"],
+)
+def test_a_worker_frozen_at_a_call_and_thawed_after_a_takeover_never_sends(
+    alice, processes, tmp_path, point, refused_saying
+):
+    sink = Sink(processes)
+    marker = worker_freezing_at(processes, tmp_path, point, **FAST)
+    task = webhook(alice, sink, count=1)
+    zombie = frozen(marker)
 
     processes.worker(**FAST)  # takes over once the frozen worker's lease runs out
     task = settled(task)
     assert task.status == "completed" and task.recoveries == 1, task.error
     assert sink.stats()["posts"] == 1  # the new owner asked the sink by key, then made the call
 
-    os.kill(zombie, signal.SIGCONT)  # it wakes where it stopped: about to send
-    wait_until(
-        lambda: not stopped(zombie) and "lease lost, slice abandoned" in processes.logs(),
-        timeout=30,
-        what="the thawed worker to give up its slice",
-    )
+    thaw(processes, zombie)
     stats = sink.stats()
     assert stats["posts"] == 1 and list(stats["perKey"].values()) == [1], stats  # the zombie never sent
-
-
-def test_a_worker_frozen_after_confirming_its_lease_and_thawed_after_a_takeover_never_sends(alice, processes, tmp_path):
-    # The soak's duplicate (bench/soak.py, a freeze): the worker had confirmed its lease for
-    # the call and was stopped before the bytes went out; the next owner found the call's
-    # row started, asked the sink (404) and sent it; the thawed worker then sent it again.
-    sink = Sink(processes)
-    marker = tmp_path / "frozen"
-    processes.worker(**FAST, RUNTIME_FAULT_INJECTION=f"freeze:ledger:confirmed:{marker}")
-    processes.beat(**FAST)
-    task = webhook(alice, sink, count=1)
-    wait_until(marker.exists, timeout=60, what="the worker to freeze between its confirmed lease and its call")
-    zombie = int(wait_until(marker.read_text, timeout=5, what="the frozen pid"))
-    wait_until(lambda: stopped(zombie), timeout=5, what="the worker to be stopped")
-
-    processes.worker(**FAST)  # takes over once the frozen worker's lease runs out
-    task = settled(task)
-    assert task.status == "completed" and task.recoveries == 1, task.error
-    assert sink.stats()["posts"] == 1  # the new owner asked the sink by key, then made the call
-
-    os.kill(zombie, signal.SIGCONT)  # it wakes where it stopped: its lease confirmed, about to send
-    wait_until(
-        lambda: not stopped(zombie) and "lease lost, slice abandoned" in processes.logs(),
-        timeout=30,
-        what="the thawed worker to give up its slice",
-    )
-    stats = sink.stats()
-    assert stats["posts"] == 1 and list(stats["perKey"].values()) == [1], stats  # the zombie never sent
-    assert "ran out before the call was sent" in processes.logs()
+    if refused_saying:
+        assert refused_saying in processes.logs()
 
 
 def test_a_worker_frozen_after_confirming_its_lease_for_a_remote_tool_and_thawed_after_a_takeover_never_calls(
@@ -184,9 +186,7 @@ def test_a_worker_frozen_after_confirming_its_lease_for_a_remote_tool_and_thawed
     # worker thawed after a takeover. The new owner found the call's row started and, the
     # remote having no way to be asked by key, asked a person; the remote ran it all the same.
     remote = Remote(processes)
-    marker = tmp_path / "frozen"
-    processes.worker(**FAST, RUNTIME_FAULT_INJECTION=f"freeze:ledger:confirmed:{marker}")
-    processes.beat(**FAST)
+    marker = worker_freezing_at(processes, tmp_path, "ledger:confirmed", **FAST)
     task, _ = do_create_task(
         console(alice.tenant, "user:test"),
         agent="tool_calls",
@@ -196,9 +196,7 @@ def test_a_worker_frozen_after_confirming_its_lease_for_a_remote_tool_and_thawed
             ]
         },
     )
-    wait_until(marker.exists, timeout=60, what="the worker to freeze between its confirmed lease and its call")
-    zombie = int(wait_until(marker.read_text, timeout=5, what="the frozen pid"))
-    wait_until(lambda: stopped(zombie), timeout=5, what="the worker to be stopped")
+    zombie = frozen(marker)
 
     processes.worker(**FAST)  # takes over once the frozen worker's lease runs out
     wait_until(
@@ -208,12 +206,7 @@ def test_a_worker_frozen_after_confirming_its_lease_for_a_remote_tool_and_thawed
     )
     assert remote.stats()["effects"] == {}
 
-    os.kill(zombie, signal.SIGCONT)  # it wakes where it stopped: its lease confirmed, about to call
-    wait_until(
-        lambda: not stopped(zombie) and "lease lost, slice abandoned" in processes.logs(),
-        timeout=30,
-        what="the thawed worker to give up its slice",
-    )
+    thaw(processes, zombie)
     assert remote.stats()["effects"] == {}  # the zombie never called
     assert "ran out before the call was sent" in processes.logs()
 
@@ -226,17 +219,13 @@ def test_a_worker_frozen_after_confirming_its_lease_for_a_mail_and_thawed_after_
     from tests.test_approvals import smtp_sink
 
     port, mail = smtp_sink(processes, tmp_path)
-    marker = tmp_path / "frozen"
     env = {**FAST, "EMAIL_HOST": "127.0.0.1", "EMAIL_PORT": str(port), "SECURITY_REQUIRE_APPROVAL": "content.publish"}
-    processes.worker(**env, RUNTIME_FAULT_INJECTION=f"freeze:ledger:confirmed:{marker}")
-    processes.beat(**env)
+    marker = worker_freezing_at(processes, tmp_path, "ledger:confirmed", **env)
     args = {"to": ["legal@example.com"], "subject": "report", "body": "done"}
     task, _ = do_create_task(
         console(alice.tenant, "user:test"), agent="tool_calls", input={"calls": [{"tool": "email.send", "args": args}]}
     )
-    wait_until(marker.exists, timeout=60, what="the worker to freeze between its confirmed lease and its call")
-    zombie = int(wait_until(marker.read_text, timeout=5, what="the frozen pid"))
-    wait_until(lambda: stopped(zombie), timeout=5, what="the worker to be stopped")
+    zombie = frozen(marker)
 
     processes.worker(**env)  # takes over once the frozen worker's lease runs out
     wait_until(
@@ -246,12 +235,7 @@ def test_a_worker_frozen_after_confirming_its_lease_for_a_mail_and_thawed_after_
     )
     assert mail.read_text() == ""
 
-    os.kill(zombie, signal.SIGCONT)  # it wakes where it stopped: its lease confirmed, about to send
-    wait_until(
-        lambda: not stopped(zombie) and "lease lost, slice abandoned" in processes.logs(),
-        timeout=30,
-        what="the thawed worker to give up its slice",
-    )
+    thaw(processes, zombie)
     assert mail.read_text() == ""  # the zombie never sent it
     assert "ran out before the call was sent" in processes.logs()
 
