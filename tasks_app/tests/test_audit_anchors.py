@@ -277,3 +277,11 @@ def test_a_task_moved_to_another_tenant_with_its_audit_is_caught(alice, mallory)
     problems = verify_audit_problems()
     assert verify_chain(Task.objects.get(id=task.id)) is None  # records and task agree again
     assert f"task {task.id}: record {task.audit_seq}: task now of tenant {mallory.tenant.pk}" in problems, problems
+
+
+@pytest.mark.parametrize("grace", ["nan", "inf", "1e20", "-1", "soon"])
+def test_an_anchor_grace_that_is_no_wait_is_refused_with_a_message(grace):
+    # NaN, inf and 1e20 seconds used to end in a ValueError or OverflowError traceback from
+    # timedelta; -1 counted every record as overdue.
+    with pytest.raises(CommandError, match="anchor-grace"):
+        call_command("verify_audit", "--anchor-grace", grace, stdout=io.StringIO(), stderr=io.StringIO())

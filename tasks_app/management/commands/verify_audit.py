@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import argparse
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -8,6 +9,17 @@ from django.core.management.base import BaseCommand, CommandError
 
 from tasks_app.audit import verify_anchors, verify_chain
 from tasks_app.models import Task
+
+
+def _grace(text: str) -> timedelta:
+    """--anchor-grace: seconds, at least 0 and at most a year (NaN, inf or 1e20 are not a wait)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= seconds <= 366 * 86400:  # also false for NaN
+        raise argparse.ArgumentTypeError(f"{text!r}: between 0 and 31622400 seconds (a year)")
+    return timedelta(seconds=seconds)
 
 
 class Command(BaseCommand):
@@ -25,7 +37,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--anchor-grace",
-            type=float,
+            type=_grace,
             help="seconds a record may wait for its first anchor before it is a gap "
             "(default: five audit.anchor_seconds, at least 300)",
         )
@@ -39,8 +51,9 @@ class Command(BaseCommand):
             checked += 1
             if (link := verify_chain(task)) is not None:
                 broken.append(link)
-        grace = timedelta(seconds=options["anchor_grace"]) if options["anchor_grace"] is not None else None
-        anchors, anchor_problems = verify_anchors(task_id=options["task"], since=options["since"], grace=grace)
+        anchors, anchor_problems = verify_anchors(
+            task_id=options["task"], since=options["since"], grace=options["anchor_grace"]
+        )
         broken.extend(anchor_problems)
         for link in broken:
             self.stderr.write(f"BROKEN {link}")
