@@ -4,6 +4,8 @@ Written against django-eventstream 5.3.4, whose internals it touches, so another
 must be read against it before it is let in. The library publishes our events (send_event,
 in every process) and encodes them (sse_encode_event, make_id); its listener manager and
 stream view are not used: tasks_app/streams/hub.py fans events out to the streams.
+tasks_app/streams/publish.py's publish_all writes send_event's Redis message itself (several
+in one pipeline): that message's shape is one more internal to read against a new release.
 """
 
 from __future__ import annotations

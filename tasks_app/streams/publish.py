@@ -105,7 +105,9 @@ class TaskChannelManager(ChannelManagerBase):
 def publish_all(task_id: UUID, events: list[tuple[str, dict[str, Any]]]) -> None:
     """publish() of each (type, data), in order. With Redis and no GRIP proxy (ours), the
     messages send_event would publish go in one pipeline, one round trip for a commit's
-    events (a slice's end has two or three: progress, checkpoint)."""
+    events (a slice's end has two or three: progress, checkpoint). The message is
+    django-eventstream's own, as the release runtime_site/patches/eventstream.py is held to
+    writes it (tasks_app/tests/test_publish.py holds the two the same)."""
     from django_eventstream import eventstream
 
     client = eventstream.redis_client
