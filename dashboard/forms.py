@@ -5,6 +5,7 @@ from typing import cast
 
 from django import forms
 
+from common import json_safety
 from steering_app.models import CommandType
 
 CHOICE_PRIORITY = [(p, f"{p}{' (most urgent)' if p == 0 else ''}") for p in range(10)]
@@ -90,5 +91,18 @@ class SteerForm(forms.Form):
 
 
 class AnswerForm(forms.Form):
-    answer = forms.ChoiceField(choices=[("approve", "approve"), ("reject", "reject")])
+    """An answer to any open question: a button's value (the JSON of an enum value or a
+    boolean) or what the person typed, read as JSON when it is JSON and as the text itself
+    otherwise ("approve"). The question's schema, checked by the domain, decides the rest."""
+
+    answer = forms.CharField(max_length=10_000, strip=False)
     reason = forms.CharField(max_length=500, required=False)
+
+    def clean_answer(self) -> object:
+        text = self.cleaned_data["answer"]
+        try:
+            return json_safety.loads(text)
+        except json_safety.NotJson:
+            return text
+        except json_safety.UnsafeInput as exc:
+            raise forms.ValidationError(str(exc)) from exc

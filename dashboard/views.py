@@ -12,6 +12,7 @@ the person lands on never sends a command again.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable
 from functools import wraps
@@ -214,7 +215,10 @@ def task_context(request: HttpRequest, task: Task) -> dict[str, Any]:
         "snapshot": {"seq": task.event_seq, **task_snapshot(task)},
         "checkpoints": Checkpoint.objects.filter(task=task).order_by("sequence", "id"),
         "commands": SteeringCommand.objects.filter(task=task).order_by("version"),
-        "open_inputs": InputRequest.objects.filter(task=task, status=InputStatus.OPEN).order_by("id"),
+        "open_inputs": [
+            {"request": r, "choices": answer_choices(r.answer_schema), "schema": json.dumps(r.answer_schema)}
+            for r in InputRequest.objects.filter(task=task, status=InputStatus.OPEN).order_by("id")
+        ],
         "logs": logs,
         "role": who.role,
         "may_steer": who.has_role(Role.OPERATOR),
@@ -225,6 +229,20 @@ def task_context(request: HttpRequest, task: Task) -> dict[str, Any]:
         "priorities": range(10),
         "new_command_id": f"dash-{uuid.uuid4().hex}",
     }
+
+
+def answer_choices(schema: Any) -> list[tuple[str, str]] | None:
+    """The buttons a question's answer schema allows, as (label, the JSON a button sends):
+    one per value of an enum of scalars (an approval's approve/reject, a confirmation's
+    done/not_done), yes/no for a boolean. None: the person types the answer as JSON."""
+    if not isinstance(schema, dict):
+        return None
+    values = schema.get("enum")
+    if isinstance(values, list) and values and all(isinstance(v, str | int | float | bool) for v in values):
+        return [(str(v).replace("_", " ") if isinstance(v, str) else json.dumps(v), json.dumps(v)) for v in values]
+    if schema.get("type") == "boolean":
+        return [("yes", "true"), ("no", "false")]
+    return None
 
 
 def risk_chart(result: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -326,7 +344,7 @@ def steer(request: HttpRequest, task: Task) -> HttpResponse:
 def answer(request: HttpRequest, task: Task, key: str) -> HttpResponse:
     form = AnswerForm(request.POST)
     if not form.is_valid():
-        return _refused(request, task, "Answer approve or reject.")
+        return _refused(request, task, f"That answer was not understood: {form.errors.as_text()}")
     try:
         do_answer_input(
             task.id,

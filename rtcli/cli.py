@@ -22,16 +22,32 @@ import sys
 import uuid
 from typing import Any, TextIO
 
+import httpx
+
 from rtcli.client import ApiError, Client
 
 BAR = 30
 
 
 def _json(text: str, what: str) -> Any:
+    """`text` as JSON the API can take, or exit 2 saying why: Python's parser also reads NaN
+    and Infinity, and keeps lone surrogates, neither of which the request could send."""
     try:
-        return json.loads(text)
+        value = json.loads(text, parse_constant=_not_a_number)
+        json.dumps(
+            value, ensure_ascii=False, allow_nan=False
+        ).encode()  # the bytes the request would carry (1e400: inf)
+    except UnicodeEncodeError as exc:
+        print(f"rt: {what} has a lone surrogate ({exc.object[exc.start : exc.end]!r}), not Unicode", file=sys.stderr)
+        raise SystemExit(2) from None
     except ValueError as exc:
-        raise SystemExit(f"rt: {what} is not JSON: {exc}") from None
+        print(f"rt: {what} is not JSON: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    return value
+
+
+def _not_a_number(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 class Progress:
@@ -203,6 +219,9 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
             )
             return 3
         print(f"rt: {exc}", file=sys.stderr)
+        return 2
+    except httpx.TransportError as exc:
+        print(f"rt: cannot reach {args.url}: {exc or type(exc).__name__}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

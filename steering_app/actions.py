@@ -493,6 +493,10 @@ def open_input_request(
             "kind": kind,
         },
     )
+    if request.status == InputStatus.WITHDRAWN:
+        # Withdrawn when the task ended (a kill); a redrive that reaches it asks it again.
+        request.status = InputStatus.OPEN
+        request.save(update_fields=["status"])
     return request
 
 

@@ -51,6 +51,7 @@ class SteeringCommand(models.Model):
 class InputStatus(models.TextChoices):
     OPEN = "open"
     ANSWERED = "answered"
+    WITHDRAWN = "withdrawn"  # its task ended unanswered (tasks_app.actions.transition): nobody can answer it
 
 
 class InputRequest(models.Model):

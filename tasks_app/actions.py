@@ -13,6 +13,7 @@ from common import json_safety
 from common.canonical import canonical_json, sha256_hex
 from common.schema import validate
 from runtime_site.tracing import trace_headers
+from steering_app.models import InputRequest, InputStatus
 from tasks_app import events, policy
 from tasks_app.access import check_role
 from tasks_app.agents import base as agents
@@ -49,6 +50,11 @@ def transition(task: Task, to: str, *, actor: str, reason: str = "", data: dict[
     task.status, task.state_version = to, task.state_version + 1
     if to in TERMINAL:
         task.finished_at = timezone.now()
+        # An ended task waits for nothing: a question still open (a cancel, a TTL or a
+        # failure reached it in input_required) is withdrawn here, in the transition's
+        # transaction, or every reader (the snapshot, the dashboard's approve buttons, MCP)
+        # would go on offering a question whose answer is refused.
+        InputRequest.objects.filter(task_id=task.id, status=InputStatus.OPEN).update(status=InputStatus.WITHDRAWN)
     record_audit(
         task,
         actor=actor,
