@@ -15,6 +15,7 @@ from typing import Any
 from uuid import UUID
 
 from django.db import transaction
+from django.db.models import BooleanField, ExpressionWrapper, Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -36,11 +37,12 @@ from tasks_app.errors import (
     Forbidden,
     IllegalTransition,
     InvalidCommand,
+    TaskNotFound,
     VersionConflict,
 )
 from tasks_app.models import Role, Task, Tenant
 from tasks_app.queue import enqueue_slice_on_commit
-from tasks_app.states import TERMINAL, Status
+from tasks_app.states import TERMINAL, Status, can_transition
 
 
 def _same_answer(a: Any, b: Any) -> bool:
@@ -130,11 +132,27 @@ def refusal(task: Task, type: str, *, applying: bool = False) -> str | None:
     return None
 
 
+def _lock(task_id: UUID, tenant: Tenant) -> Task:
+    """The tenant's task, its row locked, and whether a worker holds a live lease on it (for
+    _idle) in the same statement: on a wait for the lock, PostgreSQL reads the row again as
+    its holder left it and works the expression out on that. Its clock is the statement's
+    start, before any wait: a lease running out meanwhile still counts as held, which only
+    leaves a command for the next safe point instead of applying it now."""
+    held = ExpressionWrapper(Q(lease_owner__isnull=False, lease_expires_at__gt=Now()), output_field=BooleanField())
+    try:
+        return Task.objects.select_for_update(of=("self",)).annotate(_leased=held).get(id=task_id, tenant=tenant)
+    except Task.DoesNotExist:
+        raise TaskNotFound from None  # another tenant's task too: ids leak nothing
+
+
 def _idle(task: Task) -> bool:
     """Nobody is mid-step: the task is at a safe point now."""
     if task.status in (Status.PAUSED, Status.INPUT_REQUIRED, Status.DEAD_LETTERED):
         return True
-    return not Task.objects.filter(id=task.id, lease_owner__isnull=False, lease_expires_at__gt=Now()).exists()
+    leased = getattr(task, "_leased", None)  # read with the lock by _lock
+    if leased is None:
+        leased = Task.objects.filter(id=task.id, lease_owner__isnull=False, lease_expires_at__gt=Now()).exists()
+    return not leased
 
 
 def do_enqueue_command(
@@ -199,8 +217,15 @@ def _enqueue_command(
     )  # the last line, whatever the edge
     # The row lock orders concurrent commands: exactly one of two with the same expected
     # version sees its version still current.
-    task = Task.objects.select_for_update().get(id=task_id, tenant=tenant)
-    if existing := SteeringCommand.objects.filter(task=task, command_id=command_id).first():
+    task = _lock(task_id, tenant)
+    # This command id's command if it is known, and the commands waiting for a safe point
+    # (applied first if the task is at one now), in one query.
+    known = list(
+        SteeringCommand.objects.filter(Q(command_id=command_id) | Q(status=CommandStatus.PENDING), task=task).order_by(
+            "version"
+        )
+    )
+    if existing := next((c for c in known if c.command_id == command_id), None):
         if own_replays_only and existing.requested_by != requested_by:
             # Someone else's command: replaying it would hand this caller its payload and
             # reason (an answer, say) and call it accepted, with nothing of theirs done.
@@ -211,14 +236,31 @@ def _enqueue_command(
     if task.state_version != expected_version:
         raise VersionConflict(task)
     _validate(task, type, payload, reason)
-    return _accept(task, command_id=command_id, type=type, payload=payload, requested_by=requested_by, reason=reason)
+    pending = [c for c in known if c.status == CommandStatus.PENDING]
+    return _accept(
+        task,
+        command_id=command_id,
+        type=type,
+        payload=payload,
+        requested_by=requested_by,
+        reason=reason,
+        pending=pending,
+    )
 
 
 def _accept(
-    task: Task, *, command_id: str, type: str, payload: dict[str, Any], requested_by: str, reason: str
+    task: Task,
+    *,
+    command_id: str,
+    type: str,
+    payload: dict[str, Any],
+    requested_by: str,
+    reason: str,
+    pending: list[SteeringCommand] | None = None,
 ) -> tuple[SteeringCommand, bool]:
     """On the locked row, once the command is known to be acceptable at the task's version
-    now: record it (audited), apply it at once at a safe point, and save the row."""
+    now: record it (audited), apply it at once at a safe point, and save the row.
+    `pending`: the task's pending commands, when the caller read them under this lock."""
     expected_version = before = task.state_version
     task.state_version += 1
     command = SteeringCommand(
@@ -245,8 +287,11 @@ def _accept(
         # At a safe point now: what a worker left pending (a pause accepted just before its
         # slice ended) applies too, in accepted order, then this command.
         command.save()
-        enqueue = apply_pending(task, actor=requested_by, by_worker=False)
-        command.refresh_from_db(fields=["status", "outcome", "applied_at"])  # applied as its own row
+        if pending is None:
+            enqueue = apply_pending(task, actor=requested_by, by_worker=False)
+            command.refresh_from_db(fields=["status", "outcome", "applied_at"])  # applied as its own row
+        else:  # applied as this very object: nothing to read back
+            enqueue = apply_pending(task, actor=requested_by, by_worker=False, pending=[*pending, command])
     elif type == CommandType.SET_PRIORITY:  # no business change: it may apply mid-step
         command.save()
         enqueue = apply_command(task, command, actor=requested_by)
@@ -254,22 +299,29 @@ def _accept(
         command.save()
         _kill_running(task, command, actor=requested_by)
     else:
-        if type == CommandType.PAUSE:  # acknowledged now; the worker pauses at its safe point
+        if type == CommandType.PAUSE and can_transition(task.status, Status.PAUSING):
+            # Acknowledged now; the worker pauses at its safe point. A task its worker has
+            # claimed but not started yet (queued) or is recovering shows no "pausing": its
+            # pause lands at the first safe point all the same (it was refused with a 409).
             transition(task, Status.PAUSING, actor=requested_by, reason=reason or "pause requested")
         elif type == CommandType.CANCEL:  # asked for now (the snapshot says so); applied at the safe point
             _request_cancel(task, reason or "cancelled")
         command.save()
     # The command's version is the task's version once this transaction is done: it orders
     # the commands of a task and is what the client sends as its next expectedVersion.
-    command.version = task.steering_head = task.state_version
-    SteeringCommand.objects.filter(id=command.id).update(version=command.version)
+    if command.version != task.state_version:  # it moved on (applied now, with a transition)
+        command.version = task.state_version
+        SteeringCommand.objects.filter(id=command.id).update(version=command.version)
+    task.steering_head = task.state_version
     task.save(update_fields=STEERING_FIELDS)
     if enqueue:
         enqueue_slice_on_commit(task.id, task.priority)
     return command, True
 
 
-def apply_pending(task: Task, *, actor: str, by_worker: bool = True) -> bool:
+def apply_pending(
+    task: Task, *, actor: str, by_worker: bool = True, pending: list[SteeringCommand] | None = None
+) -> bool:
     """At a safe point, in its transaction on a locked or fenced row: apply pending commands
     in accepted order. by_worker=False unless the lease holder applies them and stays (a
     worker letting go of the task in this same transaction will not be there to finish a
@@ -278,10 +330,15 @@ def apply_pending(task: Task, *, actor: str, by_worker: bool = True) -> bool:
 
     Cancel always wins: one applied here, or accepted (or a kill) while a worker held the
     task, ends it now, whatever came with it (a pause applied in the same breath would
-    otherwise leave it paused, with nobody to finish the cancel)."""
+    otherwise leave it paused, with nobody to finish the cancel).
+
+    `pending`: the pending commands in accepted order, when the caller has them (read under
+    the row's lock in this transaction); otherwise they are read here."""
     assert transaction.get_connection().in_atomic_block
     enqueue = False
-    for command in SteeringCommand.objects.filter(task=task, status=CommandStatus.PENDING).order_by("version"):
+    if pending is None:
+        pending = list(SteeringCommand.objects.filter(task=task, status=CommandStatus.PENDING).order_by("version"))
+    for command in pending:
         enqueue = apply_command(task, command, actor=actor, by_worker=by_worker) or enqueue
     if task.cancel_requested and task.status not in TERMINAL:
         _cancel(task, actor=actor, by_worker=by_worker)
@@ -410,7 +467,7 @@ def do_cancel_task(task_id: UUID, *, who: Principal, reason: str = "") -> Task:
 @transaction.atomic(durable=True)
 def _cancel_task(task_id: UUID, *, tenant: Tenant, actor: str, reason: str) -> Task:
     json_safety.check({"reason": reason, "actor": actor})  # the last line, whatever the edge
-    task = Task.objects.select_for_update().get(id=task_id, tenant=tenant)
+    task = _lock(task_id, tenant)
     if task.status in TERMINAL:
         raise IllegalTransition(task.status, Status.CANCELLED)
     if task.cancel_requested:

@@ -64,11 +64,16 @@ def task_to_act_on(who: Principal | User, task_id: str | UUID) -> Task:
     return _find(who, task_id, None)
 
 
-def _find(who: Principal | User, task_id: str | UUID, tasks: QuerySet[Task] | None) -> Task:
+def task_uuid(task_id: str | UUID) -> UUID:
+    """A task id as a UUID; a malformed one is TaskNotFound, as a missing task is."""
     try:
-        uuid = task_id if isinstance(task_id, UUID) else UUID(task_id)
+        return task_id if isinstance(task_id, UUID) else UUID(task_id)
     except (TypeError, ValueError):
         raise TaskNotFound from None
+
+
+def _find(who: Principal | User, task_id: str | UUID, tasks: QuerySet[Task] | None) -> Task:
+    uuid = task_uuid(task_id)
     base = Task.objects.all() if tasks is None else cast(TaskQuerySet, tasks)  # annotate keeps the class
     task = base.visible_to(who).select_related("tenant").filter(id=uuid).first()
     if task is None:

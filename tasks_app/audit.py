@@ -38,6 +38,7 @@ from django.utils import timezone
 
 from common.canonical import canonical_json, sha256_hex
 from runtime_site.blobstore import BlobStore, blob_store
+from tasks_app import leases
 from tasks_app.models import AuditRecord, Task
 from tasks_app.redaction import redact
 
@@ -72,8 +73,8 @@ def record_audit(
         reason=reason,
         data=data,
     )
-    record.save()
-    Task.objects.filter(id=task.id).update(audit_seq=record.seq, audit_head=record.hash)
+    # The record and the chain's new head on the task row, in one statement where it can be.
+    leases.held_write(task, {"audit_seq": record.seq, "audit_head": record.hash}, rows=[leases.Row(record)])
     return record
 
 

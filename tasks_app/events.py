@@ -11,6 +11,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.db.models import F
 
+from tasks_app import leases
 from tasks_app.models import Task, TaskEvent
 from tasks_app.redaction import redact
 from tasks_app.streams import publish
@@ -35,6 +36,15 @@ EVENT_TYPES = frozenset(
 def emit(task: Task, event_type: str, data: dict[str, Any]) -> TaskEvent:
     """In-transaction helper: allocate the next seq and store the event with the change."""
     assert transaction.get_connection().in_atomic_block, "emit inside the change's transaction"
+    [row] = prepare(task, [(event_type, data)])
+    if leases.one_statement_writes():  # the seq and the row in one statement
+        computed = numbered_in_sql(row, f"{leases.FENCE}.event_seq")
+        written = leases.held_write(
+            task, {"event_seq": leases.Add(1)}, returning=("event_seq",), rows=[leases.Row(row, computed=computed)]
+        )
+        task.event_seq = written["event_seq"]
+        publish_on_commit(task.id, numbered([row], task.event_seq))
+        return row
     ((seq,),) = Task.objects.filter(id=task.id).update_returning(["event_seq"], event_seq=F("event_seq") + 1)
     task.event_seq = seq
     return store(task, seq, [(event_type, data)])[0]

@@ -51,12 +51,14 @@ class TaskSteeringApi(APIView):
         return Response({"results": [command_body(c) for c in commands]})
 
     def post(self, request: Request, task_id: str) -> Response:
-        task = access.task_to_act_on(principal(request), task_id)
+        # The action finds the caller's task itself, with the lock it takes on it: looking it
+        # up here as well was a sixth of the request's CPU time (issue 14).
+        uuid = access.task_uuid(task_id)
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         body, who = data.validated_data, principal(request)
         command, _ = do_enqueue_command(
-            task.id,
+            uuid,
             who=who,
             command_id=body["commandId"],
             type=body["type"],

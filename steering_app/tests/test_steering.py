@@ -222,3 +222,22 @@ def test_an_approver_may_extend_a_used_up_budget_or_stop_the_task(alice, setting
     run_to_end(task)
     task.refresh_from_db()
     assert task.status == "failed" and task.error["code"] == "budget_exhausted" and task.steps_done == 5
+
+
+@pytest.mark.parametrize("status", ["queued", "recovering"])
+def test_a_pause_of_a_task_its_worker_claimed_but_has_not_started_lands_at_the_first_safe_point(
+    alice, settings, status
+):
+    settings.RUNTIME_SLICE_STEPS = 3
+    task = new_task(alice, steps=10)
+    Task.objects.filter(id=task.id).update(status=status)  # claimed on arrival, or a recovery under way
+    lease = leases.claim(task.id, worker_id="w1", ttl=30)
+    accepted = steer(alice, task, "pause")  # was a 409: "a queued task cannot become pausing"
+    assert accepted.status_code == 202, accepted.content
+    assert accepted.json()["status"] == "pending"
+    run = engine._load(lease)
+    engine._loop(run, leases.Heartbeat(lease, ttl=30, interval=10, abandon=operators.do_abandon_step))
+    task.refresh_from_db()
+    assert task.status == "paused" and SteeringCommand.objects.get(task=task).status == "applied"
+    assert not Step.objects.filter(task=task).exists()  # the slice's start is its first safe point
+    assert verify_chain(task) is None

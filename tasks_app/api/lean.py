@@ -17,8 +17,6 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
-from django.contrib.auth.models import User
-from django.db import models
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from psycopg import sql
@@ -28,8 +26,20 @@ from rest_framework.renderers import JSONRenderer
 from runtime_site import dbpool, ratelimit
 from runtime_site.errors import error_body, unavailable
 from steering_app.models import InputRequest, InputStatus
-from tasks_app.auth import KEY_PREFIX, KEY_SHAPE, LAST_USED_EVERY, Principal, check_key, last_use_stale
-from tasks_app.models import ApiKey, Role, Task, Tenant
+from tasks_app.auth import (
+    KEY_COLUMNS,
+    KEY_PREFIX,
+    KEY_SHAPE,
+    KEY_TABLES,
+    KEY_WIDTH,
+    LAST_USED_EVERY,
+    Principal,
+    check_key,
+    key_from_row,
+    last_use_stale,
+    select_list,
+)
+from tasks_app.models import Role, Task
 from tasks_app.selectors import SNAPSHOT_FIELDS, task_snapshot
 
 logger = logging.getLogger(__name__)
@@ -38,49 +48,23 @@ logger = logging.getLogger(__name__)
 UNAVAILABLE = (psycopg.OperationalError, psycopg.InterfaceError)
 
 
-def _columns(model: type[models.Model], alias: str, names: list[str]) -> tuple[list[str], sql.Composable]:
-    """(attnames, SELECT list) of the fields `names`, in the model's order, which from_db() expects."""
-    fields = [f for f in model._meta.concrete_fields if f.name in names]
-    assert len(fields) == len(names), (model, names)
-    identifiers: list[sql.Composable] = [sql.Identifier(alias, str(f.column)) for f in fields]
-    return [f.attname for f in fields], sql.Composed(identifiers).join(", ")
+_task_names, _task_columns = select_list(Task, "t", SNAPSHOT_FIELDS)
 
-
-KEY_FIELDS = [
-    "id",
-    "tenant",
-    "user",
-    "role",
-    "prefix",
-    "key_hash",
-    "scopes",
-    "expires_at",
-    "revoked_at",
-    "last_used_at",
-]
-TENANT_FIELDS = ["id", "slug", "name", "created_at"]
-_key_names, _key_columns = _columns(ApiKey, "k", KEY_FIELDS)
-_tenant_names, _tenant_columns = _columns(Tenant, "tn", TENANT_FIELDS)
-_task_names, _task_columns = _columns(Task, "t", SNAPSHOT_FIELDS)
-
-# The key as authenticate_key reads it (with its tenant, its user's is_active and the
-# membership's role), beside the task as with_snapshot() reads it (the newest valid
-# checkpoint's sequence, and the open input requests), the task only if it is the key's
-# tenant's. The tables are the models' (a test reads each snapshot both ways).
+# The key as authenticate_key reads it (auth.KEY_COLUMNS: with its tenant, its user's
+# is_active and the membership's role), beside the task as with_snapshot() reads it (the
+# newest valid checkpoint's sequence, and the open input requests), the task only if it is
+# the key's tenant's. The tables are the models' (a test reads each snapshot both ways).
 KEY_AND_TASK = sql.SQL("""
-    SELECT {key}, u.is_active, m.role, {tenant}, t.id IS NOT NULL, {task},
+    SELECT {key}, t.id IS NOT NULL, {task},
            (SELECT c.sequence FROM checkpoints_app_checkpoint c
              WHERE c.task_id = t.id AND NOT c.discarded
              ORDER BY c.sequence DESC, c.id DESC LIMIT 1),
            (SELECT json_agg(json_build_array(i.key, i.prompt, i.answer_schema) ORDER BY i.id)
               FROM steering_app_inputrequest i WHERE i.task_id = t.id AND i.status = %(open)s)
-      FROM tasks_app_apikey k
-      JOIN auth_user u ON u.id = k.user_id
-      JOIN tasks_app_tenant tn ON tn.id = k.tenant_id
-      LEFT JOIN tasks_app_membership m ON m.tenant_id = k.tenant_id AND m.user_id = k.user_id
+      FROM {key_tables}
       LEFT JOIN tasks_app_task t ON t.id = %(task)s AND t.tenant_id = k.tenant_id
      WHERE k.prefix = %(prefix)s
-""").format(key=_key_columns, tenant=_tenant_columns, task=_task_columns)
+""").format(key=KEY_COLUMNS, key_tables=KEY_TABLES, task=_task_columns)
 
 # authenticate_key's conditional write: concurrent requests of one key write once between them.
 TOUCH = sql.SQL("""
@@ -121,7 +105,7 @@ async def read_caller(request: HttpRequest, task_id: str | UUID) -> Caller | Non
         row = await cursor.fetchone()
         if row is None:
             return None
-        key, task = _key(row), _task(row)
+        key, task = key_from_row(row, decoded=True), _task(row)
         now = timezone.now()
         try:
             who = check_key(key, secret, now)
@@ -134,19 +118,8 @@ async def read_caller(request: HttpRequest, task_id: str | UUID) -> Caller | Non
     return Caller(who, task)
 
 
-def _key(row: tuple[Any, ...]) -> ApiKey:
-    n = len(_key_names)
-    key = ApiKey.from_db("default", _key_names, row[:n])
-    is_active, member_role = row[n], row[n + 1]
-    tenant = Tenant.from_db("default", _tenant_names, row[n + 2 : n + 2 + len(_tenant_names)])
-    key.tenant = tenant
-    key.user = User.from_db("default", ["id", "is_active"], [key.user_id, is_active])
-    key.member_role = member_role  # type: ignore[attr-defined]  # authenticate_key's annotation
-    return key
-
-
 def _task(row: tuple[Any, ...]) -> Task | None:
-    start = len(_key_names) + 2 + len(_tenant_names)
+    start = KEY_WIDTH
     if not row[start]:
         return None
     values = row[start + 1 : start + 1 + len(_task_names)]

@@ -296,3 +296,23 @@ def test_the_admin_makes_a_key_showing_its_token_once_and_rotates_and_revokes(al
         {"tenant": alice.tenant.pk, "user": alice.user.pk, "role": "viewer", "name": "wide", "scopes": ["approve"]},
     )
     assert wide.status_code == 200 and "beyond the viewer role" in wide.content.decode()
+
+
+def test_the_key_read_written_out_reads_what_the_orm_reads(alice):
+    from tasks_app.auth import _member_role, issue_api_key, read_key
+
+    key = ApiKey.objects.get(prefix=alice.token.split("_")[1])
+    scoped = issue_api_key(alice.tenant, key.user, role="approver", name="narrow", scopes=["read", "approve"])[0]
+    Membership.objects.filter(user=key.user).update(role="approver")  # the membership's role differs from the key's
+    for prefix in (key.prefix, scoped.prefix):
+        by_orm = ApiKey.objects.select_related("tenant", "user").annotate(member_role=_member_role()).get(prefix=prefix)
+        by_hand = read_key(prefix)
+        assert by_hand is not None
+        for name in ("id", "tenant_id", "user_id", "role", "prefix", "key_hash", "scopes", "expires_at", "revoked_at"):
+            assert getattr(by_hand, name) == getattr(by_orm, name), name
+        assert isinstance(by_hand.scopes, list)  # decoded, not JSON text
+        assert by_hand.member_role == by_orm.member_role == "approver"
+        for name in ("id", "username", "is_active", "is_staff", "email", "date_joined"):
+            assert getattr(by_hand.user, name) == getattr(by_orm.user, name), name
+        assert by_hand.tenant.slug == by_orm.tenant.slug and by_hand.tenant.name == by_orm.tenant.name
+    assert read_key("nosuchprefix") is None
