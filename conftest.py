@@ -315,8 +315,9 @@ def purge_queues() -> None:
             with contextlib.suppress(Exception):  # a queue that does not exist yet is empty
                 conn.default_channel.queue_purge(queue)
         channel = conn.default_channel
-        prefix = channel.global_keyprefix  # kombu's prefixed client leaves DEL's keys as given
-        channel.client.delete(prefix + channel.unacked_key, prefix + channel.unacked_index_key)
+        # Unprefixed: kombu's client prefixes DEL's keys itself (global_keyprefix); prefixed
+        # here too, they named keys that never exist, and the hash outlived every test.
+        channel.client.delete(channel.unacked_key, channel.unacked_index_key)
 
 
 @pytest.hookimpl(wrapper=True)

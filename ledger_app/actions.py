@@ -246,6 +246,10 @@ def _call_and_settle(lease: leases.Lease, entry: LedgerEntry, tool: tools.Tool, 
             # it sends: leases.still_confirmed).
             with leases.sending(lease), kills.calling(tool.name):
                 _crash_here("ledger:confirmed")
+                # ... and as the call is handed over: a tool whose client does not check (a
+                # plugin's; tools.before_send is theirs to call) is never handed a call whose
+                # confirmed lease ran out while this worker was frozen since confirming it.
+                leases.still_confirmed()
                 t0 = time.perf_counter()
                 result = tool.call(args, entry.key, tool.timeout)
         except tools.ToolError as exc:

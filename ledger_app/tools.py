@@ -19,6 +19,10 @@ from tasks_app.agents import tools as registry
 from tasks_app.agents.tools import DONE, NOT_DONE, Pending, Tool, ToolError, retry_after
 from tasks_app.redaction import tool_text
 
+# A tool's call asks the confirmed lease through the SDK (tools.before_send) as the built-in
+# clients below ask it directly.
+registry.guard_sends(leases.still_confirmed)
+
 
 def register(tool: Tool) -> Tool:
     # Every call and poll is observed (metrics, a span, traceparent on the wire): tasks_app/telemetry.py.

@@ -1,4 +1,4 @@
-"""/healthz and /readyz: is the process up, and can it do its work?
+"""/healthz and /readyz: is the process up, and can it do its work? And who may scrape /metrics.
 
 /healthz answers from the process alone (no database, no broker): a failing one means
 restart the process. /readyz checks what the web process needs to serve the API —
@@ -9,7 +9,10 @@ answers 503 naming what is missing: don't route traffic here (yet), the process 
 from __future__ import annotations
 
 import asyncio
+import hmac
+import ipaddress
 import time
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -20,6 +23,7 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_safe
 
+from runtime_site.errors import error_body
 from runtime_site.lean import lean
 
 TIMEOUT = 3  # seconds per check: a probe must answer before the orchestrator gives up on it
@@ -30,6 +34,47 @@ def read_only(view: Any) -> Any:
     """A probe answers GET and HEAD; anything else is a 405 (not CSRF's 403, logged as an
     attack, nor an OPTIONS that runs the whole check)."""
     return csrf_exempt(require_safe(view))
+
+
+def scrapers_only(view: Callable[[HttpRequest], Any]) -> Callable[[HttpRequest], Any]:
+    """Who may scrape /metrics on the web port: with RUNTIME_METRICS_TOKEN set, whoever sends it
+    as a bearer token (Prometheus: `authorization: {credentials_file: ...}`); without it, this
+    host only (bin/run, a sidecar, an SSH tunnel). The web port is the public one, and a scrape
+    tells every tenant's task counts, queue depths and open streams, and costs a database and a
+    broker read each time: an open /metrics is both a leak and a lever. The client is the one
+    uvicorn reports, so behind a proxy on this host it is the X-Forwarded-For client (uvicorn
+    believes 127.0.0.1's by default) and a proxied scrape needs the token."""
+
+    def guarded(request: HttpRequest) -> Any:
+        token = settings.RUNTIME_METRICS_TOKEN
+        if not token:
+            if _loopback(request.META.get("REMOTE_ADDR")):
+                return view(request)
+            message = (
+                "/metrics answers only this host unless RUNTIME_METRICS_TOKEN is set; scrape with that bearer token"
+            )
+            return JsonResponse(error_body("permission_denied", message), status=403)
+        sent = request.META.get("HTTP_AUTHORIZATION", "")
+        scheme, _, credentials = sent.partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(credentials.strip().encode(), token.encode()):
+            return view(request)
+        code, message = (
+            ("authentication_failed", "the metrics token is not valid")
+            if sent
+            else ("not_authenticated", "send the metrics token: Authorization: Bearer <token>")
+        )
+        refused = JsonResponse(error_body(code, message), status=401)
+        refused["WWW-Authenticate"] = 'Bearer realm="metrics"' + (', error="invalid_token"' if sent else "")
+        return refused
+
+    return guarded
+
+
+def _loopback(address: str | None) -> bool:
+    try:
+        return ipaddress.ip_address(address or "").is_loopback
+    except ValueError:  # no address, or a unix socket's path: not known to be this host
+        return False
 
 
 async def lean_healthz(request: HttpRequest) -> JsonResponse:

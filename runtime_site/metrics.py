@@ -260,7 +260,8 @@ class _Scrape:
 
 
 def metrics_view(request: Any) -> Any:
-    """Served GET and HEAD only (health.read_only, in urls.py): a scrape reads the database and the broker."""
+    """Served GET and HEAD only (health.read_only, in urls.py), to scrapers only (health.scrapers_only):
+    a scrape reads the database and the broker."""
     from django.http import HttpResponse
 
     return HttpResponse(generate_latest(_Scrape()), content_type=CONTENT_TYPE_LATEST)

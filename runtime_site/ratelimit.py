@@ -6,17 +6,22 @@ the Retry-After. A limit is a guard against floods and runaway clients, not bill
 infrastructure error fails open: Redis down or slow never turns a request into a 500 and
 never holds it up. The request goes through, one warning is logged, and Redis is left alone
 for a few seconds so a dead server costs no timeout per request.
+
+Failed authentications are limited per client address (`limits.auth_failures_per_address`),
+before any key or token is checked: a wrong key costs a lookup and a hash, a forged access
+token an RSA verification, and whoever sends them needs no key of ours to be counted against.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import math
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import redis
 import redis.asyncio as aioredis
@@ -44,9 +49,9 @@ class RateLimited(Throttled):
 
     wait: int  # set by Throttled; its stubs leave it undeclared
 
-    def __init__(self, wait: int, scope: str) -> None:
+    def __init__(self, wait: int, scope: str, detail: str = "") -> None:
         # DRF adds "Expected available in N seconds." to the detail.
-        super().__init__(wait=wait, detail=f"the request rate limit of this {scope} is reached.")
+        super().__init__(wait=wait, detail=detail or f"the request rate limit of this {scope} is reached.")
         self.scope = scope
 
 
@@ -159,3 +164,80 @@ async def aenforce(principal: Principal, surface: str) -> None:
         _failed(exc)
         return
     _judge(count, counts)
+
+
+# --- failed authentications per client address -----------------------------------------------
+
+# Addresses past their limit, as this process learned it: {address: when its window ends
+# (time.time())}. Asked before a credential is checked, with no round trip, so a refused address
+# costs nothing; each web process learns it from its own first failure past the limit (the count
+# is Redis's, shared), so one more check per process and window gets through at most.
+_refused_until: dict[str, float] = {}
+# The embedded profile's counts (no Redis; one web process): {(address, window): failures}.
+_local_failures: dict[tuple[str, int], int] = {}
+_KEEP = 10_000  # entries past which ended windows are dropped (many addresses failing at once)
+
+
+def client_address(request: Any) -> str | None:
+    """The address failures are counted by: the client uvicorn reports (behind a proxy, its
+    X-Forwarded-For, when uvicorn trusts the proxy: --forwarded-allow-ips), an IPv6 client by
+    its /64, which one host commonly holds whole. None when not known (a unix socket)."""
+    try:
+        address = ipaddress.ip_address(request.META.get("REMOTE_ADDR") or "")
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{address}/64", strict=False))
+    return str(address)
+
+
+def _failure_limit() -> tuple[int, int]:
+    limits = settings.RUNTIME.get("limits", {})
+    return int(limits.get("auth_failures_per_address", 0) or 0), max(1, int(limits.get("window_seconds", 60)))
+
+
+class AuthFailuresLimited(RateLimited):
+    def __init__(self, wait: int) -> None:
+        super().__init__(wait, "address", "too many failed authentications from this address.")
+
+
+def check_address(address: str | None) -> None:
+    """Raise AuthFailuresLimited while `address` is past its failure limit (as this process knows)."""
+    if address is None or not _failure_limit()[0]:
+        return
+    until = _refused_until.get(address)
+    if until is not None and (left := until - time.time()) > 0:
+        raise AuthFailuresLimited(max(1, math.ceil(left)))
+
+
+def count_failure(address: str | None) -> None:
+    """Count a failed authentication from `address`; raise AuthFailuresLimited when it is past
+    the limit (the one that reaches it is still answered as the failure it is)."""
+    most, window = _failure_limit()
+    if address is None or not most:
+        return
+    now = time.time()
+    index = int(now // window)
+    if settings.REDIS_URL:
+        counts = _counts([f"{settings.RUNTIME_DEPLOYMENT}:authfail:{index}:{address}"], window)
+        if counts is None:  # Redis failed: fail open, as every limit here does
+            return
+        failures = counts[0]
+    else:
+        with _lock:
+            failures = _local_failures[address, index] = _local_failures.get((address, index), 0) + 1
+            if len(_local_failures) > _KEEP:
+                for old in [k for k in _local_failures if k[1] < index]:
+                    del _local_failures[old]
+    if failures < most:
+        return
+    ends = (index + 1) * window
+    with _lock:
+        _refused_until[address] = ends
+        if len(_refused_until) > _KEEP:
+            for gone in [a for a, until in _refused_until.items() if until <= now]:
+                del _refused_until[gone]
+    if failures > most:
+        raise AuthFailuresLimited(max(1, math.ceil(ends - now)))

@@ -266,6 +266,10 @@ RUNTIME_S3 = {
     "aws_secret_access_key": env_secret("RUNTIME_S3_SECRET_ACCESS_KEY"),
 }
 
+# --- Metrics (runtime_site/metrics.py; docs/operations.md "Metrics") ---------------------------
+# The bearer token a scraper sends to the web port's /metrics; unset: only this host may scrape.
+RUNTIME_METRICS_TOKEN = env_secret("RUNTIME_METRICS_TOKEN") or ""
+
 # --- Audit anchors (tasks_app/audit.py; docs/operations.md "Audit") ---------------------------
 # Chain heads are signed with this HMAC secret and anchored in the blob store, both outside the
 # database, so that rewriting the audit there (even with recomputed hashes) is detected. Rotation:

@@ -6,7 +6,7 @@ from drf_spectacular.views import SpectacularAPIView
 
 from mcp_server.views import mcp_endpoint, protected_resource_metadata
 from runtime_site import openapi  # noqa: F401 (registers the API's schema extensions)
-from runtime_site.health import healthz, read_only, readyz
+from runtime_site.health import healthz, read_only, readyz, scrapers_only
 from runtime_site.metrics import metrics_view
 
 urlpatterns = [
@@ -15,7 +15,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("healthz", healthz),
     path("readyz", readyz),
-    path("metrics", read_only(metrics_view)),
+    path("metrics", read_only(scrapers_only(metrics_view))),
     path("mcp", mcp_endpoint, name="mcp"),
     # MCP authorization (RFC 9728): at the root, and at the path-inserted form for /mcp
     path(".well-known/oauth-protected-resource", protected_resource_metadata),

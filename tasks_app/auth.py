@@ -373,10 +373,18 @@ def reauthenticate(token: str) -> Principal | None:
 class ApiKeyAuthentication(authentication.BaseAuthentication):
     def authenticate(self, request: Request | HttpRequest) -> tuple[Any, Principal] | None:
         # Reads only headers, so the SSE and /mcp views call it with their plain Django request.
-        token = bearer_token(request)
-        if token is None:
-            return None
-        user, who = authenticate_token(token)
+        address = ratelimit.client_address(request)
+        try:
+            token = bearer_token(request)
+            if token is None:
+                return None
+            # An address past its failure limit is refused before its credential costs a
+            # lookup and a hash, or a token an RSA verification: 429, not another 401.
+            ratelimit.check_address(address)
+            user, who = authenticate_token(token)
+        except exceptions.AuthenticationFailed:
+            ratelimit.count_failure(address)  # raises AuthFailuresLimited past the limit
+            raise
         # Counted once the key is proven: a stranger who knows a key's (public) prefix
         # cannot spend its owner's allowance. RateLimited is DRF's 429 with Retry-After;
         # /mcp and the SSE view turn it into their own 429s.

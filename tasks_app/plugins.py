@@ -8,7 +8,8 @@
 A plugin adds; it never replaces: a name the runtime (or another plugin) has already
 registered is refused, so no package can swap email.send or an agent for its own. A
 plugin that fails to load is logged and skipped; it cannot keep workers from starting.
-examples/runtime-hello is one to copy.
+examples/runtime-hello is one to copy; its README says what a tool that sends must do
+(tasks_app.agents.tools.before_send).
 """
 
 from __future__ import annotations

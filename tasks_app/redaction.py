@@ -33,6 +33,18 @@ _NAME_WORDS = (
     r"session)"
 )
 _KEY_IN_TEXT = rf"(?<![A-Za-z0-9_-])(?=[A-Za-z0-9_-]*?{_NAME_WORDS}(?![a-z0-9]))[A-Za-z0-9_-]++"
+# The same written percent-encoded (a query string quoted inside another URL, a form body, a
+# redirect_uri): `access_token%3Dabc`, `%22token%22%3A%22abc%22`, `Authorization%3A%20Bearer%20abc`,
+# once or more (%253D). The key's run takes the hex of an escape before it (`%26access_token`
+# is the run `26access_token`), which is kept with the key. The value runs to a raw stop or an
+# encoded one (space, quotes, &, ), comma, ;, }), and keeps escapes that are part of it
+# (+, /, = of base64: %2B, %2F, %3D).
+_ESC = r"%(?:25)*+"
+_ENC_QUOTE = rf"{_ESC}2[27]"
+_ENC_SEPARATOR = rf"(?:\s|{_ESC}20)*+{_ESC}3[ADad](?:\s|{_ESC}20)*+"
+_ENC_SCHEME = rf"(?:(?:Bearer|Basic|Token)(?:\+|{_ESC}20)++)?"
+_ENC_VALUE = r"(?:[^\s\"'&;,})%]|%(?!(?:25)*+(?:2[026-7Cc9]|3[Bb]|7[Dd]))[0-9A-Fa-f]{2})++"
+_ENC_QUOTED_VALUE = r"(?:[^\s\"'%]|%(?!(?:25)*+2[27])[0-9A-Fa-f]{2})++"  # after an encoded quote: to the next one
 _SECRET_VALUE = re.compile(
     r"(?P<bearer>\b(?:Bearer|Basic|Token)\s+)[A-Za-z0-9._~+/=-]{8,}"  # authorization header values
     r"|\brt_[0-9a-f]{12}_[A-Za-z0-9_-]{20,}"  # our own API keys
@@ -47,12 +59,18 @@ _SECRET_VALUE = re.compile(
     rf"|(?P<unquoted>{_KEY_IN_TEXT}\s*[:=]\s*\\*[\"'](?:(?:Bearer|Basic|Token)\s+)?)[^\"'\\]*"
     rf"|(?P<named>{_KEY_IN_TEXT}\s*[:=]\s*(?:(?:Bearer|Basic|Token)\s+)?)[^\s\"'&;,}})]+"  # api_key=x, X-Api-Key: x
     r"|(?P<userinfo>://[^/\s:@]+:)[^/\s@]+(?=@)"  # https://user:password@host
+    # percent-encoded: access_token%3Dabc, %22password%22%3A%22x%22 (above)
+    rf"|(?P<encquoted>{_KEY_IN_TEXT}(?:{_ENC_QUOTE})?{_ENC_SEPARATOR}{_ENC_QUOTE}{_ENC_SCHEME}){_ENC_QUOTED_VALUE}"
+    rf"|(?P<encoded>{_KEY_IN_TEXT}(?:{_ENC_QUOTE})?{_ENC_SEPARATOR}{_ENC_SCHEME}){_ENC_VALUE}"
+    # https%3A%2F%2Fuser%3Apassword%40host
+    rf"|(?P<encuserinfo>{_ESC}3[Aa]{_ESC}2[Ff]{_ESC}2[Ff](?:[^/\s:@%]|%(?!(?:25)*+(?:3[Aa]|40|2[Ff]))[0-9A-Fa-f]{{2}})++{_ESC}3[Aa])"
+    rf"(?:[^/\s@%]|%(?!(?:25)*+(?:40|2[Ff]))[0-9A-Fa-f]{{2}})++(?={_ESC}40)"
 )
 
 
 # Values that are personal data whatever key they sit under: a tool's answer quoted into an
 # error message has no field names to go by.
-_EMAIL = re.compile(r"(?<![\w.%+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b")
+_EMAIL = re.compile(rf"(?<![\w.%+-])[A-Za-z0-9._%+-]+(?:@|{_ESC}40)[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{{2,}}\b")
 _CARD = re.compile(r"(?<![\w-])[3-6]\d{3}(?:[ -]?\d){9,15}(?![\w-])")
 _JWT = re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}")
 
@@ -77,14 +95,19 @@ def _personal_in_text(personal: frozenset[str]) -> re.Pattern[str] | None:
     if not personal:
         return None
     names = "|".join(re.escape(name) for name in sorted(personal))
+    # percent-encoded (phone%3D%2B1555, %22email%22%3A%22...): as for secrets; after an escape
+    # (%26email) is a start too, which \b is not
+    encoded_name = rf"(?:\b|(?<=%[0-9A-Fa-f]{{2}}))(?i:{names})(?:{_ENC_QUOTE})?"
     # \\* : the same quoted inside JSON that is itself quoted (an error body echoing a payload).
     return re.compile(
         rf"(?P<quoted>(?i:\b(?:{names}))\\*[\"']\s*[:=]\s*\\*[\"'])[^\"'\\]*"
         rf"|(?P<named>(?i:\b(?:{names}))\s*[:=]\s*)[^\s\"'&;,}})]+"
+        rf"|(?P<encquoted>{encoded_name}{_ENC_SEPARATOR}{_ENC_QUOTE}){_ENC_QUOTED_VALUE}"
+        rf"|(?P<encoded>{encoded_name}{_ENC_SEPARATOR}){_ENC_VALUE}"
     )
 
 
-_KEPT = ("bearer", "quoted", "bare", "unquoted", "named", "userinfo")
+_KEPT = ("bearer", "quoted", "bare", "unquoted", "named", "userinfo", "encquoted", "encoded", "encuserinfo")
 
 
 def _kept(match: re.Match[str]) -> str:
@@ -92,10 +115,14 @@ def _kept(match: re.Match[str]) -> str:
     return next((kept for group in _KEPT if (kept := match.group(group))), "")
 
 
+def _kept_personal(match: re.Match[str]) -> str:
+    return next((kept for group in ("quoted", "named", "encquoted", "encoded") if (kept := match.group(group))), "")
+
+
 def _mask(text: str, personal: frozenset[str] = frozenset()) -> str:
     text = _SECRET_VALUE.sub(lambda m: _kept(m) + MASK, text)
     if (pattern := _personal_in_text(personal)) is not None:
-        text = pattern.sub(lambda m: (m.group("quoted") or m.group("named") or "") + MASK, text)
+        text = pattern.sub(lambda m: _kept_personal(m) + MASK, text)
     text = _JWT.sub(MASK, text)
     text = _EMAIL.sub(MASK, text)
     return _CARD.sub(_card, text)

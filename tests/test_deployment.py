@@ -81,6 +81,14 @@ def test_health_checks_use_the_probes_and_each_workers_metrics_port():
     scrape = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())["scrape_configs"]
     jobs = {job["job_name"]: job for job in scrape}
     assert jobs["runtime-web"]["static_configs"][0]["targets"] == ["web:8000"]
+    # The web's /metrics is on its public port: Prometheus sends the token the web requires.
+    assert services["web"]["environment"]["RUNTIME_METRICS_TOKEN"].startswith("${RUNTIME_METRICS_TOKEN:?")
+    assert jobs["runtime-web"]["authorization"] == {"credentials_file": "/run/secrets/metrics_token"}
+    assert "metrics_token" in services["prometheus"]["secrets"]
+    assert yaml.safe_load((ROOT / "compose.yaml").read_text())["secrets"]["metrics_token"] == {
+        "environment": "RUNTIME_METRICS_TOKEN"
+    }
+    assert "\nRUNTIME_METRICS_TOKEN=" in (ROOT / ".env.example").read_text()
     assert jobs["runtime-worker"]["dns_sd_configs"][0] == {
         "names": ["worker"],
         "type": "A",

@@ -103,6 +103,36 @@ def test_the_web_process_reports_tasks_inputs_effects_queues_streams_and_its_poo
     assert value(samples, "runtime_tasks_waiting_for_input_oldest_age_seconds") > 0
 
 
+def test_the_web_port_serves_metrics_to_this_host_or_to_the_bearer_of_the_metrics_token(processes: Processes):
+    """The web port is the public one: /metrics was open to anyone who could reach it."""
+    port, guarded = free_port(), free_port()
+    processes.web(port)
+    metrics = f"http://127.0.0.1:{port}/metrics"
+    assert httpx.get(metrics, timeout=15).status_code == 200  # bin/run, a sidecar, an SSH tunnel
+    # A client that a proxy on this host forwards (uvicorn believes 127.0.0.1's X-Forwarded-For) is elsewhere.
+    refused = httpx.get(metrics, headers={"X-Forwarded-For": "203.0.113.7"}, timeout=15)
+    assert refused.status_code == 403
+    assert "RUNTIME_METRICS_TOKEN" in refused.json()["error"]["message"]
+
+    processes.web(guarded, RUNTIME_METRICS_TOKEN="scrape-me-0123456789")
+    metrics = f"http://127.0.0.1:{guarded}/metrics"
+    for headers, challenge in (
+        ({}, 'Bearer realm="metrics"'),  # with a token set, this host must send it too
+        ({"Authorization": "Bearer scrape-me-01234567"}, 'Bearer realm="metrics", error="invalid_token"'),
+        ({"Authorization": "Basic scrape-me-0123456789"}, 'Bearer realm="metrics", error="invalid_token"'),
+    ):
+        answer = httpx.get(metrics, headers=headers, timeout=15)
+        assert (answer.status_code, answer.headers["www-authenticate"]) == (401, challenge), headers
+        assert answer.json()["error"]["code"] in ("not_authenticated", "authentication_failed")
+    for client in ("127.0.0.1", "203.0.113.7"):
+        answer = httpx.get(
+            metrics,
+            headers={"Authorization": "Bearer scrape-me-0123456789", "X-Forwarded-For": client},
+            timeout=15,
+        )
+        assert answer.status_code == 200 and "runtime_tasks" in answer.text
+
+
 def test_a_worker_serves_what_its_pool_processes_counted(alice, processes: Processes):
     # A worker vanished mid-slice: the lease expired, and only the reaper may hand the task on
     # (its creation message is gone, so no worker claims it first).

@@ -1,18 +1,21 @@
 """Rate limits and quotas over real HTTP (the Django test client) on the shared Redis: per
 key and per tenant on REST, SSE connects and /mcp (429 + Retry-After; on /mcp the JSON-RPC
-error), the per-tenant cap on queued tasks, sign-in lockout for the dashboard and admin
-(django-axes), and that a Redis that is down or hung lets requests through, quickly."""
+error), failed authentications per client address on the three, the per-tenant cap on queued
+tasks, sign-in lockout for the dashboard and admin (django-axes), and that a Redis that is down
+or hung lets requests through, quickly."""
 
 from __future__ import annotations
 
 import json
 import logging
+import random
 import socket
 import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
+import redis
 from django.test import Client
 
 from conftest import Processes, free_port, make_persona, wait_until
@@ -35,8 +38,10 @@ LONG_WINDOW = 10**9
 @pytest.fixture(autouse=True)
 def fresh_limiter() -> Iterator[None]:
     ratelimit._skip_until = 0.0  # a failure in an earlier test must not switch limits off here
+    ratelimit._refused_until.clear()
     yield
     ratelimit._skip_until = 0.0
+    ratelimit._refused_until.clear()
 
 
 def limit(settings, **values: int) -> None:
@@ -48,17 +53,17 @@ def limit(settings, **values: int) -> None:
     settings.RUNTIME = {**settings.RUNTIME, "limits": {**settings.RUNTIME["limits"], **limits}}
 
 
-def rest(token: str, path: str = "/runtime/tasks"):
-    return Client(headers={"Authorization": f"Bearer {token}"}).get(path)
+def rest(token: str, path: str = "/runtime/tasks", address: str = "127.0.0.1"):
+    return Client(headers={"Authorization": f"Bearer {token}"}, REMOTE_ADDR=address).get(path)
 
 
-def mcp(token: str):
+def mcp(token: str, address: str = "127.0.0.1"):
     meta = {
         "io.modelcontextprotocol/protocolVersion": MODERN,
         "io.modelcontextprotocol/clientCapabilities": {"extensions": {TASKS_EXT: {}}},
     }
     body = {"jsonrpc": "2.0", "id": 9, "method": "tools/list", "params": {"_meta": meta}}
-    return Client().post(
+    return Client(REMOTE_ADDR=address).post(
         "/mcp",
         data=json.dumps(body),
         content_type="application/json",
@@ -71,8 +76,10 @@ def mcp(token: str):
     )
 
 
-def sse(token: str, task: Task):
-    response = Client().get(f"/runtime/tasks/{task.id}/events", headers={"Authorization": f"Bearer {token}"})
+def sse(token: str, task: Task, address: str = "127.0.0.1"):
+    response = Client(REMOTE_ADDR=address).get(
+        f"/runtime/tasks/{task.id}/events", headers={"Authorization": f"Bearer {token}"}
+    )
     if response.streaming:
         response.close()
     return response
@@ -134,6 +141,75 @@ def test_sse_connects_are_limited(alice, settings):
     accepted, refused = until_refused(lambda: sse(alice.token, task))
     assert accepted == 2
     assert refused.json()["error"]["code"] == "throttled" and int(refused["Retry-After"]) > 0
+
+
+# A key of the right shape that no one was issued: a lookup and a hash each time it is tried.
+WRONG_KEY = "rt_0123456789ab_" + "x" * 43
+
+
+@pytest.fixture
+def addresses(settings) -> Iterator[tuple[str, str]]:
+    """Two client addresses of this test's own (IPv6 documentation range, each its own /64), and
+    their failure counts removed from the shared Redis afterwards."""
+    prefix = f"2001:db8:{random.getrandbits(16):x}:{random.getrandbits(16):x}"
+    url, pattern = settings.REDIS_URL, f"{settings.RUNTIME_DEPLOYMENT}:authfail:*:{prefix[:-1]}*"
+    yield f"{prefix}::7", f"{prefix[:-1]}{(int(prefix[-1], 16) + 1) % 16:x}::7"
+    with redis.Redis.from_url(url) as client:  # the test may have turned Redis off
+        for key in client.scan_iter(pattern):
+            client.delete(key)
+
+
+def refused_after_failures(send, most: int = 50) -> tuple[int, object]:
+    """(failed authentications answered 401 before the first 429, that 429)."""
+    for n in range(most):
+        response = send()
+        if response.status_code == 429:
+            return n, response
+        assert response.status_code == 401, response.content
+        assert 'error="invalid_token"' in response["WWW-Authenticate"]
+    raise AssertionError(f"no 429 in {most} failed authentications")
+
+
+# the SSE and MCP views close their connections, which would end a test transaction
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("surface", ["rest", "sse", "mcp"])
+def test_failed_authentications_are_limited_per_client_address(alice, settings, addresses, surface):
+    """A wrong key cost a lookup and a hash (a forged token an RSA verification) as often as
+    anyone cared to send one: nothing counted failures, only proven keys' requests."""
+    limit(settings, auth_failures_per_address=3)
+    attacker, neighbour = addresses
+    task = new_task(alice)
+    send = {
+        "rest": lambda token, address: rest(token, address=address),
+        "sse": lambda token, address: sse(token, task, address=address),
+        "mcp": lambda token, address: mcp(token, address=address),
+    }[surface]
+    failed, refused = refused_after_failures(lambda: send(WRONG_KEY, attacker))
+    assert failed == 3
+    assert 0 < int(refused["Retry-After"]) <= LONG_WINDOW
+    if surface == "mcp":  # the JSON-RPC twin of the 429, as for a request rate limit
+        error = refused.json()
+        assert error["id"] == 9 and error["error"]["code"] == ratelimit_code()
+        assert "failed authentications" in error["error"]["message"]
+    else:
+        assert refused.json()["error"]["code"] == "throttled"
+        assert "failed authentications" in refused.json()["error"]["message"]
+    # Refused before its credential is looked at: a right key from there too, until the window ends ...
+    assert send(alice.token, attacker).status_code == 429
+    # ... and only there: another client (another /64) is not held up, nor counted with it.
+    assert send(alice.token, neighbour).status_code == 200
+    assert send(WRONG_KEY, neighbour).status_code == 401
+
+
+def test_the_embedded_profile_counts_failed_authentications_in_the_web_process(alice, settings, addresses):
+    limit(settings, auth_failures_per_address=2)
+    settings.REDIS_URL = ""  # the embedded default: no Redis
+    ratelimit._local_failures.clear()
+    attacker, neighbour = addresses
+    failed, refused = refused_after_failures(lambda: rest(WRONG_KEY, address=attacker))
+    assert failed == 2 and int(refused["Retry-After"]) > 0
+    assert rest(alice.token, address=attacker).status_code == 429
+    assert rest(alice.token, address=neighbour).status_code == 200
 
 
 def test_the_queue_cap_refuses_a_create_but_not_its_replay(alice, settings):

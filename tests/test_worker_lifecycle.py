@@ -240,6 +240,95 @@ def test_a_worker_frozen_after_confirming_its_lease_for_a_mail_and_thawed_after_
     assert "ran out before the call was sent" in processes.logs()
 
 
+# Tools from another package (tasks_app/plugins.py) with their own HTTP client: `sender.post`
+# checks nothing about leases (what a plugin author writes first); `sender.careful` prepares
+# slowly (here: its worker is frozen mid-way, once) and asks tools.before_send before it sends.
+# Installed as pip would leave them (a module and its dist-info with the entry points), in a
+# folder of the test's own.
+SENDER_PLUGIN = """
+import json
+import os
+import signal
+import urllib.error
+import urllib.request
+
+from tasks_app.agents.tools import DONE, NOT_DONE, Tool, before_send
+
+
+def _post(args, key, timeout):
+    request = urllib.request.Request(
+        args["url"], data=b'{"from": "plugin"}', method="POST",
+        headers={"Idempotency-Key": key, "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.loads(response.read())
+
+
+def _careful(args, key, timeout):
+    if not os.path.exists(args["freezeMarker"]):  # the first time: frozen while preparing
+        with open(args["freezeMarker"], "w") as marker:
+            marker.write(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGSTOP)
+    before_send()
+    return _post(args, key, timeout)
+
+
+def _reconcile(args, key):
+    try:
+        with urllib.request.urlopen(f"{args['url']}/{key}", timeout=10) as response:
+            return DONE, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return (NOT_DONE, None) if exc.code == 404 else None
+
+
+POST = Tool(name="sender.post", input_schema={"type": "object"}, call=_post, reconcile=_reconcile)
+CAREFUL = Tool(name="sender.careful", input_schema={"type": "object"}, call=_careful, reconcile=_reconcile)
+"""
+
+
+def sender_plugin(tmp_path: Path) -> Path:
+    site = tmp_path / "site"
+    info = site / "runtime_sender-0.1.dist-info"
+    info.mkdir(parents=True)
+    (site / "runtime_sender.py").write_text(SENDER_PLUGIN)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: runtime-sender\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        "[long_task_runtime.tools]\nsender.post = runtime_sender:POST\nsender.careful = runtime_sender:CAREFUL\n"
+    )
+    return site
+
+
+@pytest.mark.parametrize("tool", ["sender.post", "sender.careful"], ids=["handed_over", "while_preparing"])
+def test_a_worker_frozen_in_a_plugins_tool_call_and_thawed_after_a_takeover_never_sends(
+    alice, processes, tmp_path, tool
+):
+    # As for the built-in tools above, whose clients check the confirmed lease as they send: a
+    # plugin's tool was handed the call all the same, and sent it a second time.
+    sink = Sink(processes)
+    env = {**FAST, "PYTHONPATH": str(sender_plugin(tmp_path))}
+    if tool == "sender.post":  # frozen after the lease was confirmed for the call, before it is handed over
+        marker = worker_freezing_at(processes, tmp_path, "ledger:confirmed", **env)
+    else:  # frozen by the tool itself, inside its call
+        marker = tmp_path / "frozen"
+        processes.worker(**env)
+        processes.beat(**env)
+    args = {"url": f"{sink.url}/effects", "freezeMarker": str(marker)}
+    task, _ = do_create_task(
+        console(alice.tenant, "user:test"), agent="tool_calls", input={"calls": [{"tool": tool, "args": args}]}
+    )
+    zombie = frozen(marker)
+
+    processes.worker(**env)  # takes over once the frozen worker's lease runs out
+    task = settled(task)
+    assert task.status == "completed" and task.recoveries == 1, task.error
+    assert sink.stats()["posts"] == 1  # the new owner asked the sink by key (404), then called
+
+    thaw(processes, zombie)
+    stats = sink.stats()
+    assert stats["posts"] == 1 and list(stats["perKey"].values()) == [1], stats  # the zombie never sent
+    assert "ran out before the call was sent" in processes.logs()
+
+
 def pool_pids(worker: subprocess.Popen[bytes]) -> set[int]:
     return {int(pid) for pid in Path(f"/proc/{worker.pid}/task/{worker.pid}/children").read_text().split()}
 
@@ -385,6 +474,21 @@ def unacked() -> list[tuple[str, str, str]]:
     return [(h.get("id", "?"), h.get("task", "?"), h.get("argsrepr", "?")) for h in headers]
 
 
+def test_the_purge_before_each_test_drops_what_a_killed_worker_left_unacknowledged(alice, processes):
+    # In CI the unacked hash held entries of an earlier test's worker, killed with a message in
+    # hand: the purge every `processes` test starts with named the hash's keys with the
+    # deployment's prefix twice, and kept them. Four hours on (the visibility timeout) a live
+    # worker would have put them back in a later test's queue.
+    worker = processes.worker(**FAST)
+    task, _ = do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 50, "sleepMs": 200})
+    wait_until(lambda: [m for m in unacked() if str(task.id) in m[2]], timeout=60, what="the worker to hold the slice")
+    processes.kill(worker)  # kill -9 with the message in hand: nobody will acknowledge it
+    assert [m for m in unacked() if str(task.id) in m[2]]
+
+    purge_queues()
+    assert unacked() == []
+
+
 def received_ids(log: str) -> list[str]:
     return re.findall(r"Task tasks\.run_task_slice\[([0-9a-f-]+)\] received", log)
 
@@ -418,10 +522,8 @@ def test_a_worker_told_to_stop_with_a_message_in_hand_runs_it_once_and_a_startin
 
     task = settled(task)
     assert task.status == "completed" and task.result == {"steps": 20} and task.recoveries == 0
-    # This task's messages only: in CI the deployment's unacked hash has held entries that no
-    # worker of this test received (four, from some process of an earlier test).
     wait_until(
-        lambda: not messages_in("steps") and not [m for m in unacked() if str(task.id) in m[2]],
+        lambda: not messages_in("steps") and not unacked(),
         timeout=30,
         what=lambda: f"the queue to be empty (waiting: {messages_in('steps')}; unacked: {unacked()})",
     )

@@ -83,6 +83,31 @@ class Tool:
 _TOOLS: dict[str, Tool] = {}
 
 
+def before_send() -> None:
+    """For a tool's `call`, a plugin's too: call it right before the bytes go out, after any
+    slow preparation (connecting, rendering, waiting for a slot); let what it raises through.
+    It raises when the lease confirmed for this call has run out since: the worker was frozen
+    (SIGSTOP, a paused container) and may have been taken over, and the new owner, finding the
+    call's ledger row started, may have sent it already. The ledger checks the same once more
+    as it hands the call over, so a call that sends at once needs nothing. Outside a call (a
+    reconcile's read) it checks nothing."""
+    _send_guard()
+
+
+def _unguarded() -> None:
+    return None
+
+
+# What before_send asks: leases.still_confirmed, set by ledger_app.tools (this SDK sits below
+# the lease machinery in the layers).
+_send_guard: Callable[[], None] = _unguarded
+
+
+def guard_sends(check: Callable[[], None]) -> None:
+    global _send_guard  # noqa: PLW0603 (set once, at import, by the layer that owns leases)
+    _send_guard = check
+
+
 class UnknownTool(LookupError):
     pass
 

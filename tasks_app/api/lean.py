@@ -98,6 +98,10 @@ async def read_caller(request: HttpRequest, task_id: str | UUID) -> Caller | Non
     credential = bearer_key(request)
     if credential is None:
         return None
+    try:  # an address past its failure limit: the full path's 429, even for a key that works
+        ratelimit.check_address(ratelimit.client_address(request))
+    except ratelimit.AuthFailuresLimited:
+        return None
     prefix, secret = credential
     task_uuid = task_id if isinstance(task_id, UUID) else UUID(task_id)
     async with dbpool.borrow() as conn:
