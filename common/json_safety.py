@@ -23,6 +23,11 @@ from typing import Any
 MAX_DEPTH = 100  # arrays and objects inside one another: far beyond any real input
 MAX_INT = 2**63 - 1  # PostgreSQL bigint
 MIN_INT = -(2**63)
+# A fraction or an exponent (1e308, 2.5e19) is held to the integers' range as well: "beyond
+# 64-bit integers" said nothing to a client that sent no integer.
+FLOAT_OUT_OF_RANGE = (
+    f"a number outside {MIN_INT}..{MAX_INT}, which every number must keep to (with a fraction or an exponent too)"
+)
 
 # NUL, and UTF-16 surrogates: in a str they only ever stand alone (a JSON "\ud83d\ude00"
 # pair decodes to one character).
@@ -67,7 +72,7 @@ def _float(text: str) -> float | _Refused:
         return _Refused("a number too large to store")
     # One bound for every number, as the OpenAPI document declares it: a client's generator
     # or validator cannot tell 1e19 from the integer 10000000000000000000.
-    return value if MIN_INT <= value <= MAX_INT else _Refused("a number beyond 64-bit integers")
+    return value if MIN_INT <= value <= MAX_INT else _Refused(FLOAT_OUT_OF_RANGE)
 
 
 _DECODER = json.JSONDecoder(
@@ -115,7 +120,7 @@ def check(value: Any, where: str = "") -> None:
             if not math.isfinite(value):
                 raise UnsafeInput(path, f"{value} is not a JSON number")
             if not MIN_INT <= value <= MAX_INT:
-                raise UnsafeInput(path, "a number beyond 64-bit integers")
+                raise UnsafeInput(path, FLOAT_OUT_OF_RANGE)
         elif isinstance(value, _Refused):
             raise UnsafeInput(path, value.problem)
         elif isinstance(value, dict | list | tuple):

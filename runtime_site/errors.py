@@ -85,6 +85,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         response["WWW-Authenticate"] = challenge(context["request"], exc)
     if isinstance(exc, exceptions.ValidationError):
         response.data = error_body("invalid_request", _first_message(exc.detail), fields=exc.detail)
+    elif isinstance(exc, exceptions.NotFound) and exc.detail != exceptions.NotFound.default_detail:
+        response.data = error_body("not_found", str(exc.detail))  # a view that names what it did not find
     elif isinstance(exc, Http404 | exceptions.NotFound):
         response.data = error_body("not_found", "no such task")
     else:

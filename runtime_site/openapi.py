@@ -120,7 +120,11 @@ class TaskSnapshot(TaskUrls):
     stepsDone = serializers.IntegerField()  # noqa: N815
     cost = serializers.FloatField()
     lastCheckpoint = serializers.IntegerField(allow_null=True)  # noqa: N815
-    recoveries = serializers.IntegerField()
+    recoveries = serializers.IntegerField(help_text="workers lost since creation or the last redrive")
+    recoveriesInARow = serializers.IntegerField(  # noqa: N815
+        help_text="recoveries in a row without a step beyond the furthest committed; above runtime.max_recoveries "
+        "the task is dead-lettered"
+    )
     infrastructureFaults = serializers.IntegerField()  # noqa: N815
     priority = serializers.IntegerField()
     cancelRequested = serializers.BooleanField()  # noqa: N815

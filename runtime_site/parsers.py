@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rest_framework import serializers
+from rest_framework.exceptions import ValidationError
+
+if TYPE_CHECKING:
+    from rest_framework.request import Request
 
 # DRF defines get_encoding (rest_framework/parsers.py); its stubs do not declare it.
 from rest_framework.parsers import JSONParser, get_encoding  # type: ignore[attr-defined]
@@ -49,3 +53,12 @@ class StrictRegexField(StrictTypeMixin, serializers.RegexField):
 
 class StrictIntegerField(StrictTypeMixin, serializers.IntegerField):
     json_types = (int,)
+
+
+def refuse_paging(request: Request, listing: str) -> None:
+    """A listing that answers every record at once takes no ?limit= or ?cursor=: ignored, a
+    client paging through it (as through /runtime/tasks) would read one "page" of everything,
+    or believe a limit it asked for held; a 400 naming the parameter tells it."""
+    for name in ("limit", "cursor"):
+        if name in request.query_params:
+            raise ValidationError({name: f"{listing} is not paged: it answers every record at once; leave out {name}"})

@@ -162,7 +162,16 @@ class Task(models.Model):
     lease_owner = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001 (NULL: nobody holds it)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     lease_epoch = models.BigIntegerField(default=0)  # +1 on every claim: the fencing token
+    # Workers lost (and steps abandoned past their deadline) since creation or the last redrive.
     recoveries = models.IntegerField(default=0)
+    # What runtime.max_recoveries caps: recoveries in a row without progress, i.e. without a
+    # step committed beyond recovered_at_step, the high-water mark (steps_done) at the last
+    # recovery. Both are read and written by the reaper only (operators._recover), never by a
+    # step's commit: a task that loses its workers now and then over days but gets further
+    # each time is delayed, never dead-lettered; a step that kills every worker running it
+    # is held for an operator.
+    recoveries_in_a_row = models.IntegerField(default=0)
+    recovered_at_step = models.IntegerField(default=0)
     # Slices abandoned to an infrastructure error (tasks_app.faults): retried, never counted as crashes.
     infra_faults = models.IntegerField(default=0)
     # The W3C traceparent of the request that created the task (empty with tracing off): a

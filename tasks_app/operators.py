@@ -104,11 +104,18 @@ def do_mark_recovering(task_id: UUID, *, actor: str, max_recoveries: int | None 
     task.drop_lease()
     task = _recover(task, actor=actor, lost=lost, max_recoveries=max_recoveries)
     if task.status != Status.CANCELLED:
-        status, recoveries = task.status, task.recoveries
+        status, recoveries, in_a_row = task.status, task.recoveries, task.recoveries_in_a_row
 
         def counted() -> None:
             RECOVERIES.labels(status).inc()
-            logger.warning("task %s: worker lost (%s), now %s (recoveries %s)", task_id, lost, status, recoveries)
+            logger.warning(
+                "task %s: worker lost (%s), now %s (recoveries %s, %s in a row without progress)",
+                task_id,
+                lost,
+                status,
+                recoveries,
+                in_a_row,
+            )
 
         transaction.on_commit(counted)
     return task
@@ -193,8 +200,9 @@ def _recover(
     task: Task, *, actor: str, lost: str, max_recoveries: int | None = None, cause: dict[str, Any] | None = None
 ) -> Task:
     """On a locked row whose lease was just dropped: count the recovery and enqueue the
-    next slice, or dead-letter past max_recoveries. `lost` says what happened, `cause`
-    (audited, and kept in the dead letter's error) what an operator should look at."""
+    next slice, or dead-letter it once it is the (max_recoveries + 1)th in a row without
+    progress. `lost` says what happened, `cause` (audited, and kept in the dead letter's
+    error) what an operator should look at."""
     if task.cancel_requested:
         # A cancel (or a kill, which waited for a call that had to finish: kills.must_finish)
         # was accepted while this worker held the task, for its next safe point. The worker
@@ -204,23 +212,43 @@ def _recover(
         return _cancel_now(task, actor=actor)
     max_recoveries = settings.RUNTIME["runtime"]["max_recoveries"] if max_recoveries is None else max_recoveries
     task.recoveries += 1
-    fields = [*TRANSITION_FIELDS, *Task.LEASE_FIELDS, "recoveries"]
-    data = {"cause": cause} if cause else None
-    if task.recoveries > max_recoveries:
-        reason = f"{lost}; recovery {task.recoveries} exceeds max_recoveries={max_recoveries}"
-        task.status_message = "held for operator: too many recoveries"
-        task.error = {"code": "max_recoveries_exceeded", "message": reason, **(data or {})}
+    # Progress: a step committed beyond the high-water mark of the last recovery. Re-running
+    # the steps after an older checkpoint up to it is none, so a step that kills every worker
+    # that runs it (a poison step) counts in a row however far back its checkpoint is; a long
+    # task that loses a worker now and then, each time further on, starts again at one.
+    progressed = task.steps_done > task.recovered_at_step
+    task.recoveries_in_a_row = 1 if progressed else task.recoveries_in_a_row + 1
+    task.recovered_at_step = task.steps_done
+    fields = [*TRANSITION_FIELDS, *Task.LEASE_FIELDS, "recoveries", "recoveries_in_a_row", "recovered_at_step"]
+    data: dict[str, Any] = {
+        "recoveries": task.recoveries,
+        "inARow": task.recoveries_in_a_row,
+        "stepsDone": task.steps_done,
+        **({"cause": cause} if cause else {}),
+    }
+    count = (
+        f"recovery {task.recoveries}, {task.recoveries_in_a_row} in a row without progress"
+        f" beyond step {task.steps_done}"
+    )
+    if task.recoveries_in_a_row > max_recoveries:
+        reason = f"{lost}; {count} exceeds max_recoveries={max_recoveries}"
+        task.status_message = "held for operator: too many recoveries without progress"
+        task.error = {"code": "max_recoveries_exceeded", "message": reason, **({"cause": cause} if cause else {})}
         transition(task, Status.DEAD_LETTERED, actor=actor, reason=reason, data=data)
         fields.append("error")
     else:
-        reason = f"{lost} (recovery {task.recoveries} of at most {max_recoveries})"
+        reason = f"{lost} ({count}, at most {max_recoveries})"
         if task.status == Status.RECOVERING:  # the recovering worker died too: no status change
             record_audit(
                 task, actor=actor, action="recovery", before_version=task.state_version, reason=reason, data=data
             )
         else:
             transition(task, Status.RECOVERING, actor=actor, reason=reason, data=data)
-        events.emit(task, "recovering", {"recoveries": task.recoveries, "reason": reason})
+        events.emit(
+            task,
+            "recovering",
+            {"recoveries": task.recoveries, "recoveriesInARow": task.recoveries_in_a_row, "reason": reason},
+        )
         enqueue_slice_on_commit(task.id, task.priority)
     task.save(update_fields=fields)
     return task
@@ -272,7 +300,8 @@ def do_redrive_task(task_id: UUID, *, who: Principal, reason: str) -> Task:
         raise IllegalTransition(task.status, Status.RECOVERING)
     good, discarded = discard_back_to_last_good(task)
     task.drop_lease()
-    task.recoveries, task.error, task.status_message = 0, None, ""
+    task.recoveries, task.recoveries_in_a_row, task.error, task.status_message = 0, 0, None, ""
+    task.recovered_at_step = task.steps_done  # a recovery after the redrive counts from here
     withdrawn = withdraw_cancel(task, actor=actor)
     task.finished_at = None
     transition(
@@ -287,6 +316,8 @@ def do_redrive_task(task_id: UUID, *, who: Principal, reason: str) -> Task:
             *TRANSITION_FIELDS,
             *Task.LEASE_FIELDS,
             "recoveries",
+            "recoveries_in_a_row",
+            "recovered_at_step",
             "error",
             *withdrawn,
         ]

@@ -73,6 +73,7 @@ SNAPSHOT_FIELDS = [
     "steps_done",
     "cost",
     "recoveries",
+    "recoveries_in_a_row",
     "infra_faults",
     "priority",
     "cancel_requested",
@@ -125,6 +126,7 @@ def task_snapshot(task: Task, *, last_checkpoint: int | None = UNREAD, no_open_i
         "cost": task.cost,
         "lastCheckpoint": last,
         "recoveries": task.recoveries,
+        "recoveriesInARow": task.recoveries_in_a_row,  # what runtime.max_recoveries caps
         "infrastructureFaults": task.infra_faults,
         "priority": task.priority,
         "cancelRequested": task.cancel_requested,

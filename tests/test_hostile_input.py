@@ -153,6 +153,28 @@ def test_rest_query_strings_are_checked(alice, task):
     assert page["results"] and api.get(page["next"] or "/runtime/tasks").status_code == 200
 
 
+@pytest.mark.parametrize("listing", ["audit", "checkpoints", "steering", "artifacts", "keys"])
+def test_listings_that_are_not_paged_refuse_limit_and_cursor_naming_them(alice, task, listing):
+    """Only /runtime/tasks pages; the other listings answer every record at once. A paging
+    parameter there was ignored, so ?limit=-5 and ?limit=10 both read as honoured."""
+    api = alice.client()
+    path = "/runtime/keys" if listing == "keys" else f"/runtime/tasks/{task.id}/{listing}"
+    for query, name in (("limit=-5", "limit"), ("limit=abc", "limit"), ("limit=10", "limit"), ("cursor=zzz", "cursor")):
+        error = refusal(api.get(f"{path}?{query}"))
+        assert list(error["fields"]) == [name] and "not paged" in error["message"], (query, error)
+    assert api.get(path).status_code == 200
+
+
+@pytest.mark.parametrize("number", ["1e308", "-2.5e19", "9.3e18"])
+def test_a_float_out_of_range_is_refused_as_a_number_not_an_integer(alice, task, number):
+    error = refusal(post_json(f"/runtime/tasks/{task.id}/inputs/q", f'{{"answer": {number}}}', alice.token))
+    assert error["fields"] == {
+        "answer": (
+            f"a number outside {-(2**63)}..{2**63 - 1}, which every number must keep to (with a fraction or an exponent too)"
+        )
+    }, error
+
+
 def test_paths_and_headers_carrying_nul_or_malformed_keys_are_refused(alice, task):
     before = written()
     # a NUL in the path: the input key lands in a query on the way to the answer

@@ -87,6 +87,39 @@ def test_a_worker_killed_twice_inside_the_same_steps_before_a_checkpoint_complet
     assert verify_chain(task) is None
 
 
+def test_a_task_that_loses_more_workers_than_max_recoveries_each_time_further_on_completes(alice, processes: Processes):
+    """Four workers SIGKILLed at far-apart steps, one more than runtime.max_recoveries: each
+    next worker gets beyond the furthest step committed before, so each recovery made
+    progress and the task is delayed, not dead-lettered (it was, before the count was of
+    recoveries in a row without progress)."""
+    env = {**FAST, "RUNTIME_MAX_RECOVERIES": "3"}
+    processes.beat(**env)
+    worker = processes.worker(**env)
+    task, _ = do_create_task(
+        console(alice.tenant, "user:test"),
+        agent="noop",
+        input={"steps": 40, "sleepMs": 200},
+        checkpoint_policy={"everySteps": 5},
+    )
+    watch = Watcher(task)
+    for reached in (7, 15, 23, 31):
+        wait_until(lambda n=reached: watch.now()["stepsDone"] >= n, timeout=90, what=f"{reached} steps")
+        processes.kill(worker)  # SIGKILL mid-step, its lease held
+        worker = processes.worker(**env)
+    wait_until(
+        lambda: watch.now()["runtimeStatus"] in ("completed", "failed", "dead_lettered"),
+        timeout=120,
+        what="the task to end",
+    )
+    snapshot = watch.now()
+    assert snapshot["runtimeStatus"] == "completed", snapshot["error"]
+    assert (snapshot["recoveries"], snapshot["recoveriesInARow"]) == (4, 1)
+    recovered = AuditRecord.objects.filter(task=task, to_status="recovering").order_by("seq")
+    assert [r.data["inARow"] for r in recovered] == [1, 1, 1, 1]
+    watch.assert_never_went_back()
+    assert verify_chain(Task.objects.get(id=task.id)) is None
+
+
 def terminate_backends(application_name: str) -> int:
     """pg_terminate_backend on the connections of one process kind, in this test's database only."""
     with connection.cursor() as cursor:

@@ -7,7 +7,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from runtime_site.parsers import IDEMPOTENCY_KEY, StrictCharField, StrictIntegerField, StrictRegexField
+from runtime_site.parsers import (
+    IDEMPOTENCY_KEY,
+    StrictCharField,
+    StrictIntegerField,
+    StrictRegexField,
+    refuse_paging,
+)
 from steering_app.actions import do_answer_input, do_enqueue_command
 from steering_app.models import CommandType, SteeringCommand
 from tasks_app import access, kills
@@ -46,6 +52,7 @@ class TaskSteeringApi(APIView):
         return [IsPrincipal() if self.request.method == "POST" else require_role(Role.VIEWER)()]
 
     def get(self, request: Request, task_id: str) -> Response:
+        refuse_paging(request, "the steering listing")
         task = access.task_for(principal(request), task_id)
         commands = SteeringCommand.objects.filter(task=task).order_by("version")
         return Response({"results": [command_body(c) for c in commands]})

@@ -10,14 +10,14 @@ from __future__ import annotations
 from typing import Any, cast
 
 from django.contrib.auth.models import User
-from django.http import Http404
 from django.utils import timezone
 from rest_framework import serializers, status
-from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from runtime_site.parsers import refuse_paging
 from tasks_app.auth import (
     IsPrincipal,
     Principal,
@@ -60,11 +60,14 @@ def manageable_keys(who: Principal, user_id: Any) -> Any:
     return keys if who.has_role(Role.ADMIN) else keys.filter(user_id=user_id)
 
 
+NO_SUCH_KEY = "no such key among those this key may manage"
+
+
 def manageable_key(request: Request, key_id: str) -> ApiKey:
     """Another user's key (for a non-admin) or another tenant's is the same 404 as none."""
     key = manageable_keys(principal(request), request.user.pk).filter(prefix=key_id).first()
     if key is None:
-        raise Http404
+        raise NotFound(NO_SUCH_KEY)
     return key
 
 
@@ -80,6 +83,7 @@ class KeyListCreateApi(APIView):
         expiresAt = serializers.DateTimeField(required=False)  # noqa: N815 (wire names)
 
     def get(self, request: Request) -> Response:
+        refuse_paging(request, "the key listing")
         return Response({"keys": [key_body(k) for k in manageable_keys(principal(request), request.user.pk)]})
 
     def post(self, request: Request) -> Response:

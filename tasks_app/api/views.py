@@ -16,7 +16,7 @@ from rest_framework.views import APIView
 
 from checkpoints_app.actions import is_valid
 from checkpoints_app.models import Checkpoint
-from runtime_site.parsers import IDEMPOTENCY_KEY, StrictCharField, StrictIntegerField
+from runtime_site.parsers import IDEMPOTENCY_KEY, StrictCharField, StrictIntegerField, refuse_paging
 from steering_app.actions import do_cancel_task
 from tasks_app import access
 from tasks_app.actions import do_create_task
@@ -149,6 +149,7 @@ class TaskCheckpointsApi(APIView):
     permission_classes = [require_role(Role.VIEWER)]
 
     def get(self, request: Request, task_id: str) -> Response:
+        refuse_paging(request, "the checkpoint listing")
         task = access.task_for(principal(request), task_id)
         rows = Checkpoint.objects.filter(task=task).order_by("sequence", "id")
         return Response(
@@ -205,6 +206,7 @@ class TaskAuditApi(APIView):
     permission_classes = [require_role(Role.VIEWER)]
 
     def get(self, request: Request, task_id: str) -> Response:
+        refuse_paging(request, "the audit listing")  # the whole chain, which `head` verifies
         task = access.task_for(principal(request), task_id)
         rows = AuditRecord.objects.filter(task=task).order_by("seq")
         return Response(

@@ -316,3 +316,30 @@ def test_the_key_read_written_out_reads_what_the_orm_reads(alice):
             assert getattr(by_hand.user, name) == getattr(by_orm.user, name), name
         assert by_hand.tenant.slug == by_orm.tenant.slug and by_hand.tenant.name == by_orm.tenant.name
     assert read_key("nosuchprefix") is None
+
+
+@pytest.mark.parametrize(
+    ("method", "suffix"), [("get", ""), ("delete", ""), ("post", "/rotate")], ids=["read", "revoke", "rotate"]
+)
+def test_a_key_id_that_is_malformed_unknown_or_not_the_caller_s_is_no_such_key(alice, victor, method, suffix):
+    victors = ApiKey.objects.get(user=victor.user).prefix
+    for key_id in ("zzz", "0" * 12, "x" * 300, "%C3%A9-", victors):
+        response = rest(alice.token, method, f"/runtime/keys/{key_id}{suffix}")
+        assert response.status_code == 404, (key_id, response.content)
+        assert response.json()["error"] == {
+            "code": "not_found",
+            "message": "no such key among those this key may manage",
+        }, key_id
+    assert ApiKey.objects.get(prefix=victors).revoked_at is None
+
+
+def test_a_viewer_and_a_narrow_key_of_an_admin_list_only_their_own_user_s_keys(alice, victor):
+    """Roles (DESIGN §3): managing the tenant's keys is an admin's; anyone else, and an
+    admin's key narrowed to a lower role or to reading, sees only its own user's keys."""
+    make_key(alice)
+    ada = make_persona("acme", "ada", "admin")
+    for token in (victor.token, make_key(ada, role="viewer")["token"], make_key(ada, scopes=["read"])["token"]):
+        listed = rest(token, path="/runtime/keys").json()["keys"]
+        assert len({k["userId"] for k in listed}) == 1, listed
+    everyone = {k["userId"] for k in rest(ada.token, path="/runtime/keys").json()["keys"]}
+    assert everyone == {alice.user.pk, victor.user.pk, ada.user.pk}

@@ -21,6 +21,7 @@ from tasks_app.agents.base import Agent, StepContext, register
 from tasks_app.audit import verify_chain
 from tasks_app.errors import IllegalTransition, NoLease
 from tasks_app.models import AuditRecord, Step, Task
+from tasks_app.selectors import task_snapshot
 from tasks_app.tests.test_engine import expire_lease, new_task, run_to_end
 
 pytestmark = pytest.mark.django_db
@@ -76,9 +77,109 @@ def test_a_task_that_keeps_losing_its_worker_is_dead_lettered_after_max_recoveri
     task = operators.do_mark_recovering(task.id, actor="system:reaper", max_recoveries=3)
     assert task.status == "dead_lettered" and task.mcp_status == "working"
     assert task.error["code"] == "max_recoveries_exceeded"
-    assert task.status_text() == "held for operator: too many recoveries"
+    assert task.status_text() == "held for operator: too many recoveries without progress"
     assert task.events.filter(type="dead_lettered").exists()
     assert leases.claim(task.id, worker_id="w", ttl=30) is None  # held, not runnable
+
+
+class WorkerDied(BaseException):
+    """The worker process dies in the middle of a step (SIGKILL, the OOM killer): nothing of
+    the slice runs on, no checkpoint, no release; its lease expires held. A BaseException,
+    so that the engine's handling of a step's errors cannot catch it."""
+
+
+DIED: set[tuple[str, int]] = set()  # (task id, sequence): where a MortalAgent's worker died once
+
+
+@register
+class MortalAgent(Agent):
+    """Kills the worker running step `dieAt[i]`: once each, or with `poison` every time."""
+
+    name = "test_mortal"
+
+    def start(self, input: dict[str, Any], goal: str) -> dict[str, Any]:
+        return {"n": 0}
+
+    def next_step(self, state: dict[str, Any]) -> str | None:
+        return f"s{state['n'] + 1}" if state["n"] < 20 else None
+
+    def run_step(self, ctx: StepContext, state: dict[str, Any]) -> dict[str, Any]:
+        if ctx.sequence in ctx.input["dieAt"] and (ctx.input.get("poison") or (ctx.task_id, ctx.sequence) not in DIED):
+            DIED.add((ctx.task_id, ctx.sequence))
+            raise WorkerDied
+        return {"n": state["n"] + 1}
+
+    def result(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {"steps": state["n"]}
+
+
+def mortal_task(persona, **input: Any) -> Task:
+    task, _ = do_create_task(
+        console(persona.tenant, "user:test"), agent="test_mortal", input=input, checkpoint_policy={"everySteps": 3}
+    )
+    return task
+
+
+def die_in_a_slice(task: Task) -> Task:
+    """A worker runs the task until a step kills it; the reaper finds its lease expired."""
+    with pytest.raises(WorkerDied):
+        engine.run_slice(task.id, worker_id="mortal")
+    expire_lease(task)
+    recovered = operators.do_mark_recovering(task.id, actor="system:reaper", max_recoveries=3)
+    assert recovered is not None
+    return recovered
+
+
+def test_a_task_that_gets_further_after_each_lost_worker_is_never_dead_lettered(alice, settings):
+    """Workers lost at four far-apart steps, one more than max_recoveries: each time the task
+    got beyond the furthest step it had committed before, so it is delayed, not held."""
+    settings.RUNTIME_SLICE_STEPS = 100
+    task = mortal_task(alice, dieAt=[4, 8, 12, 16])
+    seen = [die_in_a_slice(task) for _ in range(4)]
+    assert [(t.status, t.recoveries, t.recoveries_in_a_row, t.steps_done) for t in seen] == [
+        ("recovering", n, 1, steps) for n, steps in ((1, 3), (2, 7), (3, 11), (4, 15))
+    ]
+    assert task_snapshot(seen[-1])["recoveriesInARow"] == 1
+    assert run_to_end(task, worker="w2")[-1] is engine.SliceOutcome.DONE
+    task.refresh_from_db()
+    assert (task.status, task.result, task.recoveries) == ("completed", {"steps": 20}, 4)
+    record = AuditRecord.objects.filter(task=task, to_status="recovering").last()
+    assert record.data == {"recoveries": 4, "inARow": 1, "stepsDone": 15}
+    assert "recovery 4, 1 in a row without progress beyond step 15" in record.reason
+    assert verify_chain(task) is None
+
+
+def test_a_step_that_kills_every_worker_is_dead_lettered_after_max_recoveries_and_redrive_resets(alice, settings):
+    """The poison step 5 comes after checkpoint 3: each worker re-runs step 4 (committed
+    before, no progress) and dies at 5 again. The first loss made progress (from nothing to
+    step 4), the next three none: the fourth recovery in a row holds the task."""
+    settings.RUNTIME_SLICE_STEPS = 100
+    task = mortal_task(alice, dieAt=[5], poison=True)
+    seen = [die_in_a_slice(task) for _ in range(4)]
+    assert [(t.status, t.recoveries_in_a_row, t.steps_done) for t in seen] == [
+        ("recovering", 1, 4),
+        ("recovering", 2, 4),
+        ("recovering", 3, 4),
+        ("dead_lettered", 4, 4),
+    ]
+    assert set(Step.objects.filter(task=task, sequence=4).values_list("attempt", flat=True)) == {1, 2, 3, 4}
+    held = seen[-1]
+    assert held.error["code"] == "max_recoveries_exceeded"
+    assert "recovery 4, 4 in a row without progress beyond step 4 exceeds max_recoveries=3" in held.error["message"]
+    assert held.status_text() == "held for operator: too many recoveries without progress"
+    assert task_snapshot(held)["recoveriesInARow"] == 4
+    assert AuditRecord.objects.get(task=task, to_status="dead_lettered").data["inARow"] == 4
+
+    # A redrive starts the count afresh (as it always reset recoveries): the poison step
+    # kills again, and the count goes 1, 2, ... from the redrive's high-water mark.
+    redriven = operators.do_redrive_task(task.id, who=console(task.tenant, "admin:op"), reason="try again")
+    assert (redriven.recoveries, redriven.recoveries_in_a_row, redriven.recovered_at_step) == (0, 0, 4)
+    assert [(t.status, t.recoveries, t.recoveries_in_a_row) for t in (die_in_a_slice(task), die_in_a_slice(task))] == [
+        ("recovering", 1, 1),
+        ("recovering", 2, 2),
+    ]
+    task.refresh_from_db()
+    assert verify_chain(task) is None
 
 
 def test_a_task_past_its_ttl_fails_with_the_reason(alice):
