@@ -242,3 +242,14 @@ def test_the_page_offers_only_the_commands_steering_would_accept(alice, client):
     for control in ("pause", "resume", "set-priority", "adjust-goal"):
         assert f'data-testid="{control}"' not in page, control
     assert 'data-testid="cancel"' in page
+
+
+def test_the_task_page_shows_the_recoveries_in_a_row_that_max_recoveries_caps(alice, client):
+    task = new_task(alice)
+    Task.objects.filter(id=task.id).update(recoveries=5, recoveries_in_a_row=2)
+    page = signed_in(client, alice).get(f"/dashboard/tasks/{task.id}/").content.decode()
+    assert '<span data-testid="recoveries">5</span>' in page
+    assert (
+        '<span data-testid="recoveries-in-a-row" title="in a row without progress: max_recoveries caps these">2</span>'
+        in page
+    )

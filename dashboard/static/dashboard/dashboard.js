@@ -96,6 +96,7 @@ window.Dashboard = (() => {
       status.className = "badge " + s.runtimeStatus;
       field("version").textContent = String(s.stateVersion);
       field("recoveries").textContent = String(s.recoveries);
+      field("recoveries-in-a-row").textContent = String(s.recoveriesInARow);
       field("priority").textContent = String(s.priority);
       field("goal-title").textContent = s.goal || s.agent;
       return true;
