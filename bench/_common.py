@@ -28,8 +28,12 @@ DEFAULTS = {
 }
 
 
-def setup(**overrides: str) -> None:
-    """Environment defaults (the caller's environment wins), a fresh bench database, django.setup()."""
+def setup(root: Path = ROOT, **overrides: str) -> None:
+    """Environment defaults (the caller's environment wins), a fresh bench database, django.setup().
+    root: the build whose code this process runs (its migrations, its modules first on the path)."""
+    if root != ROOT:  # its modules first, and its working directory (config/ and what is put on the path from it)
+        sys.path.insert(0, str(root))
+        os.chdir(root)
     for key, value in {**DEFAULTS, **overrides}.items():
         os.environ.setdefault(key, value)
     import psycopg
@@ -46,7 +50,7 @@ def setup(**overrides: str) -> None:
     ) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{name}"')
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, check=True)
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=root, check=True)
     import django
 
     django.setup()
