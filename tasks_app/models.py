@@ -170,8 +170,10 @@ class Task(models.Model):
     # step's commit: a task that loses its workers now and then over days but gets further
     # each time is delayed, never dead-lettered; a step that kills every worker running it
     # is held for an operator.
-    recoveries_in_a_row = models.IntegerField(default=0)
-    recovered_at_step = models.IntegerField(default=0)
+    # A default in the database too: the previous release's code, still running during a
+    # rolling deploy, inserts tasks without these columns.
+    recoveries_in_a_row = models.IntegerField(default=0, db_default=0)
+    recovered_at_step = models.IntegerField(default=0, db_default=0)
     # Slices abandoned to an infrastructure error (tasks_app.faults): retried, never counted as crashes.
     infra_faults = models.IntegerField(default=0)
     # The W3C traceparent of the request that created the task (empty with tracing off): a

@@ -19,12 +19,12 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='task',
             name='recoveries_in_a_row',
-            field=models.IntegerField(default=0),
+            field=models.IntegerField(default=0, db_default=0),
         ),
         migrations.AddField(
             model_name='task',
             name='recovered_at_step',
-            field=models.IntegerField(default=0),
+            field=models.IntegerField(default=0, db_default=0),
         ),
         migrations.RunPython(count_in_a_row, migrations.RunPython.noop),
     ]
