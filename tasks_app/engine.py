@@ -922,6 +922,7 @@ def _finish(run: _Run, to: str, *, reason: str = "", result: dict[str, Any] | No
         _flush_progress(run, task)
         _checkpoint(run, task, "terminal")
         fields = [*transition(task, to, actor=f"worker:{run.lease.worker_id}", reason=reason)]
+        steering.settle_on_end(task, actor=f"worker:{run.lease.worker_id}")
         fields += task.drop_lease(fence=False)
         if to == Status.COMPLETED:
             task.result, task.progress = result, 1.0
@@ -943,6 +944,8 @@ def _stop(lease: leases.Lease, to: str, *, reason: str, error: dict[str, Any], m
             task.save(update_fields=steering.STEERING_FIELDS)
             return
         fields = transition(task, to, actor=f"worker:{lease.worker_id}", reason=reason, data={"error": error})
+        if to in TERMINAL:  # dead-lettered keeps them: a redrive applies them, a close settles them
+            steering.settle_on_end(task, actor=f"worker:{lease.worker_id}")
         # The error quotes what failed (a tool's answer, an exception's text): masked like
         # the audit record and the event, since snapshots show it to everyone who can read.
         task.error, task.status_message = redact(error), redact(message)
