@@ -348,7 +348,7 @@ def apply_pending(
 
 def settle_on_end(task: Task, *, actor: str) -> None:
     """In the transaction that just ended the task away from a safe point (its TTL, an
-    operator's close, a failed step, its last step): the commands still waiting for a safe
+    operator's close, a failed step): the commands still waiting for a safe
     point will never reach one, so each is rejected now by the ended task, audited and on
     the stream, instead of staying pending for ever (DESIGN §5: every accepted command is
     applied or rejected)."""
