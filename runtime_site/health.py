@@ -72,9 +72,13 @@ def scrapers_only(view: Callable[[HttpRequest], Any]) -> Callable[[HttpRequest],
 
 def _loopback(address: str | None) -> bool:
     try:
-        return ipaddress.ip_address(address or "").is_loopback
+        ip = ipaddress.ip_address(address or "")
     except ValueError:  # no address, or a unix socket's path: not known to be this host
         return False
+    # An IPv4 client as a dual-stack socket writes it (::ffff:127.0.0.1): Python before 3.13
+    # judges the IPv6 form, which is no loopback, and refused this host's scraper.
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return (mapped or ip).is_loopback
 
 
 async def lean_healthz(request: HttpRequest) -> JsonResponse:

@@ -346,6 +346,16 @@ def apply_pending(
     return enqueue
 
 
+def settle_on_end(task: Task, *, actor: str) -> None:
+    """In the transaction that just ended the task away from a safe point (its TTL, an
+    operator's close, a failed step): the commands still waiting for a safe
+    point will never reach one, so each is rejected now by the ended task, audited and on
+    the stream, instead of staying pending for ever (DESIGN §5: every accepted command is
+    applied or rejected)."""
+    assert task.status in TERMINAL, task.status
+    apply_pending(task, actor=actor, by_worker=False)
+
+
 def apply_command(task: Task, command: SteeringCommand, *, actor: str, by_worker: bool = False) -> bool:
     """In-transaction helper on a locked or fenced row: apply one command or reject it with
     the reason; audited, with a steering.applied / steering.rejected event. Returns True

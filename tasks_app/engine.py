@@ -379,7 +379,9 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
             return SliceOutcome.DONE  # paused, or the task ended
         step_name = run.agent.next_step(run.state)
         if step_name is None:
-            return _complete(run)
+            if (done := _complete(run)) is not None:
+                return done
+            continue  # a command came in since the safe point above: back to it
         if reason := _over_budget(run):
             if question := policy.budget_question(f"step-{run.sequence + 1}", reason, run.answers):
                 _wait_for_input(run, question)  # an approver may extend it
@@ -899,7 +901,9 @@ def _yield(run: _Run, *, message: str | None = None) -> None:
         _checkpoint(run, run.task, "slice_end")
 
 
-def _complete(run: _Run) -> SliceOutcome:
+def _complete(run: _Run) -> SliceOutcome | None:
+    """DONE once the task has ended; None when a command accepted since the last safe point
+    must be applied first (the loop goes back to it)."""
     result = run.agent.result(run.state)
     try:
         validate(result, run.agent.output_schema, "result")
@@ -911,14 +915,19 @@ def _complete(run: _Run) -> SliceOutcome:
             error={"code": "invalid_result", "message": tool_text(str(exc), limit=1000)},
         )
         return SliceOutcome.DONE
-    _finish(run, Status.COMPLETED, result=result)
-    return SliceOutcome.DONE
+    return SliceOutcome.DONE if _finish(run, Status.COMPLETED, result=result) else None
 
 
-def _finish(run: _Run, to: str, *, reason: str = "", result: dict[str, Any] | None = None) -> None:
-    """Terminal with a checkpoint (completed; a cancel ends in _apply_steering)."""
+def _finish(run: _Run, to: str, *, reason: str = "", result: dict[str, Any] | None = None) -> bool:
+    """Terminal with a checkpoint (completed; a cancel ends in _apply_steering). False, with
+    nothing written, when a command was accepted since the last safe point (between the last
+    step's commit and this lock): ending over it would leave it pending for ever, and a pause
+    ("pausing") cannot become completed; the caller goes back to the safe point."""
     with transaction.atomic(durable=True):
         task = leases.fenced(run.lease)
+        if task.steering_head > run.steering_cursor or task.cancel_requested:
+            run.task = task  # what the safe point reads
+            return False
         _flush_progress(run, task)
         _checkpoint(run, task, "terminal")
         fields = [*transition(task, to, actor=f"worker:{run.lease.worker_id}", reason=reason)]
@@ -927,6 +936,7 @@ def _finish(run: _Run, to: str, *, reason: str = "", result: dict[str, Any] | No
             task.result, task.progress = result, 1.0
             fields += ["result", "progress"]
         task.save(update_fields=fields)
+    return True
 
 
 def _stop(lease: leases.Lease, to: str, *, reason: str, error: dict[str, Any], message: str = "") -> None:
@@ -943,6 +953,8 @@ def _stop(lease: leases.Lease, to: str, *, reason: str, error: dict[str, Any], m
             task.save(update_fields=steering.STEERING_FIELDS)
             return
         fields = transition(task, to, actor=f"worker:{lease.worker_id}", reason=reason, data={"error": error})
+        if to in TERMINAL:  # dead-lettered keeps them: a redrive applies them, a close settles them
+            steering.settle_on_end(task, actor=f"worker:{lease.worker_id}")
         # The error quotes what failed (a tool's answer, an exception's text): masked like
         # the audit record and the event, since snapshots show it to everyone who can read.
         task.error, task.status_message = redact(error), redact(message)

@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import httpx
 import pytest
+from django.test import Client
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -299,3 +300,11 @@ def test_a_worker_removes_the_metrics_folders_that_killed_workers_left(processes
     wait_until(lambda: answers(f"http://127.0.0.1:{port}/metrics"), timeout=30, what="the worker's metrics port")
     assert not left[0].exists()
     assert list(tmp.glob(f"runtime-metrics-{second.pid}-*"))  # its own stays
+
+
+def test_this_host_over_ipv4_written_as_ipv6_may_scrape(settings):
+    """A dual-stack socket (or a proxy on one) reports an IPv4 client in its IPv6 form: this
+    host's 127.0.0.1 as ::ffff:127.0.0.1, which Python 3.12's is_loopback calls no loopback."""
+    settings.RUNTIME_METRICS_TOKEN = ""
+    for address, status in [("::ffff:127.0.0.1", 200), ("::1", 200), ("::ffff:203.0.113.7", 403)]:
+        assert Client(REMOTE_ADDR=address).get("/metrics").status_code == status, address
