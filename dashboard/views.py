@@ -345,19 +345,28 @@ def answer(request: HttpRequest, task: Task, key: str) -> HttpResponse:
     form = AnswerForm(request.POST)
     if not form.is_valid():
         return _refused(request, task, f"That answer was not understood: {form.errors.as_text()}")
+    given = form.cleaned_data["answer"]
+    question = InputRequest.objects.filter(task=task, key=key).only("answer_schema").first()
+    wants_text = (
+        question is not None
+        and isinstance(question.answer_schema, dict)
+        and question.answer_schema.get("type") == "string"
+    )
+    if wants_text and not isinstance(given, str):
+        given = request.POST["answer"]  # a question that wants text: 123 typed is the text "123"
     try:
         do_answer_input(
             task.id,
             who=principal_for(access.person(request), task),
             key=key,
-            answer=form.cleaned_data["answer"],
+            answer=given,
             reason=form.cleaned_data["reason"],
         )
     except Forbidden as exc:
         return _refused(request, task, str(exc))
     except DomainError as exc:  # CommandRefused, AnswerConflict, InvalidCommand, ...
-        return _refused(request, task, f"{form.cleaned_data['answer']} was not accepted: {errors.message(exc)}")
-    messages.success(request, f"{key}: {form.cleaned_data['answer']} sent.")
+        return _refused(request, task, f"{given} was not accepted: {errors.message(exc)}")
+    messages.success(request, f"{key}: {given} sent.")
     return see_other("dashboard:task", task_id=task.id)
 
 

@@ -145,6 +145,23 @@ def _lock(task_id: UUID, tenant: Tenant) -> Task:
         raise TaskNotFound from None  # another tenant's task too: ids leak nothing
 
 
+def _refusal_beside(pending: list[SteeringCommand], task: Task, type: str) -> str | None:
+    """refusal(), knowing the commands waiting for the task's safe point. A task its worker
+    claimed but has not started (queued) or is recovering shows no "pausing" for a pause
+    accepted meanwhile; the pause waiting counts as asked for all the same: a resume may
+    take it back, and a second pause has nothing to add."""
+    waiting = False  # a pause waits, not taken back by a resume after it
+    for command in pending:
+        if command.type in (CommandType.PAUSE, CommandType.RESUME):
+            waiting = command.type == CommandType.PAUSE
+    if waiting and task.status in (Status.QUEUED, Status.RECOVERING, Status.WORKING):
+        if type == CommandType.RESUME:
+            return None
+        if type == CommandType.PAUSE:
+            return "a pause is already waiting for the task's next safe point"
+    return refusal(task, type)
+
+
 def _idle(task: Task) -> bool:
     """Nobody is mid-step: the task is at a safe point now."""
     if task.status in (Status.PAUSED, Status.INPUT_REQUIRED, Status.DEAD_LETTERED):
@@ -231,12 +248,12 @@ def _enqueue_command(
             # reason (an answer, say) and call it accepted, with nothing of theirs done.
             raise CommandRefused(f"command id {command_id!r} is another caller's on this task; use a new one", task)
         return existing, False
-    if refused := refusal(task, type):
+    pending = [c for c in known if c.status == CommandStatus.PENDING]
+    if refused := _refusal_beside(pending, task, type):
         raise CommandRefused(refused, task)
     if task.state_version != expected_version:
         raise VersionConflict(task)
     _validate(task, type, payload, reason)
-    pending = [c for c in known if c.status == CommandStatus.PENDING]
     return _accept(
         task,
         command_id=command_id,

@@ -76,3 +76,12 @@ def test_a_question_without_choices_takes_its_answer_as_json_and_refuses_what_is
 
     assert client.post(f"/dashboard/tasks/{task.id}/inputs/how-many", {"answer": '{"n": 3}'}).status_code == 303
     assert InputRequest.objects.get(task=task).answer == {"n": 3}
+
+
+def test_a_question_that_wants_text_takes_what_was_typed_as_text_even_when_it_reads_as_json(alice):
+    task = waiting_on(alice, key="code", kind="question", schema={"type": "string", "maxLength": 20})
+    client = browser(alice)
+    # 123 is JSON (a number), which the schema refuses; typed into a field that asks for text it is the text.
+    assert client.post(f"/dashboard/tasks/{task.id}/inputs/code", {"answer": "123"}).status_code == 303
+    request = InputRequest.objects.get(task=task)
+    assert (request.status, request.answer) == (InputStatus.ANSWERED, "123")

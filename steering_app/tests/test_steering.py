@@ -241,3 +241,21 @@ def test_a_pause_of_a_task_its_worker_claimed_but_has_not_started_lands_at_the_f
     assert task.status == "paused" and SteeringCommand.objects.get(task=task).status == "applied"
     assert not Step.objects.filter(task=task).exists()  # the slice's start is its first safe point
     assert verify_chain(task) is None
+
+
+def test_a_pause_waiting_on_a_claimed_task_may_be_taken_back_by_a_resume_and_is_not_asked_twice(alice, settings):
+    settings.RUNTIME_SLICE_STEPS = 3
+    task = new_task(alice, steps=10)
+    lease = leases.claim(task.id, worker_id="w1", ttl=30)  # claimed, not started: it shows queued
+    assert steer(alice, task, "pause", command_id="p1").status_code == 202
+    again = steer(alice, task, "pause", command_id="p2")
+    assert again.status_code == 409 and "already waiting" in again.json()["error"]["message"], again.content
+    resumed = steer(alice, task, "resume", command_id="r1")  # was a 409: "resume applies to a paused task"
+    assert resumed.status_code == 202, resumed.content
+    run = engine._load(lease)
+    engine._loop(run, leases.Heartbeat(lease, ttl=30, interval=10, abandon=operators.do_abandon_step))
+    task.refresh_from_db()
+    commands = {c.command_id: c.status for c in SteeringCommand.objects.filter(task=task)}
+    assert commands == {"p1": "applied", "r1": "applied"}
+    assert task.status in ("working", "queued") and Step.objects.filter(task=task).count() == 3  # went on
+    assert verify_chain(task) is None
