@@ -207,7 +207,7 @@ def read_key(prefix: str) -> ApiKey | None:
             .first()
         )
     with connection.cursor() as cursor:
-        cursor.execute(KEY_SQL, {"prefix": prefix})
+        cursor.execute(_KEY_SQL_TEXT, {"prefix": prefix})
         row = cursor.fetchone()
     return None if row is None else key_from_row(row, decoded=False)
 
@@ -243,6 +243,9 @@ KEY_TABLES = sql.SQL("""tasks_app_apikey k
 KEY_SQL = sql.SQL("SELECT {columns} FROM {tables} WHERE k.prefix = %(prefix)s").format(
     columns=KEY_COLUMNS, tables=KEY_TABLES
 )
+# As text, composed once: Django's cursor and whatever wraps it (an execute_wrapper, tracing)
+# expect a string, not psycopg's Composed.
+_KEY_SQL_TEXT = KEY_SQL.as_string(None)
 KEY_WIDTH = len(_key_names) + len(_user_names) + 1 + len(_tenant_names)  # the row's columns that are the key's
 
 

@@ -343,3 +343,17 @@ def test_a_viewer_and_a_narrow_key_of_an_admin_list_only_their_own_user_s_keys(a
         assert len({k["userId"] for k in listed}) == 1, listed
     everyone = {k["userId"] for k in rest(ada.token, path="/runtime/keys").json()["keys"]}
     assert everyone == {alice.user.pk, victor.user.pk, ada.user.pk}
+
+
+def test_every_statement_a_keyed_request_hands_the_cursor_is_text(alice):
+    # An execute_wrapper or a tracing instrumentation reads the SQL as a string (the
+    # operation's name from its first word): psycopg's Composed broke them with a 500.
+    seen: list[type] = []
+
+    def wrapper(execute, sql, params, many, context):
+        seen.append(type(sql))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(wrapper):
+        assert rest(alice.token).status_code == 200
+    assert seen and set(seen) == {str}
