@@ -8,7 +8,9 @@ One uvicorn process at a time against one PostgreSQL + Redis, 100 running no-op 
 (this checkout, and with --baseline a git ref exported to a temp folder: the same
 database, the same client), in interleaved rounds:
 
-1. idle: GET /healthz and GET /runtime/tasks/{id} one at a time (p50);
+1. idle: GET /healthz and GET /runtime/tasks/{id} one at a time, then 20 creates and 20
+   steering commands one at a time; the first of each kind, the process's first write, is
+   printed on its own ("first create", "first steer accept"), apart from the load below;
 2. load: N readers in a loop, each GET /runtime/tasks/{id} of a random task, for S s; beside
    them one client doing GET /runtime/tasks?limit=50 (the list), one creating tasks
    (POST /runtime/tasks), one steering (POST .../steering set_priority on a fresh version)
@@ -69,14 +71,43 @@ class HttpxClient:
         pass
 
 
+KINDS = (
+    "idle healthz",
+    "idle snapshot",
+    "first create",
+    "first steer accept",
+    "idle create",
+    "idle steer accept",
+    "snapshot",
+    "list",
+    "create",
+    "steer accept",
+    "healthz",
+)
+CREATE = {"agent": "noop", "input": {"steps": 1}}
+IDLE_WRITES = 20
+
+
+async def steer(conn: Any, task_id: str) -> tuple[int, bytes, float]:
+    """One set_priority on the task's current version: (status, answer, ms of the POST)."""
+    version = json.loads((await conn.request("GET", f"/runtime/tasks/{task_id}"))[1])["stateVersion"]
+    body = {
+        "commandId": f"c{time.monotonic_ns()}",
+        "type": "set_priority",
+        "payload": {"priority": random.randint(0, 9)},
+        "expectedVersion": version,
+    }
+    t0 = time.perf_counter()
+    status, answer = await conn.request("POST", f"/runtime/tasks/{task_id}/steering", body)
+    return status, answer, (time.perf_counter() - t0) * 1000
+
+
 async def measure(
     base: str, token: str, task_ids: list[str], readers: int, seconds: float, pid: int, rate: float, client: str
 ) -> dict[str, list[float]]:
     import httpx
 
-    out: dict[str, list[float]] = {
-        k: [] for k in ("idle healthz", "idle snapshot", "snapshot", "list", "create", "steer accept", "healthz")
-    }
+    out: dict[str, list[float]] = {k: [] for k in KINDS}
     limits = httpx.Limits(max_connections=readers + 8, max_keepalive_connections=readers + 8)
     async with httpx.AsyncClient(
         base_url=base, headers={"Authorization": f"Bearer {token}"}, limits=limits, timeout=30
@@ -90,9 +121,22 @@ async def measure(
             await timed(out["idle healthz"], idle.request("GET", "/healthz"))
         for _ in range(100):
             await timed(out["idle snapshot"], idle.request("GET", f"/runtime/tasks/{random.choice(task_ids)}"))
+        steer_task = task_ids[0]
+        # A fresh process's first writes, apart: the load below measures a process past them,
+        # as one that has served for hours is. Then writes one at a time, without the load.
+        for i in range(IDLE_WRITES):
+            status, answer = await timed(
+                out["first create" if i == 0 else "idle create"], idle.request("POST", "/runtime/tasks", CREATE)
+            )
+            assert status == 201, answer
+        while len(out["idle steer accept"]) < IDLE_WRITES - 1:
+            status, answer, ms = await steer(idle, steer_task)
+            if status == 202:
+                out["idle steer accept" if out["first steer accept"] else "first steer accept"].append(ms)
+            else:
+                assert status == 409, answer
         await idle.close()
         stop = time.monotonic() + seconds
-        steer_task = task_ids[0]
 
         async def reader() -> None:
             conn = connection()
@@ -122,8 +166,7 @@ async def measure(
         async def creator() -> None:
             conn = connection()
             while time.monotonic() < stop:
-                body = {"agent": "noop", "input": {"steps": 1}}
-                status, answer = await timed(out["create"], conn.request("POST", "/runtime/tasks", body))
+                status, answer = await timed(out["create"], conn.request("POST", "/runtime/tasks", CREATE))
                 assert status == 201, answer
                 await pause(0.02, rate)
             await conn.close()
@@ -131,17 +174,9 @@ async def measure(
         async def steerer() -> None:
             conn = connection()
             while time.monotonic() < stop:
-                version = json.loads((await conn.request("GET", f"/runtime/tasks/{steer_task}"))[1])["stateVersion"]
-                body = {
-                    "commandId": f"c{time.monotonic_ns()}",
-                    "type": "set_priority",
-                    "payload": {"priority": random.randint(0, 9)},
-                    "expectedVersion": version,
-                }
-                t0 = time.perf_counter()
-                status, answer = await conn.request("POST", f"/runtime/tasks/{steer_task}/steering", body)
+                status, answer, ms = await steer(conn, steer_task)
                 if status == 202:  # a 409 (the worker moved the version) is retried, not timed
-                    out["steer accept"].append((time.perf_counter() - t0) * 1000)
+                    out["steer accept"].append(ms)
                 else:
                     assert status == 409, answer
                 await pause(0.02, rate)
@@ -221,19 +256,19 @@ def main() -> None:
         f"snapshot readers ({loop}) + 1 list, 1 create, 1 steering, 1 healthz client; {args.client} client; "
         f"{args.rounds} x {args.seconds:g} s per build, interleaved; load average {os.getloadavg()[0]:.1f}"
     )
-    print(f"{'build':16} {'request':16} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'n':>7}")
+    print(f"{'build':16} {'request':18} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'n':>7}")
     for name, got in results.items():
-        for key in ("idle healthz", "idle snapshot", "snapshot", "list", "create", "steer accept", "healthz"):
+        for key in KINDS:
             values = got.get(key) or [float("nan")]
             print(
-                f"{name:16} {key:16} {statistics.median(values):8.2f} {_common.percentile(values, 95):8.2f} "
+                f"{name:16} {key:18} {statistics.median(values):8.2f} {_common.percentile(values, 95):8.2f} "
                 f"{_common.percentile(values, 99):8.2f} {len(got.get(key, [])):7}"
             )
-        print(f"{name:16} {'reads/s':16} {statistics.mean(got['reads/s']):8.0f}")
+        print(f"{name:16} {'reads/s':18} {statistics.mean(got['reads/s']):8.0f}")
         print(
-            f"{name:16} {'web CPU ms/req':16} {statistics.mean(got['cpu ms/request']):8.2f}   (under load, all kinds)"
+            f"{name:16} {'web CPU ms/req':18} {statistics.mean(got['cpu ms/request']):8.2f}   (under load, all kinds)"
         )
-        print(f"{name:16} {'client CPU ms/req':16} {statistics.mean(got['client cpu ms/request']):8.2f}")
+        print(f"{name:16} {'client CPU ms/req':18} {statistics.mean(got['client cpu ms/request']):8.2f}")
     print("targets: snapshot p95 <= 20 ms, create p95 <= 40 ms, steer accept p99 <= 50 ms, idle healthz p50 <= 2 ms")
 
 

@@ -72,6 +72,11 @@ def _client(url: str) -> redis.Redis:
         return _clients[url]
 
 
+def connect() -> None:
+    """Connects the limiter's client (runtime_site.asgi.warm_connections)."""
+    _client(settings.REDIS_URL).ping()
+
+
 def _counts(keys: list[str], window: int) -> list[int] | None:
     """INCR each key (expiring with its window) in one round trip; None when Redis fails."""
     if time.monotonic() < _skip_until:

@@ -199,7 +199,9 @@ else:
         # A host that drops packets would hold a reconnection attempt for minutes, not fail it.
         DATABASES["default"].setdefault("OPTIONS", {}).setdefault("connect_timeout", 5)
         DATABASES["default"]["OPTIONS"]["pool"] = {
-            "min_size": 1,
+            # Open from boot (runtime_site.asgi.warm_connections): what one write and the
+            # requests beside it use at once, so none waits for a connection to be made.
+            "min_size": int(os.getenv("RUNTIME_DB_POOL_MIN", "2")),
             "max_size": int(os.getenv("RUNTIME_DB_POOL_MAX", "20")),
             "timeout": float(os.getenv("RUNTIME_DB_POOL_TIMEOUT", "5")),
             "reconnect_timeout": 5.0,

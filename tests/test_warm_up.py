@@ -1,9 +1,11 @@
-"""A web process warms up before it serves (runtime_site.asgi.warm_up, in the ASGI lifespan's
-startup): what its first write request would otherwise load is loaded already. Run in a
-process of its own, since this test process has loaded everything long ago."""
+"""A web process warms up before it serves (the ASGI lifespan's startup, runtime_site.asgi):
+what its first write request would otherwise load is loaded, its database pool is open,
+and what it has loaded is frozen out of the cyclic collector's walks. Run in a process of
+its own, since this test process has loaded everything long ago."""
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -15,11 +17,16 @@ from conftest import database_url
 pytestmark = pytest.mark.django_db
 
 PROBE = """
-import asyncio, sys
+import asyncio, gc, sys
 from runtime_site.asgi import application
 def loaded():
     # django-eventstream's publisher, the largest part of a first write's cost (it imports werkzeug)
     return {"django_grip": "django_grip" in sys.modules}
+def opened():
+    from django.db import connections
+    pools = connections["default"]._connection_pools
+    return {"frozen": gc.get_freeze_count(), "pooled": pools["default"].get_stats()["pool_size"] if pools else 0}
+print(opened())
 before = loaded()
 
 async def lifespan():
@@ -41,17 +48,38 @@ async def lifespan():
     return sent
 
 sent = asyncio.run(lifespan())
+print(opened())
 print(before, loaded(), sent)
 """
 
 
-def test_the_web_process_loads_what_a_first_write_needs_before_it_serves():
-    env = {**os.environ, "DATABASE_URL": database_url(), "DJANGO_SETTINGS_MODULE": "runtime_site.settings"}
+def boot(**env: str) -> list[str]:
+    env = {**os.environ, "DATABASE_URL": database_url(), "DJANGO_SETTINGS_MODULE": "runtime_site.settings", **env}
     run = subprocess.run(
         [sys.executable, "-c", PROBE], check=False, env=env, capture_output=True, text=True, timeout=120
     )
     assert run.returncode == 0, run.stderr
-    line = run.stdout.strip().splitlines()[-1]
+    return [*run.stdout.strip().splitlines()[-3:], run.stderr]
+
+
+def test_the_web_process_loads_what_a_first_write_needs_before_it_serves():
+    *_, line, _ = boot()
     assert line.startswith("{'django_grip': False}"), line  # not loaded by the import
     assert "{'django_grip': True}" in line, line  # loaded by the startup
     assert line.endswith("['lifespan.startup.complete']"), line
+
+
+def test_the_web_process_opens_its_pool_and_freezes_its_heap_before_it_serves():
+    before, after, _, _ = boot(RUNTIME_DB_POOL_MIN="3")
+    before, after = ast.literal_eval(before), ast.literal_eval(after)
+    assert before["pooled"] == 0 and after["pooled"] >= 3, (before, after)
+    # The interpreter's own start freezes a few hundred objects; Django and the apps are far more.
+    assert after["frozen"] > before["frozen"] + 50_000, (before, after)
+
+
+def test_a_web_process_boots_without_its_database_and_broker():
+    # Nothing listens on port 9 (discard): every connection is refused at once.
+    *_, line, log = boot(DATABASE_URL="postgres://postgres@127.0.0.1:9/none", REDIS_URL="redis://127.0.0.1:9/0")
+    assert line.endswith("['lifespan.startup.complete']"), line
+    for part in ("database", "redis", "broker"):
+        assert f"web process warm-up: {part} not ready" in log, log
