@@ -41,7 +41,9 @@ _KEY_IN_TEXT = rf"(?<![A-Za-z0-9_-])(?=[A-Za-z0-9_-]*?{_NAME_WORDS}(?![a-z0-9]))
 # (+, /, = of base64: %2B, %2F, %3D).
 _ESC = r"%(?:25)*+"
 _ENC_QUOTE = rf"{_ESC}2[27]"
-_ENC_SEPARATOR = rf"(?:\s|{_ESC}20)*+{_ESC}3[ADad](?:\s|{_ESC}20)*+"
+# Around the = or : any whitespace, raw or encoded (%20, a tab's %09, a form's +).
+_ENC_SPACE = rf"(?:\s|\+|{_ESC}(?:20|09))"
+_ENC_SEPARATOR = rf"{_ENC_SPACE}*+{_ESC}3[ADad]{_ENC_SPACE}*+"
 _ENC_SCHEME = rf"(?:(?:Bearer|Basic|Token)(?:\+|{_ESC}20)++)?"
 _ENC_VALUE = r"(?:[^\s\"'&;,})%]|%(?!(?:25)*+(?:2[026-7Cc9]|3[Bb]|7[Dd]))[0-9A-Fa-f]{2})++"
 _ENC_QUOTED_VALUE = r"(?:[^\s\"'%]|%(?!(?:25)*+2[27])[0-9A-Fa-f]{2})++"  # after an encoded quote: to the next one

@@ -112,6 +112,9 @@ def test_it_masks_secrets_named_inside_strings():
         ),
         ("x=client_secret%3Ds3cr3t%2B%2Fx%3D%3D%26a%3D1", "x=client_secret%3D***%26a%3D1"),  # base64's +/= stay in it
         ("x=api_key%253Dplain123%2526page%253D2", "x=api_key%253D***%2526page%253D2"),  # encoded twice
+        # encoded whitespace around the separator: a tab, a form's +
+        ("x=client_secret%09%3D%09s3cr3t%26a%3D1", "x=client_secret%09%3D%09***%26a%3D1"),
+        ("x=client_secret+%3D+s3cr3t&a=1", "x=client_secret+%3D+***&a=1"),
         ("h=Authorization%3A%20Bearer%20abcdef123456", "h=Authorization%3A%20Bearer%20***"),
         # JSON in a query string: to the encoded closing quote, spaces and all
         (
