@@ -136,7 +136,9 @@ def _claim_in_one_round_trip(task_id: UUID, worker_id: str, ttl: float, limit: i
         params.append(task_id)
     update = (
         f"UPDATE {table} SET lease_owner = %s,"  # noqa: S608 (names from the model; values are parameters)
-        " lease_expires_at = STATEMENT_TIMESTAMP() + make_interval(secs => %s),"
+        # clock_timestamp(): STATEMENT_TIMESTAMP() is when the message arrived, before the
+        # wait for the tenant's turn, which would come off the lease.
+        " lease_expires_at = clock_timestamp() + make_interval(secs => %s),"
         f" lease_epoch = lease_epoch + 1, waiting_turn_since = NULL WHERE id = %s AND {claimable}"
     )
     params += [worker_id, float(ttl), task_id, statuses]

@@ -15,13 +15,14 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from checkpoints_app.models import Checkpoint
+from conftest import wait_until
 from steering_app.actions import do_cancel_task
 from tasks_app import engine, leases
 from tasks_app.access import console
 from tasks_app.actions import do_create_task
 from tasks_app.agents.base import Agent, StepContext, register
 from tasks_app.audit import verify_chain
-from tasks_app.models import AuditRecord, Step, Task
+from tasks_app.models import AuditRecord, Step, Task, Tenant
 
 pytestmark = pytest.mark.django_db
 
@@ -61,6 +62,53 @@ def run_to_end(task: Task, worker: str = "w1") -> list[engine.SliceOutcome]:
 
 def expire_lease(task: Task) -> None:
     Task.objects.filter(id=task.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+
+
+@pytest.mark.django_db(transaction=True)  # two threads, two connections
+def test_a_claim_that_waited_for_its_tenants_turn_holds_its_lease_for_the_whole_ttl(alice):
+    """The lease runs `ttl` from when the claim took it, not from when its message reached
+    the database: every statement of one message shares a STATEMENT_TIMESTAMP(), so a claim
+    that waited on its tenant's row (runtime.max_concurrent_tasks) got a lease short by the
+    wait, already over when the wait outlasted the ttl."""
+    task = new_task(alice)
+    locked, release, claimed = threading.Event(), threading.Event(), []
+
+    def tenant_turn_holder() -> None:
+        with transaction.atomic():
+            Tenant.objects.select_for_update(no_key=True).get(id=task.tenant_id)
+            locked.set()
+            release.wait(30)
+        connection.close()
+
+    def claimer() -> None:
+        claimed.append(leases.claim(task.id, worker_id="w", ttl=1))
+        connection.close()
+
+    holder = threading.Thread(target=tenant_turn_holder)
+    holder.start()
+    assert locked.wait(30)
+    claiming = threading.Thread(target=claimer)
+    claiming.start()
+
+    def waiting_on_a_lock() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND wait_event_type = 'Lock' AND query LIKE %s",
+                ["%FOR NO KEY UPDATE%"],
+            )
+            return cursor.fetchone()[0] == 1
+
+    wait_until(waiting_on_a_lock, timeout=30, what="the claim to wait for its tenant's turn")
+    with connection.cursor() as cursor:  # a wait longer than the ttl (the fault), on the database's clock
+        cursor.execute("SELECT pg_sleep(1.2), clock_timestamp()")
+        turn_given_at = cursor.fetchone()[1]
+    release.set()
+    holder.join()
+    claiming.join()
+    assert claimed and claimed[0] is not None
+    task.refresh_from_db()
+    assert task.lease_expires_at >= turn_given_at + timedelta(seconds=1), (task.lease_expires_at, turn_given_at)
 
 
 @pytest.mark.django_db(transaction=True)  # two threads, two connections: each must see the other's commits
