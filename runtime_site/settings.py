@@ -198,11 +198,13 @@ else:
         DATABASES["default"]["CONN_HEALTH_CHECKS"] = False  # the pool's check does it
         # A host that drops packets would hold a reconnection attempt for minutes, not fail it.
         DATABASES["default"].setdefault("OPTIONS", {}).setdefault("connect_timeout", 5)
+        _pool_max = int(os.getenv("RUNTIME_DB_POOL_MAX", "20"))
         DATABASES["default"]["OPTIONS"]["pool"] = {
             # Open from boot (runtime_site.asgi.warm_connections): what one write and the
             # requests beside it use at once, so none waits for a connection to be made.
-            "min_size": int(os.getenv("RUNTIME_DB_POOL_MIN", "2")),
-            "max_size": int(os.getenv("RUNTIME_DB_POOL_MAX", "20")),
+            # Never above the maximum: psycopg_pool refuses that, and every request with it.
+            "min_size": min(int(os.getenv("RUNTIME_DB_POOL_MIN", "2")), _pool_max),
+            "max_size": _pool_max,
             "timeout": float(os.getenv("RUNTIME_DB_POOL_TIMEOUT", "5")),
             "reconnect_timeout": 5.0,
             "check": dbpool.check_connection,

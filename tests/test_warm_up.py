@@ -10,9 +10,10 @@ import os
 import subprocess
 import sys
 
+import httpx
 import pytest
 
-from conftest import database_url
+from conftest import Processes, database_url, free_port
 
 pytestmark = pytest.mark.django_db
 
@@ -93,3 +94,16 @@ def test_the_embedded_profile_boots_warm_without_a_warning(tmp_path):
     *_, line, log = boot("DATABASE_URL", "REDIS_URL", RUNTIME_DATA_DIR=str(tmp_path))
     assert line.endswith("['lifespan.startup.complete']"), line
     assert "not ready" not in log, log
+
+
+@pytest.mark.django_db(transaction=True)  # the web process reads alice's key
+def test_a_pool_capped_below_the_boot_minimum_still_serves(alice, processes: Processes):
+    # RUNTIME_DB_POOL_MAX=1 worked while the pool's minimum was 1; with the boot's 2, every
+    # request that touched the database was a 500 ("max_size must be greater or equal than
+    # min_size") while /readyz answered 200.
+    port = free_port()
+    processes.web(port, RUNTIME_DB_POOL_MAX="1")
+    listed = httpx.get(
+        f"http://127.0.0.1:{port}/runtime/tasks", headers={"Authorization": f"Bearer {alice.token}"}, timeout=30
+    )
+    assert listed.status_code == 200, listed.text
