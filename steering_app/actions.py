@@ -152,7 +152,8 @@ def _refusal_beside(pending: list[SteeringCommand], task: Task, type: str) -> st
     take it back, and a second pause has nothing to add. The other way round, a task shows
     "pausing" for the pause that made it so even once a resume waits after it: that pause is
     taken back, and a pause sent now asks again (it was refused, "already pausing", and the
-    task went on working although a pause was the last thing asked)."""
+    task went on working although a pause was the last thing asked); a second resume has
+    nothing to add."""
     last = None  # the last pause or resume waiting (PAUSE: a pause not taken back)
     for command in pending:
         if command.type in (CommandType.PAUSE, CommandType.RESUME):
@@ -162,8 +163,11 @@ def _refusal_beside(pending: list[SteeringCommand], task: Task, type: str) -> st
             return None
         if type == CommandType.PAUSE:
             return "a pause is already waiting for the task's next safe point"
-    if last == CommandType.RESUME and type == CommandType.PAUSE and task.status == Status.PAUSING:
-        return None  # applied in order at the safe point: pause, resume, this pause
+    if last == CommandType.RESUME and task.status == Status.PAUSING:
+        if type == CommandType.PAUSE:
+            return None  # applied in order at the safe point: pause, resume, this pause
+        if type == CommandType.RESUME:  # was accepted, then rejected at the safe point: "this one is working"
+            return "a resume is already waiting for the task's next safe point"
     return refusal(task, type)
 
 

@@ -271,6 +271,8 @@ def test_a_pause_after_a_pause_and_its_resume_mid_step_is_accepted_and_lands(ali
     lease = leases.claim(task.id, worker_id="w2", ttl=30)  # a worker is mid-step
     assert steer(alice, task, "pause", command_id="p1").status_code == 202
     assert steer(alice, task, "resume", command_id="r1").status_code == 202
+    resumed = steer(alice, task, "resume", command_id="r2")  # was accepted, then rejected at the safe point
+    assert resumed.status_code == 409 and "already waiting" in resumed.json()["error"]["message"], resumed.content
     again = steer(alice, task, "pause", command_id="p2")
     assert again.status_code == 202, again.content
     twice = steer(alice, task, "pause", command_id="p3")
