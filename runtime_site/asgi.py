@@ -63,7 +63,8 @@ def warm_connections() -> None:
     def redis() -> None:
         if eventstream.redis_client is not None:
             eventstream.redis_client.ping()
-        ratelimit.connect()
+        if settings.REDIS_URL:  # the embedded profile has no Redis, and its limiter none to open
+            ratelimit.connect()
 
     def broker() -> None:
         with current_app.producer_or_acquire() as producer:

@@ -198,11 +198,13 @@ else:
         DATABASES["default"]["CONN_HEALTH_CHECKS"] = False  # the pool's check does it
         # A host that drops packets would hold a reconnection attempt for minutes, not fail it.
         DATABASES["default"].setdefault("OPTIONS", {}).setdefault("connect_timeout", 5)
+        _pool_max = int(os.getenv("RUNTIME_DB_POOL_MAX", "20"))
         DATABASES["default"]["OPTIONS"]["pool"] = {
             # Open from boot (runtime_site.asgi.warm_connections): what one write and the
             # requests beside it use at once, so none waits for a connection to be made.
-            "min_size": int(os.getenv("RUNTIME_DB_POOL_MIN", "2")),
-            "max_size": int(os.getenv("RUNTIME_DB_POOL_MAX", "20")),
+            # Never above the maximum: psycopg_pool refuses that, and every request with it.
+            "min_size": min(int(os.getenv("RUNTIME_DB_POOL_MIN", "2")), _pool_max),
+            "max_size": _pool_max,
             "timeout": float(os.getenv("RUNTIME_DB_POOL_TIMEOUT", "5")),
             "reconnect_timeout": 5.0,
             "check": dbpool.check_connection,
@@ -313,6 +315,9 @@ DEFAULT_FROM_EMAIL = os.getenv("DEFAULT_FROM_EMAIL", "runtime@localhost")
 
 # --- Celery ------------------------------------------------------------------------------
 REDIS_URL = os.getenv("REDIS_URL", "")
+# How long a doorbell (an event's publish, the web's slice message) waits on Redis: it answers
+# in a millisecond, and one that does not must not hold what rings it (a request, a worker).
+REDIS_PUBLISH_SECONDS = float(os.getenv("RUNTIME_REDIS_PUBLISH_SECONDS", "1"))
 if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
     CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, Any] = {
@@ -330,6 +335,14 @@ if REDIS_URL:
         # Task priority 0 (most urgent) .. 9: on Redis a lower number is served first.
         "priority_steps": [0, 3, 6, 9],
     }
+    if env_bool("RUNTIME_DB_POOL", False):
+        # The web process (runtime_site/asgi.py): it sends slice messages after a request's
+        # commit, while the request still holds its pooled database connection. A frozen Redis
+        # (a hung server, a partition that drops packets) held each 30 s a try, four tries:
+        # with the pool used up, reads that need no Redis were 503s too. A message that does
+        # not go is found again by the stall scan (runtime.stall_seconds): latency, not loss.
+        CELERY_BROKER_TRANSPORT_OPTIONS["socket_timeout"] = REDIS_PUBLISH_SECONDS
+        CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2}
 else:
     # Embedded default: messages are files. At-most-once on a crash; the lease scanner re-finds work.
     _broker = DATA_DIR / "broker"
@@ -373,9 +386,23 @@ EVENTSTREAM_STORAGE_CLASS = "tasks_app.streams.publish.TaskEventStorage"
 EVENTSTREAM_CHANNELMANAGER_CLASS = "tasks_app.streams.publish.TaskChannelManager"
 if REDIS_URL:
     # Read at import time by django-eventstream, in every process that publishes (web and workers).
+    from redis.backoff import NoBackoff as _NoBackoff
     from redis.connection import parse_url as _parse_redis_url
+    from redis.retry import Retry as _Retry
 
-    EVENTSTREAM_REDIS = {**_parse_redis_url(REDIS_URL), "socket_connect_timeout": 5, "health_check_interval": 25}
+    # socket_timeout and one retry: the publisher's (django-eventstream's redis_client). A frozen
+    # Redis held every publish, and the request or slice commit behind it, until it thawed
+    # (redis-py's own retries, three with backoff, made it 15 s a publish at a 1 s timeout); one
+    # retry still takes a connection a Redis restart ended over to a fresh one. A publish that
+    # fails is caught up from storage. The listener (tasks_app/streams/wakeups.py) takes
+    # neither: it waits for messages as long as none come.
+    EVENTSTREAM_REDIS = {
+        **_parse_redis_url(REDIS_URL),
+        "socket_connect_timeout": 5,
+        "socket_timeout": REDIS_PUBLISH_SECONDS,
+        "retry": _Retry(_NoBackoff(), 1),
+        "health_check_interval": 25,
+    }
 
 # --- DRF ---------------------------------------------------------------------------------
 REST_FRAMEWORK = {

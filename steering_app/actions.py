@@ -149,16 +149,25 @@ def _refusal_beside(pending: list[SteeringCommand], task: Task, type: str) -> st
     """refusal(), knowing the commands waiting for the task's safe point. A task its worker
     claimed but has not started (queued) or is recovering shows no "pausing" for a pause
     accepted meanwhile; the pause waiting counts as asked for all the same: a resume may
-    take it back, and a second pause has nothing to add."""
-    waiting = False  # a pause waits, not taken back by a resume after it
+    take it back, and a second pause has nothing to add. The other way round, a task shows
+    "pausing" for the pause that made it so even once a resume waits after it: that pause is
+    taken back, and a pause sent now asks again (it was refused, "already pausing", and the
+    task went on working although a pause was the last thing asked); a second resume has
+    nothing to add."""
+    last = None  # the last pause or resume waiting (PAUSE: a pause not taken back)
     for command in pending:
         if command.type in (CommandType.PAUSE, CommandType.RESUME):
-            waiting = command.type == CommandType.PAUSE
-    if waiting and task.status in (Status.QUEUED, Status.RECOVERING, Status.WORKING):
+            last = command.type
+    if last == CommandType.PAUSE and task.status in (Status.QUEUED, Status.RECOVERING, Status.WORKING):
         if type == CommandType.RESUME:
             return None
         if type == CommandType.PAUSE:
             return "a pause is already waiting for the task's next safe point"
+    if last == CommandType.RESUME and task.status == Status.PAUSING:
+        if type == CommandType.PAUSE:
+            return None  # applied in order at the safe point: pause, resume, this pause
+        if type == CommandType.RESUME:  # was accepted, then rejected at the safe point: "this one is working"
+            return "a resume is already waiting for the task's next safe point"
     return refusal(task, type)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -143,3 +144,36 @@ def test_terminated_database_connections_mid_slice_are_survived(alice, processes
     latest = Checkpoint.objects.filter(task=task).order_by("-sequence").first()
     assert latest is not None and latest.sequence == 40
     assert verify_chain(task) is None
+
+
+def test_writes_answer_while_redis_is_frozen(alice, processes: Processes, private_redis):
+    """Redis only rings doorbells (DESIGN §1). Frozen (SIGSTOP: a hung server, a partition
+    that drops packets), it held every create's after-commit publishes for as long as it was
+    frozen, each with the request's pooled database connection: once the pool was used up,
+    reads that need no Redis were 503s too (adv3: 25 creates, then a list, 503 after 5 s).
+    Each now waits on Redis for seconds at most (RUNTIME_REDIS_PUBLISH_SECONDS a try)."""
+    port, start_redis = private_redis
+    redis_proc = start_redis()
+    web_port = free_port()
+    processes.web(web_port, REDIS_URL=f"redis://127.0.0.1:{port}/0")
+    api = httpx.Client(
+        base_url=f"http://127.0.0.1:{web_port}", headers={"Authorization": f"Bearer {alice.token}"}, timeout=30
+    )
+    assert api.post("/runtime/tasks", json={"agent": "noop", "input": {"steps": 1}}).status_code == 201
+    processes.kill(redis_proc, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        with ThreadPoolExecutor(max_workers=6) as pool:
+            creates = [
+                pool.submit(api.post, "/runtime/tasks", json={"agent": "noop", "input": {"steps": 1}}) for _ in range(6)
+            ]
+            answers = [future.result() for future in creates]  # ReadTimeout (30 s) while they waited on Redis
+        took = time.monotonic() - started
+        listed = api.get("/runtime/tasks?limit=10")
+    finally:
+        processes.kill(redis_proc, signal.SIGCONT)
+    assert [a.status_code for a in answers] == [201] * 6, [a.text[:200] for a in answers]
+    assert took < 15, took
+    assert listed.status_code == 200 and {a.json()["taskId"] for a in answers} <= {
+        t["taskId"] for t in listed.json()["results"]
+    }

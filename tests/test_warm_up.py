@@ -10,9 +10,10 @@ import os
 import subprocess
 import sys
 
+import httpx
 import pytest
 
-from conftest import database_url
+from conftest import Processes, database_url, free_port
 
 pytestmark = pytest.mark.django_db
 
@@ -24,7 +25,7 @@ def loaded():
     return {"django_grip": "django_grip" in sys.modules}
 def opened():
     from django.db import connections
-    pools = connections["default"]._connection_pools
+    pools = getattr(connections["default"], "_connection_pools", None)  # None: SQLite (the embedded profile)
     return {"frozen": gc.get_freeze_count(), "pooled": pools["default"].get_stats()["pool_size"] if pools else 0}
 print(opened())
 before = loaded()
@@ -53,8 +54,9 @@ print(before, loaded(), sent)
 """
 
 
-def boot(**env: str) -> list[str]:
+def boot(*unset: str, **env: str) -> list[str]:
     env = {**os.environ, "DATABASE_URL": database_url(), "DJANGO_SETTINGS_MODULE": "runtime_site.settings", **env}
+    env = {name: value for name, value in env.items() if name not in unset}
     run = subprocess.run(
         [sys.executable, "-c", PROBE], check=False, env=env, capture_output=True, text=True, timeout=120
     )
@@ -83,3 +85,25 @@ def test_a_web_process_boots_without_its_database_and_broker():
     assert line.endswith("['lifespan.startup.complete']"), line
     for part in ("database", "redis", "broker"):
         assert f"web process warm-up: {part} not ready" in log, log
+
+
+def test_the_embedded_profile_boots_warm_without_a_warning(tmp_path):
+    # bin/run's default: SQLite and the filesystem broker, no Redis. Every boot warned
+    # "redis not ready (Redis URL must specify one of the following schemes ...); its first
+    # request will connect": the limiter's client was opened from an empty REDIS_URL.
+    *_, line, log = boot("DATABASE_URL", "REDIS_URL", RUNTIME_DATA_DIR=str(tmp_path))
+    assert line.endswith("['lifespan.startup.complete']"), line
+    assert "not ready" not in log, log
+
+
+@pytest.mark.django_db(transaction=True)  # the web process reads alice's key
+def test_a_pool_capped_below_the_boot_minimum_still_serves(alice, processes: Processes):
+    # RUNTIME_DB_POOL_MAX=1 worked while the pool's minimum was 1; with the boot's 2, every
+    # request that touched the database was a 500 ("max_size must be greater or equal than
+    # min_size") while /readyz answered 200.
+    port = free_port()
+    processes.web(port, RUNTIME_DB_POOL_MAX="1")
+    listed = httpx.get(
+        f"http://127.0.0.1:{port}/runtime/tasks", headers={"Authorization": f"Bearer {alice.token}"}, timeout=30
+    )
+    assert listed.status_code == 200, listed.text

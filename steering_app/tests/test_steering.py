@@ -259,3 +259,28 @@ def test_a_pause_waiting_on_a_claimed_task_may_be_taken_back_by_a_resume_and_is_
     assert commands == {"p1": "applied", "r1": "applied"}
     assert task.status in ("working", "queued") and Step.objects.filter(task=task).count() == 3  # went on
     assert verify_chain(task) is None
+
+
+def test_a_pause_after_a_pause_and_its_resume_mid_step_is_accepted_and_lands(alice, settings):
+    # Seen live (adv3): pause, resume, pause while a worker's step ran; the third was refused
+    # 409 "the task is already pausing" (the first pause had made it so), and the task went on
+    # working although the last thing asked was a pause.
+    settings.RUNTIME_SLICE_STEPS = 3
+    task = new_task(alice, steps=10)
+    engine.run_slice(task.id, worker_id="w1")
+    lease = leases.claim(task.id, worker_id="w2", ttl=30)  # a worker is mid-step
+    assert steer(alice, task, "pause", command_id="p1").status_code == 202
+    assert steer(alice, task, "resume", command_id="r1").status_code == 202
+    resumed = steer(alice, task, "resume", command_id="r2")  # was accepted, then rejected at the safe point
+    assert resumed.status_code == 409 and "already waiting" in resumed.json()["error"]["message"], resumed.content
+    again = steer(alice, task, "pause", command_id="p2")
+    assert again.status_code == 202, again.content
+    twice = steer(alice, task, "pause", command_id="p3")
+    assert twice.status_code == 409 and "already" in twice.json()["error"]["message"], twice.content
+    run = engine._load(lease)
+    engine._loop(run, leases.Heartbeat(lease, ttl=30, interval=10, abandon=operators.do_abandon_step))
+    task.refresh_from_db()
+    commands = {c.command_id: c.status for c in SteeringCommand.objects.filter(task=task)}
+    assert commands == {"p1": "applied", "r1": "applied", "p2": "applied"}
+    assert task.status == "paused" and Step.objects.filter(task=task).count() == 3
+    assert verify_chain(task) is None

@@ -59,7 +59,8 @@ async def _resilient_listen(hub: Hub) -> None:
 
     backoff = 0.2
     while True:
-        client = Redis(**settings.EVENTSTREAM_REDIS)
+        # Not the publisher's socket_timeout and retry (settings.EVENTSTREAM_REDIS): a quiet channel is no failure.
+        client = Redis(**{k: v for k, v in settings.EVENTSTREAM_REDIS.items() if k not in ("socket_timeout", "retry")})
         try:
             pubsub = client.pubsub()
             await pubsub.subscribe("events_channel")
