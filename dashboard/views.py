@@ -34,12 +34,8 @@ from checkpoints_app.models import Checkpoint
 from dashboard import access
 from dashboard.forms import AnswerForm, StartReviewForm, SteerForm
 from runtime_site.errors import error_body
-from steering_app.actions import (
-    do_answer_input,
-    do_enqueue_command,
-    refusal,
-)
-from steering_app.models import CommandType, InputRequest, InputStatus, SteeringCommand
+from steering_app.actions import acceptable, do_answer_input, do_enqueue_command
+from steering_app.models import InputRequest, InputStatus, SteeringCommand
 from tasks_app import artifacts, errors
 from tasks_app.access import as_member, principal_for, task_for, visible_tasks
 from tasks_app.actions import do_create_task
@@ -206,6 +202,7 @@ def task_context(request: HttpRequest, task: Task) -> dict[str, Any]:
     # A finished task's artifacts, linked to the route that serves them (a file:// ref is no link).
     listed = artifacts.listing(task, f"/dashboard/tasks/{task.id}/artifacts") if task.is_terminal else []
     report = artifacts.name_of(task, ((task.result or {}).get("report") or {}).get("markdown"))
+    commands = list(SteeringCommand.objects.filter(task=task).order_by("version"))
     return {
         "risk_chart": risk_chart(task.result) if task.is_terminal else [],
         "artifacts": listed,
@@ -214,7 +211,7 @@ def task_context(request: HttpRequest, task: Task) -> dict[str, Any]:
         "task": task,
         "snapshot": {"seq": task.event_seq, **task_snapshot(task)},
         "checkpoints": Checkpoint.objects.filter(task=task).order_by("sequence", "id"),
-        "commands": SteeringCommand.objects.filter(task=task).order_by("version"),
+        "commands": commands,
         "open_inputs": [
             {"request": r, "choices": answer_choices(r.answer_schema), "schema": json.dumps(r.answer_schema)}
             for r in InputRequest.objects.filter(task=task, status=InputStatus.OPEN).order_by("id")
@@ -225,7 +222,7 @@ def task_context(request: HttpRequest, task: Task) -> dict[str, Any]:
         "may_approve": who.has_role(Role.APPROVER),
         "terminal": task.is_terminal,
         # the forms shown are the commands steering would accept now (one rule, steering_app's)
-        "allowed": {kind for kind in CommandType.values if refusal(task, kind) is None},
+        "allowed": acceptable(task, commands),
         "priorities": range(10),
         "new_command_id": f"dash-{uuid.uuid4().hex}",
     }

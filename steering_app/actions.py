@@ -132,6 +132,14 @@ def refusal(task: Task, type: str, *, applying: bool = False) -> str | None:
     return None
 
 
+def acceptable(task: Task, commands: list[SteeringCommand]) -> set[str]:
+    """The command types steering would accept now on `task`, knowing its `commands` (the
+    pending ones among them count: a pause waiting, a resume after it): what a person is
+    offered (the dashboard's forms). The accept itself decides again, under the row's lock."""
+    pending = [c for c in commands if c.status == CommandStatus.PENDING]
+    return {kind for kind in CommandType.values if _refusal_beside(pending, task, kind) is None}
+
+
 def _lock(task_id: UUID, tenant: Tenant) -> Task:
     """The tenant's task, its row locked, and whether a worker holds a live lease on it (for
     _idle) in the same statement: on a wait for the lock, PostgreSQL reads the row again as

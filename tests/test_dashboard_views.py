@@ -244,6 +244,38 @@ def test_the_page_offers_only_the_commands_steering_would_accept(alice, client):
     assert 'data-testid="cancel"' in page
 
 
+def test_the_page_offers_what_steering_accepts_beside_the_commands_waiting(alice, client):
+    """A worker holds the task mid-step: a pause accepted waits for its safe point (the task
+    shows "pausing"); a resume may take it back, and a second pause is refused. Then, with
+    the resume waiting after the pause, a pause is accepted again and a resume refused. The
+    page offered the forms of the task's status alone: Pause with a resume waiting was hidden
+    though the API accepts it."""
+    from tasks_app import leases
+
+    signed_in(client, alice)
+    task = new_task(alice)
+    assert leases.claim(task.id, worker_id="w1", ttl=600) is not None
+    Task.objects.filter(id=task.id).update(status="working")
+
+    def send(kind: str) -> None:
+        version = Task.objects.get(id=task.id).state_version
+        answer = client.post(
+            f"/dashboard/tasks/{task.id}/steer",
+            {"type": kind, "expected_version": version, "command_id": f"{kind}-{version}"},
+        )
+        assert answer.status_code == 303, answer
+
+    def offered() -> set[str]:
+        page = client.get(f"/dashboard/tasks/{task.id}/").content.decode()
+        return {kind for kind in ("pause", "resume") if f'data-testid="{kind}"' in page}
+
+    send("pause")
+    assert offered() == {"resume"}
+    send("resume")
+    assert offered() == {"pause"}
+    assert [c.status for c in SteeringCommand.objects.filter(task=task)] == ["pending", "pending"]
+
+
 def test_the_task_page_shows_the_recoveries_in_a_row_that_max_recoveries_caps(alice, client):
     task = new_task(alice)
     Task.objects.filter(id=task.id).update(recoveries=5, recoveries_in_a_row=2)
