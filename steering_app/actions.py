@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
+from contextvars import ContextVar
 from typing import Any
 from uuid import UUID
 
@@ -380,14 +381,31 @@ def apply_pending(
     return enqueue
 
 
+# Set while steering applies the command that ends a task (a cancel, a kill): the commands
+# still pending are then its own to settle, in accepted order after that one (apply_pending's
+# loop, _kill_running), so settle_on_end leaves them; the one in hand is not rejected by the
+# end it makes.
+_ENDING_BY_COMMAND: ContextVar[bool] = ContextVar("ending_by_command", default=False)
+
+
 def settle_on_end(task: Task, *, actor: str) -> None:
-    """In the transaction that just ended the task away from a safe point (its TTL, an
-    operator's close, a failed step): the commands still waiting for a safe
-    point will never reach one, so each is rejected now by the ended task, audited and on
-    the stream, instead of staying pending for ever (DESIGN §5: every accepted command is
-    applied or rejected)."""
+    """Steering's part of a task's ending (registered with tasks_app.actions.on_task_ended,
+    so every transition to a terminal status runs it, in its transaction): the task waits
+    for nothing any more.
+
+    Its open questions are withdrawn, or every reader (the snapshot, the dashboard's approve
+    buttons, MCP) would go on offering a question whose answer is refused. The commands still
+    waiting for a safe point will never reach one: each is rejected now by the ended task,
+    audited and on the stream, as `actor` (DESIGN §5: every accepted command is applied or
+    rejected) — unless a command ends it, whose applier settles the rest itself."""
     assert task.status in TERMINAL, task.status
-    apply_pending(task, actor=actor, by_worker=False)
+    InputRequest.objects.filter(task_id=task.id, status=InputStatus.OPEN).update(status=InputStatus.WITHDRAWN)
+    if _ENDING_BY_COMMAND.get():
+        return
+    for command in SteeringCommand.objects.filter(task=task, status=CommandStatus.PENDING).order_by("version"):
+        refused = refusal(task, command.type, applying=True)
+        assert refused is not None  # an ended task takes no more commands
+        _settle(task, command, CommandStatus.REJECTED, refused, actor, task.state_version)
 
 
 def apply_command(task: Task, command: SteeringCommand, *, actor: str, by_worker: bool = False) -> bool:
@@ -492,8 +510,14 @@ def _kill_running(task: Task, command: SteeringCommand, *, actor: str) -> None:
 
 
 def _cancel(task: Task, *, actor: str, by_worker: bool) -> None:
-    """End a task whose cancel was asked for (the reason is on the row)."""
-    transition(task, Status.CANCELLED, actor=actor, reason=task.cancel_reason or "cancelled")
+    """End a task whose cancel was asked for (the reason is on the row). Only applying
+    commands comes here (apply_pending, a kill), and that settles the other pending commands
+    itself, in accepted order (settle_on_end leaves them)."""
+    ending = _ENDING_BY_COMMAND.set(True)
+    try:
+        transition(task, Status.CANCELLED, actor=actor, reason=task.cancel_reason or "cancelled")
+    finally:
+        _ENDING_BY_COMMAND.reset(ending)
     if not by_worker:
         task.drop_lease()  # fences any worker that still believes it holds the task
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -13,7 +13,6 @@ from common import json_safety
 from common.canonical import canonical_json, sha256_hex
 from common.schema import validate
 from runtime_site.tracing import trace_headers
-from steering_app.models import InputRequest, InputStatus
 from tasks_app import events, policy
 from tasks_app.access import check_role
 from tasks_app.agents import base as agents
@@ -40,21 +39,35 @@ def _check_queue_cap(tenant: Tenant) -> None:
         )
 
 
+class EndedHook(Protocol):
+    def __call__(self, task: Task, *, actor: str) -> None: ...
+
+
+# What must happen when a task ends, whichever path ends it: each hook runs in transition(),
+# in the ending transaction, on the locked or fenced row. The satellites register theirs in
+# their AppConfig.ready() (steering_app: settle_on_end), so task core imports none of them.
+_ENDED_HOOKS: list[EndedHook] = []
+
+
+def on_task_ended(hook: EndedHook) -> None:
+    """Register `hook(task, actor=...)`, called by every transition to a terminal status
+    after its audit record and its terminal event. It may audit and emit on the task; the
+    row's own fields stay the transition's caller's to save. Registering again adds nothing."""
+    if hook not in _ENDED_HOOKS:
+        _ENDED_HOOKS.append(hook)
+
+
 def transition(task: Task, to: str, *, actor: str, reason: str = "", data: dict[str, Any] | None = None) -> list[str]:
     """In-transaction helper on a locked or fenced row: status, version, audit, events.
     Returns the fields to save (TRANSITION_FIELDS: with the status message, which callers
-    set beside it); the caller saves them with any it changed itself."""
+    set beside it); the caller saves them with any it changed itself. A task that ends
+    (TERMINAL) runs the ended hooks (on_task_ended) here, as `actor`."""
     if not can_transition(task.status, to):
         raise IllegalTransition(task.status, to)
     before, from_status = task.state_version, task.status
     task.status, task.state_version = to, task.state_version + 1
     if to in TERMINAL:
         task.finished_at = timezone.now()
-        # An ended task waits for nothing: a question still open (a cancel, a TTL or a
-        # failure reached it in input_required) is withdrawn here, in the transition's
-        # transaction, or every reader (the snapshot, the dashboard's approve buttons, MCP)
-        # would go on offering a question whose answer is refused.
-        InputRequest.objects.filter(task_id=task.id, status=InputStatus.OPEN).update(status=InputStatus.WITHDRAWN)
     record_audit(
         task,
         actor=actor,
@@ -67,6 +80,8 @@ def transition(task: Task, to: str, *, actor: str, reason: str = "", data: dict[
     )
     if to in TERMINAL:
         events.emit(task, "terminal", {"status": task.mcp_status, "runtimeStatus": to, "reason": reason})
+        for hook in _ENDED_HOOKS:
+            hook(task, actor=actor)
     elif to == Status.DEAD_LETTERED:
         events.emit(task, "dead_lettered", {"reason": reason})
     return list(TRANSITION_FIELDS)

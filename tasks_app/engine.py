@@ -952,9 +952,9 @@ def _stop(lease: leases.Lease, to: str, *, reason: str, error: dict[str, Any], m
             task.drop_lease(fence=False)
             task.save(update_fields=steering.STEERING_FIELDS)
             return
+        # Ended (failed), its pending commands are rejected by the transition (steering's
+        # settle_on_end); dead-lettered keeps them: a redrive applies them, a close settles them.
         fields = transition(task, to, actor=f"worker:{lease.worker_id}", reason=reason, data={"error": error})
-        if to in TERMINAL:  # dead-lettered keeps them: a redrive applies them, a close settles them
-            steering.settle_on_end(task, actor=f"worker:{lease.worker_id}")
         # The error quotes what failed (a tool's answer, an exception's text): masked like
         # the audit record and the event, since snapshots show it to everyone who can read.
         task.error, task.status_message = redact(error), redact(message)

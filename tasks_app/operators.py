@@ -21,7 +21,7 @@ from checkpoints_app.actions import discard_back_to_last_good
 from ledger_app.actions import ToolFailed, settle_interrupted
 from ledger_app.models import EffectStatus, LedgerEntry
 from runtime_site.metrics import RECOVERIES
-from steering_app.actions import STEERING_FIELDS, apply_pending, do_enqueue_command, settle_on_end, withdraw_cancel
+from steering_app.actions import STEERING_FIELDS, apply_pending, do_enqueue_command, withdraw_cancel
 from steering_app.models import CommandType, InputRequest, InputStatus
 from tasks_app import events
 from tasks_app.access import check_role
@@ -277,7 +277,6 @@ def do_expire_task(task_id: UUID, *, actor: str) -> Task | None:
     reason = f"past its TTL/deadline ({task.expires_at.isoformat()})"
     task.error = {"code": "expired", "message": reason}
     transition(task, Status.FAILED, actor=actor, reason=reason)
-    settle_on_end(task, actor=actor)
     task.save(update_fields=[*TRANSITION_FIELDS, *Task.LEASE_FIELDS, "error"])
     return task
 
@@ -335,7 +334,6 @@ def do_close_task(task_id: UUID, *, who: Principal, reason: str) -> Task:
     if task.status != Status.DEAD_LETTERED:
         raise IllegalTransition(task.status, Status.FAILED)
     transition(task, Status.FAILED, actor=actor, reason=reason)
-    settle_on_end(task, actor=actor)
     task.save(update_fields=TRANSITION_FIELDS)
     return task
 
