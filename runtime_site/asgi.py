@@ -89,10 +89,9 @@ def freeze_what_is_loaded() -> None:
 
 class FlushOnShutdown:
     """The ASGI lifespan: at startup the web process warms up (warm_up, warm_connections,
-    freeze_what_is_loaded); uvicorn ends by
-    raising again the SIGTERM it caught, which runs no atexit hook, so its lifespan
-    shutdown is where the web process exports the spans it still holds (for at most
-    tracing.SHUTDOWN_SECONDS)."""
+    freeze_what_is_loaded); uvicorn ends by raising again the SIGTERM it caught, which runs
+    no atexit hook, so its lifespan shutdown is where the web process exports the spans it
+    still holds (for at most tracing.SHUTDOWN_SECONDS)."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
