@@ -46,7 +46,7 @@ class LateSteeringAgent(Agent):
         return {"n": state["n"]}
 
 
-def steer(persona, task: Task, type: str, payload: dict[str, Any] | None = None) -> SteeringCommand:
+def steer(persona, task: Task, type: str, payload: dict[str, Any] | None = None, reason: str = "") -> SteeringCommand:
     version = Task.objects.get(id=task.id).state_version
     command, _ = do_enqueue_command(
         task.id,
@@ -55,6 +55,7 @@ def steer(persona, task: Task, type: str, payload: dict[str, Any] | None = None)
         type=type,
         payload=payload or {},
         expected_version=version,
+        reason=reason,
     )
     return command
 

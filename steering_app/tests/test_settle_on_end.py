@@ -15,8 +15,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from conftest import emits
-from steering_app.actions import do_enqueue_command, open_input_request
+from steering_app.actions import open_input_request
 from steering_app.models import CommandStatus, InputRequest, InputStatus, SteeringCommand
+from steering_app.tests.test_command_at_the_end import steer
 from tasks_app import engine, leases, operators
 from tasks_app.access import console
 from tasks_app.actions import do_create_task, transition
@@ -28,20 +29,6 @@ from tasks_app.states import ALLOWED_TRANSITIONS, TERMINAL
 pytestmark = pytest.mark.django_db
 
 ENDINGS = sorted((before, to) for before, targets in ALLOWED_TRANSITIONS.items() for to in targets if to in TERMINAL)
-
-
-def steer(persona, task: Task, type: str, payload: dict[str, Any] | None = None, reason: str = "") -> SteeringCommand:
-    version = Task.objects.get(id=task.id).state_version
-    command, _ = do_enqueue_command(
-        task.id,
-        who=console(persona.tenant, "user:op"),
-        command_id=f"{type}-{version}",
-        type=type,
-        payload=payload or {},
-        expected_version=version,
-        reason=reason,
-    )
-    return command
 
 
 def held_with_pending_commands(persona) -> tuple[Task, list[SteeringCommand]]:
