@@ -30,6 +30,22 @@ def steer(persona, task, type, payload=None, *, version=None, command_id=None, r
     return persona.client().post(f"/runtime/tasks/{task.id}/steering", body, format="json")
 
 
+def mid_step(persona, settings) -> tuple[Task, leases.Lease]:
+    """A 10-step task that ran a 3-step slice and that a second worker holds now, mid-step."""
+    settings.RUNTIME_SLICE_STEPS = 3
+    task = new_task(persona, steps=10)
+    engine.run_slice(task.id, worker_id="w1")
+    lease = leases.claim(task.id, worker_id="w2", ttl=30)
+    assert lease is not None
+    return task, lease
+
+
+def to_the_safe_point(lease: leases.Lease) -> engine.SliceOutcome:
+    """The worker holding `lease` loads the task as it is now and goes on with its slice."""
+    heartbeat = leases.Heartbeat(lease, ttl=30, interval=10, abandon=operators.do_abandon_step)
+    return engine._loop(engine._load(lease), heartbeat)
+
+
 def test_accept_answers_202_with_the_new_version_and_a_replay_gets_the_original_answer(alice):
     task = new_task(alice)
     first = steer(alice, task, "set_priority", {"priority": 1}, command_id="c1")
@@ -108,19 +124,12 @@ def test_pause_on_an_idle_task_applies_at_once_and_resume_continues_from_the_che
 
 
 def test_pause_under_a_live_lease_is_acknowledged_then_applied_at_the_safe_point(alice, settings):
-    settings.RUNTIME_SLICE_STEPS = 3
-    task = new_task(alice, steps=10)
-    engine.run_slice(task.id, worker_id="w1")
-    lease = leases.claim(task.id, worker_id="w2", ttl=30)  # a worker is mid-step
+    task, lease = mid_step(alice, settings)  # a worker is mid-step
     accepted = steer(alice, task, "pause")
     assert accepted.json()["status"] == "pending"
     assert Task.objects.get(id=task.id).status == "pausing"
     # the worker reaches its next safe point
-    run = engine._load(lease)
-    assert (
-        engine._loop(run, leases.Heartbeat(lease, ttl=30, interval=10, abandon=operators.do_abandon_step))
-        is engine.SliceOutcome.DONE
-    )
+    assert to_the_safe_point(lease) is engine.SliceOutcome.DONE
     task.refresh_from_db()
     command = SteeringCommand.objects.get(task=task)
     assert task.status == "paused" and task.lease_owner is None and command.status == "applied"
@@ -130,13 +139,10 @@ def test_pause_under_a_live_lease_is_acknowledged_then_applied_at_the_safe_point
 
 
 def test_cancel_pending_under_a_lease_lands_at_the_safe_point_with_the_reason(alice, settings):
-    settings.RUNTIME_SLICE_STEPS = 3
-    task = new_task(alice, steps=10)
-    engine.run_slice(task.id, worker_id="w1")
-    lease = leases.claim(task.id, worker_id="w2", ttl=30)
+    task, lease = mid_step(alice, settings)  # a worker is mid-step
     steer(alice, task, "cancel", reason="wrong customer")
     assert Task.objects.get(id=task.id).status == "working"
-    engine._loop(engine._load(lease), leases.Heartbeat(lease, ttl=30, interval=10, abandon=operators.do_abandon_step))
+    to_the_safe_point(lease)
     task.refresh_from_db()
     assert task.status == "cancelled" and task.cancel_reason == "wrong customer"
     assert AuditRecord.objects.filter(task=task, to_status="cancelled", reason="wrong customer").exists()
@@ -235,8 +241,7 @@ def test_a_pause_of_a_task_its_worker_claimed_but_has_not_started_lands_at_the_f
     accepted = steer(alice, task, "pause")  # was a 409: "a queued task cannot become pausing"
     assert accepted.status_code == 202, accepted.content
     assert accepted.json()["status"] == "pending"
-    run = engine._load(lease)
-    engine._loop(run, leases.Heartbeat(lease, ttl=30, interval=10, abandon=operators.do_abandon_step))
+    to_the_safe_point(lease)
     task.refresh_from_db()
     assert task.status == "paused" and SteeringCommand.objects.get(task=task).status == "applied"
     assert not Step.objects.filter(task=task).exists()  # the slice's start is its first safe point
@@ -252,8 +257,7 @@ def test_a_pause_waiting_on_a_claimed_task_may_be_taken_back_by_a_resume_and_is_
     assert again.status_code == 409 and "already waiting" in again.json()["error"]["message"], again.content
     resumed = steer(alice, task, "resume", command_id="r1")  # was a 409: "resume applies to a paused task"
     assert resumed.status_code == 202, resumed.content
-    run = engine._load(lease)
-    engine._loop(run, leases.Heartbeat(lease, ttl=30, interval=10, abandon=operators.do_abandon_step))
+    to_the_safe_point(lease)
     task.refresh_from_db()
     commands = {c.command_id: c.status for c in SteeringCommand.objects.filter(task=task)}
     assert commands == {"p1": "applied", "r1": "applied"}
@@ -265,10 +269,7 @@ def test_a_pause_after_a_pause_and_its_resume_mid_step_is_accepted_and_lands(ali
     # Seen live (adv3): pause, resume, pause while a worker's step ran; the third was refused
     # 409 "the task is already pausing" (the first pause had made it so), and the task went on
     # working although the last thing asked was a pause.
-    settings.RUNTIME_SLICE_STEPS = 3
-    task = new_task(alice, steps=10)
-    engine.run_slice(task.id, worker_id="w1")
-    lease = leases.claim(task.id, worker_id="w2", ttl=30)  # a worker is mid-step
+    task, lease = mid_step(alice, settings)  # a worker is mid-step
     assert steer(alice, task, "pause", command_id="p1").status_code == 202
     assert steer(alice, task, "resume", command_id="r1").status_code == 202
     resumed = steer(alice, task, "resume", command_id="r2")  # was accepted, then rejected at the safe point
@@ -277,8 +278,7 @@ def test_a_pause_after_a_pause_and_its_resume_mid_step_is_accepted_and_lands(ali
     assert again.status_code == 202, again.content
     twice = steer(alice, task, "pause", command_id="p3")
     assert twice.status_code == 409 and "already" in twice.json()["error"]["message"], twice.content
-    run = engine._load(lease)
-    engine._loop(run, leases.Heartbeat(lease, ttl=30, interval=10, abandon=operators.do_abandon_step))
+    to_the_safe_point(lease)
     task.refresh_from_db()
     commands = {c.command_id: c.status for c in SteeringCommand.objects.filter(task=task)}
     assert commands == {"p1": "applied", "r1": "applied", "p2": "applied"}
