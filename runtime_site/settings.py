@@ -183,6 +183,12 @@ if EMBEDDED:
 else:
     # CONN_MAX_AGE=0 under ASGI: each request gets and returns its own connection.
     DATABASES = {"default": dj_database_url.parse(os.environ["DATABASE_URL"], conn_max_age=0, conn_health_checks=True)}
+    from runtime_site import dbpool
+
+    if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+        # Prepared statements for what runs through runtime_site.dbpool.bound_cursor (a step's
+        # commit) and the lean reads' pool; the ORM's client-side cursors never prepare.
+        DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = dbpool.prepare_threshold()
     if test_name := os.getenv("RUNTIME_TEST_DB_NAME"):
         DATABASES["default"]["TEST"] = {"NAME": test_name}  # bin/test: one test database per run
     if env_bool("RUNTIME_DB_POOL", False):
@@ -193,8 +199,6 @@ else:
         # it is handed out, a failed reconnection is retried for 5 s (then the next request
         # starts afresh, so the pool is back within seconds of the database), and a request
         # waits at most `timeout` for a connection before it is answered 503.
-        from runtime_site import dbpool
-
         DATABASES["default"]["CONN_HEALTH_CHECKS"] = False  # the pool's check does it
         # A host that drops packets would hold a reconnection attempt for minutes, not fail it.
         DATABASES["default"].setdefault("OPTIONS", {}).setdefault("connect_timeout", 5)

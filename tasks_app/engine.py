@@ -32,6 +32,7 @@ from common.schema import SchemaError, validate
 from ledger_app import actions as ledger
 from ledger_app import llm
 from ledger_app.models import EffectStatus, LedgerEntry
+from runtime_site import dbpool
 from runtime_site.blobstore import blob_store
 from runtime_site.metrics import LEASE_TAKEOVERS
 from steering_app import actions as steering
@@ -273,7 +274,7 @@ def _reads(task: Task) -> tuple[Checkpoint | None, int, Answers, bool, bool]:
         InputStatus.OPEN.value,
         task.id,
     ]
-    with connection.cursor() as cursor:
+    with dbpool.bound_cursor(connection) as cursor:
         cursor.execute(sql, params)
         high_step, interrupted, answered, inputs_open, *cp_row = cursor.fetchone()
     cp = from_rows(Checkpoint, [f.attname for f in cp_fields], [cp_row])[0] if cp_row[0] is not None else None

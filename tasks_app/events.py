@@ -81,7 +81,7 @@ def numbered_in_sql(row: TaskEvent, seq_sql: str) -> dict[str, tuple[str, list[A
     return {
         "seq": (seq_sql, []),
         "data": (
-            f"jsonb_build_object('seq', {seq_sql}, 'taskId', %s) || CAST(%s AS jsonb)",
+            f"jsonb_build_object('seq', {seq_sql}, 'taskId', CAST(%s AS text)) || CAST(%s AS jsonb)",
             [str(row.task_id), payload],
         ),
     }

@@ -208,6 +208,45 @@ def test_the_slice_wrapper_survives_a_dead_connection_and_rings_again(alice):
     assert Task.objects.get(id=task.id).status == "completed"
 
 
+def in_another_connection(sql: str) -> None:
+    """`sql` from a connection of its own, as a deploy's migration would run beside workers."""
+
+    def run() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(sql)
+        connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+
+
+@pytest.mark.django_db(transaction=True)  # the migration runs from another connection, which must see the rows
+def test_a_prepared_commit_that_a_migration_outdated_delays_the_task_and_never_fails_it(alice, settings):
+    settings.RUNTIME_SLICE_STEPS = 8
+    task, _ = do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 20})
+    assert engine.run_slice(task.id, worker_id="w1") is engine.SliceOutcome.CONTINUE
+    with connection.cursor() as cursor:  # a step's commit runs prepared (runtime_site.dbpool.bound_cursor)
+        cursor.execute("SELECT statement FROM pg_prepared_statements WHERE statement LIKE 'WITH fence AS (UPDATE%%'")
+        assert cursor.fetchall()
+    # A migration changes a column the commit reads back: PostgreSQL refuses to run the
+    # prepared statement ("cached plan must not change result type").
+    table = Task._meta.db_table
+    in_another_connection(f"ALTER TABLE {table} ALTER COLUMN priority TYPE bigint")
+    try:
+        outcomes = [engine.run_slice(task.id, worker_id="w1") for _ in range(2)]
+        task.refresh_from_db()
+        assert task.status == "working" and task.error is None
+        assert engine.SliceOutcome.RETRY in outcomes and task.infra_faults <= 1
+        assert run_to_end(task)[-1] is engine.SliceOutcome.DONE
+    finally:
+        in_another_connection(f"ALTER TABLE {table} ALTER COLUMN priority TYPE integer")
+    task.refresh_from_db()
+    assert task.status == "completed" and task.steps_done == 20
+    assert sorted(attempts(task)) == list(range(1, 21))  # the refused commit wrote nothing; the rest ran again
+
+
 @pytest.mark.parametrize(
     ("error", "infrastructure"),
     [
