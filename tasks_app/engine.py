@@ -571,8 +571,11 @@ def _unstorable(ctx: agents.StepContext, new_state: dict[str, Any]) -> str | Non
 def _over_budget(run: _Run) -> str | None:
     """The safe point honours the task's budget (tool calls are counted by the guard), as
     extended by approvers; an extension answered "stop" leaves it exhausted."""
+    budget = policy.effective_budget(run.task.budget, run.answers)
+    if not budget:
+        return None  # no limit at all, the common case: nothing to measure
     started = run.task.started_at or timezone.now()
-    limited = "maxTokens" in policy.effective_budget(run.task.budget, run.answers)
+    limited = "maxTokens" in budget
     tokens = llm.tokens_used(run.task.id) if limited else None
     return policy.exhausted(
         run.task.budget,
