@@ -47,6 +47,11 @@ def submit(http, task_model, step_model) -> dict[str, float]:
         "POST round trip": (posted - t0) * 1000,
         "submit -> started": (task.started_at.timestamp() - t0) * 1000,
         "submit -> first step": (first.finished_at.timestamp() - t0) * 1000,
+        # Where it went: the request up to the task's row, the row to the first slice's
+        # start (the commit, the message, the claim and the reads), that start to the step.
+        "  submit -> created": (task.created_at.timestamp() - t0) * 1000,
+        "  created -> started": (task.started_at - task.created_at).total_seconds() * 1000,
+        "  started -> first step": (first.finished_at - task.started_at).total_seconds() * 1000,
     }
 
 
