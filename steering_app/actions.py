@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
-from contextvars import ContextVar
 from typing import Any
 from uuid import UUID
 
@@ -325,8 +324,10 @@ def _accept(
         if pending is None:
             enqueue = apply_pending(task, actor=requested_by, by_worker=False)
             command.refresh_from_db(fields=["status", "outcome", "applied_at"])  # applied as its own row
-        else:  # applied as this very object: nothing to read back
+        else:  # applied as this very object, unless a command before it ended the task
             enqueue = apply_pending(task, actor=requested_by, by_worker=False, pending=[*pending, command])
+            if command.status == CommandStatus.PENDING:  # that end rejected it, as its own row
+                command.refresh_from_db(fields=["status", "outcome", "applied_at"])
     elif type == CommandType.SET_PRIORITY:  # no business change: it may apply mid-step
         command.save()
         enqueue = apply_command(task, command, actor=requested_by)
@@ -368,40 +369,43 @@ def apply_pending(
     otherwise leave it paused, with nobody to finish the cancel).
 
     `pending`: the pending commands in accepted order, when the caller has them (read under
-    the row's lock in this transaction); otherwise they are read here."""
+    the row's lock in this transaction); otherwise they are read here. Those after one that
+    ends the task are settled by that ending (settle_on_end) as their own rows: a caller
+    that goes on using one of these objects reads it back."""
     assert transaction.get_connection().in_atomic_block
     enqueue = False
     if pending is None:
         pending = list(SteeringCommand.objects.filter(task=task, status=CommandStatus.PENDING).order_by("version"))
     for command in pending:
+        live = task.status not in TERMINAL
         enqueue = apply_command(task, command, actor=actor, by_worker=by_worker) or enqueue
+        if live and task.status in TERMINAL:
+            break  # this command ended the task, and the ending settled the others (settle_on_end)
     if task.cancel_requested and task.status not in TERMINAL:
         _cancel(task, actor=actor, by_worker=by_worker)
         enqueue = False
     return enqueue
 
 
-# Set while steering applies the command that ends a task (a cancel, a kill): the commands
-# still pending are then its own to settle, in accepted order after that one (apply_pending's
-# loop, _kill_running), so settle_on_end leaves them; the one in hand is not rejected by the
-# end it makes.
-_ENDING_BY_COMMAND: ContextVar[bool] = ContextVar("ending_by_command", default=False)
-
-
-def settle_on_end(task: Task, *, actor: str) -> None:
+def settle_on_end(task: Task, *, actor: str, by_command: object | None) -> None:
     """Steering's part of a task's ending (registered with tasks_app.actions.on_task_ended,
     so every transition to a terminal status runs it, in its transaction): the task waits
     for nothing any more.
 
     Its open questions are withdrawn, or every reader (the snapshot, the dashboard's approve
-    buttons, MCP) would go on offering a question whose answer is refused. The commands still
-    waiting for a safe point will never reach one: each is rejected now by the ended task,
-    audited and on the stream, as `actor` (DESIGN §5: every accepted command is applied or
-    rejected) — unless a command ends it, whose applier settles the rest itself."""
+    buttons, MCP) would go on offering a question whose answer is refused. Every command
+    still waiting for a safe point is settled now, audited and on the stream, as `actor`
+    (DESIGN §5: every accepted command is applied or rejected). `by_command`, the cancel or
+    kill whose applying ends the task (apply_command hands it to the transition), is applied,
+    first: its own end does not reject it. The others will never reach a safe point: each is
+    rejected by the ended task, in accepted order."""
     assert task.status in TERMINAL, task.status
     InputRequest.objects.filter(task_id=task.id, status=InputStatus.OPEN).update(status=InputStatus.WITHDRAWN)
-    if _ENDING_BY_COMMAND.get():
-        return
+    if by_command is not None:
+        assert isinstance(by_command, SteeringCommand), by_command
+        assert by_command.status == CommandStatus.PENDING, by_command.status
+        # Applied at the version the ending moved from (transition() moves it by one).
+        _settle(task, by_command, CommandStatus.APPLIED, "", actor, task.state_version - 1)
     for command in SteeringCommand.objects.filter(task=task, status=CommandStatus.PENDING).order_by("version"):
         refused = refusal(task, command.type, applying=True)
         assert refused is not None  # an ended task takes no more commands
@@ -443,15 +447,18 @@ def apply_command(task: Task, command: SteeringCommand, *, actor: str, by_worker
             enqueue = not waiting
         case CommandType.CANCEL:
             _request_cancel(task, command.reason or "cancelled")
-            if not by_worker:  # nobody is mid-step: cancelled now
-                _cancel(task, actor=actor, by_worker=False)
+            if not by_worker:  # nobody is mid-step: cancelled now, and applied by that end
+                _cancel(task, actor=actor, by_worker=False, by_command=command)
+                return False
         case CommandType.KILL:
             _request_kill(task, command)
             # Not waiting for the step: cancelled now, the epoch moved (nothing of the step
-            # commits). A call it had in flight was cut, or had not started: unknown until
-            # the remote (by key) or a person says, so nothing re-sends it blindly.
-            _cancel(task, actor=actor, by_worker=by_worker)
+            # commits), and applied by that end. A call it had in flight was cut, or had not
+            # started: unknown until the remote (by key) or a person says, so nothing re-sends
+            # it blindly.
+            _cancel(task, actor=actor, by_worker=by_worker, by_command=command)
             settle_interrupted(task.id)
+            return False
         case CommandType.ADJUST_GOAL:
             task.goal = command.payload.get("goal", task.goal)
             task.constraints = {**task.constraints, **command.payload.get("constraints", {})}
@@ -499,25 +506,22 @@ def _kill_running(task: Task, command: SteeringCommand, *, actor: str) -> None:
         }
     )
     if not finishing:
+        # Ended now. The commands accepted earlier wait for a safe point the killed step
+        # never reaches (its worker is fenced out): the end rejects them after applying the
+        # kill (settle_on_end), not left pending.
         apply_command(task, command, actor=actor)
-        # Commands accepted earlier wait for a safe point the killed step never reaches (its
-        # worker is fenced out): settled now, as refused by the ended task, not left pending.
-        apply_pending(task, actor=actor, by_worker=False)
         return
     _request_kill(task, command)
     command.outcome = f"waiting for {', '.join(finishing)} to return (kill.finish_first), then stopping"
     command.save(update_fields=["outcome"])
 
 
-def _cancel(task: Task, *, actor: str, by_worker: bool) -> None:
-    """End a task whose cancel was asked for (the reason is on the row). Only applying
-    commands comes here (apply_pending, a kill), and that settles the other pending commands
-    itself, in accepted order (settle_on_end leaves them)."""
-    ending = _ENDING_BY_COMMAND.set(True)
-    try:
-        transition(task, Status.CANCELLED, actor=actor, reason=task.cancel_reason or "cancelled")
-    finally:
-        _ENDING_BY_COMMAND.reset(ending)
+def _cancel(task: Task, *, actor: str, by_worker: bool, by_command: SteeringCommand | None = None) -> None:
+    """End a task whose cancel was asked for (the reason is on the row). by_command: the
+    cancel or kill being applied that ends it, which the ending applies while it rejects the
+    other pending commands (settle_on_end); None for a cancel applied earlier that lands now
+    (apply_pending: cancel always wins), when none is left pending."""
+    transition(task, Status.CANCELLED, actor=actor, reason=task.cancel_reason or "cancelled", by_command=by_command)
     if not by_worker:
         task.drop_lease()  # fences any worker that still believes it holds the task
 

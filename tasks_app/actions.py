@@ -40,7 +40,7 @@ def _check_queue_cap(tenant: Tenant) -> None:
 
 
 class EndedHook(Protocol):
-    def __call__(self, task: Task, *, actor: str) -> None: ...
+    def __call__(self, task: Task, *, actor: str, by_command: object | None) -> None: ...
 
 
 # What must happen when a task ends, whichever path ends it: each hook runs in transition(),
@@ -50,18 +50,30 @@ _ENDED_HOOKS: list[EndedHook] = []
 
 
 def on_task_ended(hook: EndedHook) -> None:
-    """Register `hook(task, actor=...)`, called by every transition to a terminal status
-    after its audit record and its terminal event. It may audit and emit on the task; the
-    row's own fields stay the transition's caller's to save. Registering again adds nothing."""
+    """Register `hook(task, actor=..., by_command=...)`, called by every transition to a
+    terminal status after its audit record and its terminal event. It may audit and emit on
+    the task; the row's own fields stay the transition's caller's to save. Registering again
+    adds nothing."""
     if hook not in _ENDED_HOOKS:
         _ENDED_HOOKS.append(hook)
 
 
-def transition(task: Task, to: str, *, actor: str, reason: str = "", data: dict[str, Any] | None = None) -> list[str]:
+def transition(
+    task: Task,
+    to: str,
+    *,
+    actor: str,
+    reason: str = "",
+    data: dict[str, Any] | None = None,
+    by_command: object | None = None,
+) -> list[str]:
     """In-transaction helper on a locked or fenced row: status, version, audit, events.
     Returns the fields to save (TRANSITION_FIELDS: with the status message, which callers
     set beside it); the caller saves them with any it changed itself. A task that ends
-    (TERMINAL) runs the ended hooks (on_task_ended) here, as `actor`."""
+    (TERMINAL) runs the ended hooks (on_task_ended) here, as `actor`.
+
+    by_command: the command being applied that makes this transition (steering's cancel or
+    kill), handed to the ended hooks as it is; task core does not look into it."""
     if not can_transition(task.status, to):
         raise IllegalTransition(task.status, to)
     before, from_status = task.state_version, task.status
@@ -81,7 +93,7 @@ def transition(task: Task, to: str, *, actor: str, reason: str = "", data: dict[
     if to in TERMINAL:
         events.emit(task, "terminal", {"status": task.mcp_status, "runtimeStatus": to, "reason": reason})
         for hook in _ENDED_HOOKS:
-            hook(task, actor=actor)
+            hook(task, actor=actor, by_command=by_command)
     elif to == Status.DEAD_LETTERED:
         events.emit(task, "dead_lettered", {"reason": reason})
     return list(TRANSITION_FIELDS)

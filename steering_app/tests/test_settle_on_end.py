@@ -157,3 +157,61 @@ def test_a_cancel_the_reaper_applies_is_applied_and_what_came_after_rejected_onc
         operators.do_mark_recovering(task.id, actor="system:reaper")
     assert SteeringCommand.objects.get(id=cancel.id).status == CommandStatus.APPLIED
     assert_settled(task.id, [goal], status="cancelled", actor="system:reaper")
+
+
+def test_the_ending_applies_exactly_the_command_it_is_handed_and_rejects_the_others_once(alice) -> None:
+    """transition(by_command=...): the ending is told which command makes it, and applies
+    that one, first, and no other; two cancels wait, and the ending is handed the second."""
+    task, sent = held_with_pending_commands(alice)
+    first, second = steer(alice, task, "cancel", reason="first"), steer(alice, task, "cancel", reason="second")
+    assert (first.status, second.status) == (CommandStatus.PENDING, CommandStatus.PENDING)
+
+    with (
+        emits(
+            task,
+            events=["terminal", "steering.applied", "steering.rejected", "steering.rejected", "steering.rejected"],
+            audit=["transition", "steering_applied", "steering_rejected", "steering_rejected", "steering_rejected"],
+        ),
+        transaction.atomic(),
+    ):
+        locked = Task.objects.select_for_update().get(id=task.id)
+        ending = SteeringCommand.objects.get(id=second.id)
+        locked.save(update_fields=transition(locked, "cancelled", actor="user:op", reason="second", by_command=ending))
+
+    assert ending.status == CommandStatus.APPLIED  # the object handed over, as its caller goes on with it
+    assert SteeringCommand.objects.get(id=second.id).status == CommandStatus.APPLIED
+    assert_settled(task.id, [*sent, first], status="cancelled", actor="user:op")
+    # Applied at the version the ending moved from, as a command applied anywhere else.
+    ended = AuditRecord.objects.get(task=task, action="transition", to_status="cancelled")
+    applied = AuditRecord.objects.get(task=task, action="steering_applied")
+    assert (applied.data["commandId"], applied.before_version) == (second.command_id, ended.before_version)
+
+
+def test_a_second_cancel_accepted_at_the_safe_point_the_first_makes_is_answered_rejected(alice) -> None:
+    """Two cancels: the first waits for the worker's safe point, the worker is lost, and the
+    second is accepted with nobody mid-step. The first ends the task and is applied by that
+    end; the second is rejected by it, once, and its sender is told so."""
+    task, _ = do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 3})
+    assert leases.claim(task.id, worker_id="w1", ttl=600) is not None
+    Task.objects.filter(id=task.id).update(status="working")
+    first = steer(alice, task, "cancel", reason="first")
+    assert first.status == CommandStatus.PENDING
+    Task.objects.filter(id=task.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+
+    with emits(
+        task,
+        events=["terminal", "steering.applied", "steering.rejected"],
+        audit=["steering_accepted", "transition", "steering_applied", "steering_rejected"],
+    ):
+        second = steer(alice, task, "cancel", reason="second")
+
+    assert (second.status, second.outcome) == (
+        CommandStatus.REJECTED,
+        "the task is cancelled; it takes no more commands",
+    )
+    assert SteeringCommand.objects.get(id=first.id).status == CommandStatus.APPLIED
+    assert_settled(task.id, [second], status="cancelled", actor="user:op")
+    assert Task.objects.get(id=task.id).cancel_reason == "first"
+    ended = AuditRecord.objects.get(task=task, action="transition", to_status="cancelled")
+    applied = AuditRecord.objects.get(task=task, action="steering_applied")
+    assert (applied.data["commandId"], applied.before_version) == (first.command_id, ended.before_version)
