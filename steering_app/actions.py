@@ -522,6 +522,8 @@ def _cancel(task: Task, *, actor: str, by_worker: bool, by_command: SteeringComm
     other pending commands (settle_on_end); None for a cancel applied earlier that lands now
     (apply_pending: cancel always wins), when none is left pending."""
     transition(task, Status.CANCELLED, actor=actor, reason=task.cancel_reason or "cancelled", by_command=by_command)
+    # What the task said last (a step's "reviewing 3 of 20", "paused by ...") is not what it is now.
+    task.status_message = (task.cancel_reason or "cancelled")[:500]
     if not by_worker:
         task.drop_lease()  # fences any worker that still believes it holds the task
 

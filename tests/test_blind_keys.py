@@ -130,8 +130,8 @@ def final_message(response) -> dict[str, Any]:
 
 
 def test_a_key_without_read_cancels_over_legacy_mcp_without_reading_the_task(alice):
-    """The 2025 wire answers tasks/cancel with the Task: its status, not its message (the
-    agent's question, an error) for a key that may not read it."""
+    """The 2025 wire answers tasks/cancel with the Task: its status, not its message (why it
+    ended; before it, the agent's question or an error) for a key that may not read it."""
     keys = scoped_keys("operator", "otis", ["operate"], ["operate", "read"])
     for token, shown in ((keys["operate"], False), (keys["operate+read"], True)):
         task, _ = do_create_task(console(alice.tenant, "user:creator"), agent="noop", input={"steps": 2, "askAt": 1})
@@ -140,4 +140,7 @@ def test_a_key_without_read_cancels_over_legacy_mcp_without_reading_the_task(ali
         assert prompt in Task.objects.get(id=task.id).status_text()
         answer = final_message(rpc(token, "tasks/cancel", {"taskId": str(task.id)}, wire=LEGACY))
         assert answer["result"]["taskId"] == str(task.id) and answer["result"]["status"] == "cancelled", answer
-        assert (prompt in json.dumps(answer)) is shown, answer
+        assert prompt not in json.dumps(answer)  # what the task said before it was cancelled
+        assert ("statusMessage" in answer["result"]) is shown, answer
+        if shown:
+            assert answer["result"]["statusMessage"] == "cancelled over MCP tasks/cancel"

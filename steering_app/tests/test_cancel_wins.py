@@ -36,6 +36,7 @@ def cancelled(persona, task: Task, reason: str) -> Task:
     assert not SteeringCommand.objects.filter(task=task, status="pending").exists()  # nothing left hanging
     snapshot = persona.client().get(f"/runtime/tasks/{task.id}").json()
     assert snapshot["status"] == "cancelled" and snapshot["runtimeStatus"] == "cancelled"
+    assert snapshot["statusMessage"] == reason  # not what the task said before (a step's line, "paused by ...")
     assert verify_chain(task) is None
     return task
 
