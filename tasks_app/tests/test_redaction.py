@@ -11,7 +11,7 @@ from tasks_app.access import console
 from tasks_app.actions import do_create_task
 from tasks_app.agents.base import Agent, StepContext, register
 from tasks_app.models import AuditRecord
-from tasks_app.redaction import MASK, redact
+from tasks_app.redaction import MASK, _mask, _mask_all, redact
 
 TOKEN = "rt_0123456789ab_" + "s" * 40
 
@@ -162,3 +162,50 @@ def test_masking_a_long_line_takes_one_pass_not_one_per_character(unit, times):
         subprocess.run([sys.executable, "-c", script], cwd=ROOT, check=True, timeout=20)
     except subprocess.TimeoutExpired:
         pytest.fail(f"masking {unit!r} * {times} ran past 20 s: quadratic")
+
+
+# One text each pattern of _mask_all masks; the quick look must send every one of them, and
+# every text one character away from one (deleted, or replaced), exactly where the full
+# masking would: a branch of it missing or wrong lets one through unmasked.
+MASKED_SEEDS = [
+    "Authorization: Bearer abcdefghijklmnop",
+    "rt_0123456789ab_abcdefghijklmnopqrstuv",
+    "id AKIAABCDEFGHIJKLMNOP here",
+    "sk-abcdefghijklmnop1234",
+    "github_pat_abcdefghijklmnopqrstuv",
+    "AIzaabcdefghijklmnopqrstuvwxyz0123456",
+    "-----BEGIN RSA PRIVATE KEY-----abc-----END RSA PRIVATE KEY-----",
+    '{"password": "hunter2"}',
+    "api_key=hunter2&n=1",
+    '"pin_secret": 1234',
+    "https://user:pw@example.com/x",
+    "https%3A%2F%2Fann%3Apw%40example.com",
+    "access_token%3Dabc%26n%3D1",
+    "eyJabcdefghij.klmnopqrst.uvwxyzabcd",
+    "mail ann@example.com now",
+    "mail ann%40example.com now",
+    "card 4111 1111 1111 1111 ok",
+    "card 5555-5555-5555-4444 ok",
+    "phone: +15551234",
+    '"date_of_birth": "1990-01-01"',
+    "iban=DE89370400440532013000",
+]
+
+
+def near(text: str) -> list[str]:
+    out = [text]
+    for i in range(len(text)):
+        out.append(text[:i] + text[i + 1 :])
+        out += [text[:i] + c + text[i + 1 :] for c in ("x", "-", "%", "0", " ", "@", ":")]
+    return out
+
+
+@pytest.mark.parametrize("seed", MASKED_SEEDS)
+def test_the_quick_look_never_passes_a_text_the_full_masking_would_change(seed):
+    """_mask skips the substitutions when a text holds nothing they could match: for each of
+    these texts it must answer exactly as the substitutions do."""
+    personal = frozenset({"email", "phone", "ssn", "iban", "date_of_birth"})
+    assert _mask_all(seed, personal) != seed  # the seed is masked: it tests something
+    for text in near(seed):
+        assert _mask(text, personal) == _mask_all(text, personal), text
+        assert _mask(text) == _mask_all(text, frozenset()), text
