@@ -6,6 +6,11 @@ without a look (dead ones fail the request that gets them), and a failed reconne
 retried with a doubling pause for five minutes (a database back after a minute waits for
 the pool's next try, a minute later). settings.py passes check_connection and a short
 reconnect_timeout; runtime_site.errors answers what still fails meanwhile with a 503.
+
+A frozen server (SIGSTOP, a partition that drops packets) fails nothing by itself: the kernel
+still accepts and acknowledges on its behalf, so no timeout of the server's or of TCP's fires,
+and a request waited for an answer as long as the freeze lasted. Every round trip of the web
+process's connections (both pools) therefore has a deadline of its own (DeadlineConnection).
 """
 
 from __future__ import annotations
@@ -17,10 +22,84 @@ import select
 import weakref
 from collections.abc import AsyncIterator
 from datetime import UTC
-from typing import Any
+from typing import Any, TypeVar
 
-from psycopg import AsyncConnection, Cursor
+from psycopg import AsyncConnection, Connection, Cursor, OperationalError, errors
+from psycopg.abc import PQGen
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+RV = TypeVar("RV")
+
+
+# --- A deadline on every round trip ------------------------------------------------------
+#
+# RUNTIME_DB_QUERY_SECONDS bounds each wait of a connection for the server (a statement, a
+# fetch, a commit or rollback, the pools' checks); `off`: no bound. Past it the
+# connection is closed and the wait raises NoAnswer, an OperationalError: the request is a
+# 503 (runtime_site.errors, the lean views), and the pool, handed back a closed connection,
+# discards it and makes a fresh one. Closing it ends the server's session too, once the
+# server runs again: nothing is left waiting on either side. No statement of the web process
+# takes this long on a healthy server; one that does (a lock held that long) is a 503 too.
+#
+# The deadline is psycopg's own: Connection.wait, through which every round trip goes, takes
+# a timeout (psycopg bounds its wait for a cancelled statement with it) and raises
+# errors._WaitTimeout past it. Both are psycopg's internals, not its documented API: an
+# upgrade that changes them fails tests/test_db_deadline.py. Why not one of the alternatives:
+# - asyncio.timeout() around the lean reads: psycopg answers a cancelled wait by sending a
+#   cancel request to the server, waiting up to 5 s for it and 5 s more for the statement to
+#   end (psycopg 3.3 AsyncConnection.wait). Frozen, the server takes the cancel's connection
+#   and never answers it: every abandoned read cost 10 s more and a connection attempt.
+# - A watchdog thread that shuts the socket of a connection blocked too long down: it works
+#   for both pools, but it needs a registry of who waits since when and a lock against the
+#   race where the statement ends and the connection goes back to the pool (and to another
+#   request) just as it is shut; the wait's own deadline has neither, and raises in the
+#   thread or task that waits.
+# - The pools' `timeout`: it bounds the wait for a connection, not for a borrowed one's
+#   answer. TCP keepalives and tcp_user_timeout: the kernel still acknowledges.
+
+
+def query_seconds() -> float | None:
+    """RUNTIME_DB_QUERY_SECONDS: how long one round trip may wait for the server; None: as long as it takes."""
+    seconds = os.getenv("RUNTIME_DB_QUERY_SECONDS", "10")
+    return None if seconds in ("off", "", "0") else float(seconds)
+
+
+QUERY_SECONDS = query_seconds()
+
+
+class NoAnswer(OperationalError):
+    """The database did not answer a round trip within RUNTIME_DB_QUERY_SECONDS."""
+
+
+def _no_answer() -> NoAnswer:
+    return NoAnswer(f"the database did not answer within {QUERY_SECONDS:g} s (RUNTIME_DB_QUERY_SECONDS)")
+
+
+class DeadlineConnection(Connection[Any]):
+    """The sync pool's connections (Django's): every round trip waits at most QUERY_SECONDS."""
+
+    # interval: psycopg's own default (how often a wait wakes to notice Ctrl-C).
+    def wait(self, gen: PQGen[RV], interval: float = 0.1, timeout: float | None = None) -> RV:
+        if timeout is not None or QUERY_SECONDS is None:  # a caller's own bound (psycopg's notifies) stands
+            return super().wait(gen, interval, timeout)
+        try:
+            return super().wait(gen, interval, QUERY_SECONDS)
+        except errors._WaitTimeout:
+            self.close()  # mid-statement: no later statement could use it
+            raise _no_answer() from None
+
+
+class DeadlineAsyncConnection(AsyncConnection[Any]):
+    """The event loop's pool's connections: as DeadlineConnection."""
+
+    async def wait(self, gen: PQGen[RV], interval: float = 0.1, timeout: float | None = None) -> RV:
+        if timeout is not None or QUERY_SECONDS is None:
+            return await super().wait(gen, interval, timeout)
+        try:
+            return await super().wait(gen, interval, QUERY_SECONDS)
+        except errors._WaitTimeout:
+            await self.close()
+            raise _no_answer() from None
 
 
 def bound_cursor(conn: Any) -> Any:
@@ -148,6 +227,7 @@ def async_pool() -> AsyncConnectionPool:
     if pool is None:
         pool = AsyncConnectionPool(
             kwargs=_async_params(),
+            connection_class=DeadlineAsyncConnection,
             min_size=1,
             max_size=ASYNC_POOL_MAX,
             open=False,

@@ -212,6 +212,9 @@ else:
             "timeout": float(os.getenv("RUNTIME_DB_POOL_TIMEOUT", "5")),
             "reconnect_timeout": 5.0,
             "check": dbpool.check_connection,
+            # Each round trip waits at most RUNTIME_DB_QUERY_SECONDS: a frozen server held a
+            # request for as long as it was frozen (runtime_site/dbpool.py).
+            "connection_class": dbpool.DeadlineConnection,
         }
 # The event loop's own pool (runtime_site/dbpool.py: the lean reads of runtime_site/lean.py)
 # exists where the sync pool does, on PostgreSQL; elsewhere those reads go the full way.

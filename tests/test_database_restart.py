@@ -1,7 +1,9 @@
 """Every endpoint of a real uvicorn process across a database restart (issue 12, defect 3):
 after PostgreSQL ends its connections the next requests are answered normally; while the
 database is down each is a 503 with Retry-After in the edge's error shape (a JSON-RPC error
-on /mcp), never a 500; once it is back, normal answers within seconds.
+on /mcp), never a 500; once it is back, normal answers within seconds. The same while it is
+frozen (stopped with SIGSTOP, as a hung host or a partition that drops packets looks), each
+503 within the web process's deadline for an answer.
 
 The outage is real: the web process runs on a private PostgreSQL cluster (initdb in a
 temporary folder, run as the postgres user on a free port) holding a copy of the test
@@ -11,13 +13,15 @@ from __future__ import annotations
 
 import contextlib
 import getpass
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -60,12 +64,14 @@ def session_for(persona: Persona) -> str:
     return session.session_key
 
 
-def requests(base: str, persona: Persona, task_id: str, session: str) -> dict[str, Callable[[], httpx.Response]]:
+def requests(
+    base: str, persona: Persona, task_id: str, session: str, timeout: float = 60
+) -> dict[str, Callable[[], httpx.Response]]:
     """One request per kind of endpoint, each on its own (they run in parallel)."""
     auth = {"Authorization": f"Bearer {persona.token}"}
 
     def api(**kwargs: Any) -> httpx.Client:
-        return httpx.Client(base_url=base, headers=auth, timeout=60, **kwargs)
+        return httpx.Client(base_url=base, headers=auth, timeout=timeout, **kwargs)
 
     def fresh_task(client: httpx.Client) -> str:
         created = client.post("/runtime/tasks", json={"agent": "noop", "input": {"steps": 1}})
@@ -231,6 +237,29 @@ class PrivatePostgres:
     def stop(self, mode: str = "fast") -> None:
         self._pg_ctl("-m", mode, "stop")  # fast: as a restart does, every session told, then closed
 
+    def processes(self) -> list[int]:
+        """The postmaster, then every process it started (backends, checkpointer, walwriter ...)."""
+        postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
+        children = subprocess.run(
+            ["pgrep", "-P", str(postmaster)],
+            check=False,  # no children: exit status 1
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        return [postmaster, *map(int, children)]
+
+    def freeze(self) -> None:
+        """SIGSTOP the whole cluster: its sockets stay open and the kernel still accepts and
+        acknowledges on its behalf, but nothing answers (a hung host, a partition that drops packets)."""
+        os.kill(self.processes()[0], signal.SIGSTOP)  # first: a stopped postmaster starts no more backends
+        for pid in self.processes()[1:]:
+            os.kill(pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        for pid in reversed(self.processes()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
     def copy_of_the_test_database(self) -> str:
         """The test database as it is now, copied here; its DATABASE_URL."""
         name = connection.settings_dict["NAME"]
@@ -253,6 +282,8 @@ def private_postgres() -> Iterator[PrivatePostgres]:
     try:
         yield cluster
     finally:
+        with contextlib.suppress(OSError):  # not running, or not frozen
+            cluster.thaw()  # a frozen postmaster would not hear the stop
         with contextlib.suppress(subprocess.CalledProcessError):  # already stopped
             cluster.stop("immediate")
         shutil.rmtree(cluster.home, ignore_errors=True)
@@ -281,6 +312,74 @@ def test_while_the_database_is_down_every_endpoint_is_a_503_and_after_it_normal_
         what="every endpoint to answer normally once the database is back",
     )
     print(f"every endpoint normal {time.monotonic() - back:.1f}s after the database was back")
+    assert web.poll() is None
+
+
+def test_while_the_database_is_frozen_every_endpoint_is_a_503_within_the_deadline_and_after_it_normal_again(
+    alice, processes, private_postgres
+):
+    """A frozen server fails nothing by itself: the kernel still acknowledges, so no timeout of
+    the server's or of TCP's fires, and each request that reached the database waited for as
+    long as the freeze lasted, holding its pooled connection (then every request, once they
+    were all held). Each round trip now has a deadline (RUNTIME_DB_QUERY_SECONDS): a request is
+    a 503 within it, or within the pool's timeout if no connection is free (RUNTIME_DB_POOL_TIMEOUT)."""
+    deadline, pool_timeout = 3, 3
+    bound = deadline + pool_timeout + 4  # the two waits, and a busy two-core machine's slack
+    session = session_for(alice)
+    port, url = free_port(), private_postgres.copy_of_the_test_database()
+    web = processes.web(
+        port,
+        DATABASE_URL=url,
+        RUNTIME_DB_QUERY_SECONDS=str(deadline),
+        RUNTIME_DB_POOL_TIMEOUT=str(pool_timeout),
+        RUNTIME_DB_POOL_MAX="6",  # fewer than the requests at once: every connection is caught in the freeze
+    )
+    base = f"http://127.0.0.1:{port}"
+    # The client gives up well before the freeze ends: an answer that waits for the thaw fails the test.
+    calls = requests(base, alice, start_task(base, alice), session, timeout=bound + 10)
+    assert statuses(probe(calls)) == UP
+
+    private_postgres.freeze()
+    try:
+        for round_no in range(2):  # the first round finds pooled connections to wait on, the second none
+            with ThreadPoolExecutor(max_workers=1) as runner:
+                round_ = runner.submit(probe, calls)
+                healthz = 0
+                while not round_.done():  # the process itself answers meanwhile, at once
+                    alive = httpx.get(f"{base}/healthz", timeout=2)
+                    assert alive.status_code == 200 and alive.elapsed.total_seconds() < 1, alive.elapsed
+                    healthz += 1
+                    wait([round_], timeout=0.2)
+                answers = round_.result()
+            assert healthz >= 3, healthz
+            assert_unavailable(answers)
+            took = {name: round(r.elapsed.total_seconds(), 1) for name, r in answers.items() if name != "healthz"}
+            print(f"frozen, round {round_no}: 503s after {took}")
+            assert max(took.values()) < bound, took
+            ready = httpx.get(f"{base}/readyz", timeout=bound)  # its own connection: refused as promptly
+            assert ready.status_code == 503 and ready.json()["checks"]["database"].startswith("unreachable"), ready.text
+    finally:
+        private_postgres.thaw()
+
+    thawed = time.monotonic()
+    wait_until(
+        lambda: statuses(probe(calls)) == UP,
+        timeout=30,
+        interval=0.5,
+        what="every endpoint to answer normally once the database is thawed",
+    )
+    print(f"every endpoint normal {time.monotonic() - thawed:.1f}s after the thaw")
+    for _ in range(3):  # and it stays so: no pooled connection was left broken or held
+        assert statuses(probe(calls)) == UP
+
+    def sessions() -> int:  # the web process's, on the server: its two pools at most (6 + 4)
+        with psycopg.connect(url, connect_timeout=5) as conn:
+            query = (
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            return conn.execute(query).fetchone()[0]
+
+    wait_until(lambda: sessions() <= 10, timeout=10, what=lambda: f"at most 10 sessions, not {sessions()}")
     assert web.poll() is None
 
 

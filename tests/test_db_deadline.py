@@ -1,0 +1,66 @@
+"""The web process's deadline on a database round trip (runtime_site.dbpool.DeadlineConnection):
+a wait past RUNTIME_DB_QUERY_SECONDS is an OperationalError, the connection is closed, and the
+pool it came from serves a fresh one next. A statement that outlasts the deadline stands in
+here for a server that does not answer; tests/test_database_restart.py freezes a real one."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import psycopg
+import pytest
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from conftest import database_url
+from runtime_site import dbpool
+
+pytestmark = pytest.mark.django_db
+
+DEADLINE = 0.5
+
+
+@pytest.fixture
+def deadline(monkeypatch: pytest.MonkeyPatch) -> float:
+    monkeypatch.setattr(dbpool, "QUERY_SECONDS", DEADLINE)
+    return DEADLINE
+
+
+def test_a_round_trip_past_the_deadline_fails_and_the_pool_serves_a_fresh_connection(deadline):
+    with ConnectionPool(
+        database_url(), min_size=1, max_size=1, connection_class=dbpool.DeadlineConnection, timeout=5
+    ) as pool:
+        with pool.connection() as conn:
+            started = time.monotonic()
+            with pytest.raises(psycopg.OperationalError, match=r"did not answer within 0\.5 s"):
+                conn.execute("SELECT pg_sleep(5)")
+            assert time.monotonic() - started < deadline + 1
+            assert conn.closed
+        with pool.connection() as conn:  # the only slot: the closed connection was not kept
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_the_event_loops_connections_keep_the_same_deadline(deadline):
+    async def run() -> None:
+        async with AsyncConnectionPool(
+            database_url(), min_size=1, max_size=1, connection_class=dbpool.DeadlineAsyncConnection, timeout=5
+        ) as pool:
+            async with pool.connection() as conn:
+                started = time.monotonic()
+                with pytest.raises(psycopg.OperationalError, match="did not answer"):
+                    await conn.execute("SELECT pg_sleep(5)")
+                assert time.monotonic() - started < deadline + 1
+                assert conn.closed
+            async with pool.connection() as conn:
+                assert await (await conn.execute("SELECT 1")).fetchone() == (1,)
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize(("value", "seconds"), [(None, 10.0), ("2.5", 2.5), ("off", None), ("0", None)])
+def test_the_deadline_comes_from_the_environment(monkeypatch, value, seconds):
+    if value is None:
+        monkeypatch.delenv("RUNTIME_DB_QUERY_SECONDS", raising=False)
+    else:
+        monkeypatch.setenv("RUNTIME_DB_QUERY_SECONDS", value)
+    assert dbpool.query_seconds() == seconds
