@@ -20,7 +20,7 @@ import contextlib
 import os
 import select
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC
 from typing import Any, TypeVar
 
@@ -102,17 +102,23 @@ class DeadlineAsyncConnection(AsyncConnection[Any]):
             raise _no_answer() from None
 
 
-def bound_cursor(conn: Any) -> Any:
-    """A cursor of Django's connection `conn` that sends values apart from the statement
-    (server-side binding), so PostgreSQL prepares a statement once it has run
-    prepare_threshold times on the connection (RUNTIME_DB_PREPARE_THRESHOLD) and then only
-    executes it. For the statements run again and again with new values: a step's commit
-    (tasks_app.leases.fenced_write) took 0.73 ms with the values written into its text,
-    which PostgreSQL parsed and planned each time, and 0.43 ms prepared (issue 14).
+# What one statement can carry bound apart from it: the protocol counts its values in 16 bits.
+MAX_BOUND_VALUES = 65535
+
+
+def bound_cursor(conn: Any, params: Sequence[Any]) -> Any:
+    """A cursor of Django's connection `conn` for a statement with `params` that sends the
+    values apart from the statement (server-side binding), so PostgreSQL prepares a statement
+    once it has run prepare_threshold times on the connection (RUNTIME_DB_PREPARE_THRESHOLD)
+    and then only executes it. For the statements run again and again with new values: a
+    step's commit (tasks_app.leases.fenced_write) took 0.73 ms with the values written into
+    its text, which PostgreSQL parsed and planned each time, and 0.43 ms prepared (issue 14).
     Wrapped as Django wraps its own, so its error classes, execute_wrappers and captured
     queries see these statements too. The ORM's cursors keep client-side binding: they
-    never prepare. Elsewhere (SQLite): the connection's own cursor."""
-    if conn.vendor != "postgresql":
+    never prepare. Elsewhere (SQLite), and for a statement of more values than binding
+    carries (a step that logged thousands of lines): the connection's own cursor, which
+    writes them into the statement, as before; a statement that size is never run again."""
+    if conn.vendor != "postgresql" or len(params) > MAX_BOUND_VALUES:
         return conn.cursor()
     conn.ensure_connection()
     with conn.wrap_database_errors:

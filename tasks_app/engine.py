@@ -274,7 +274,7 @@ def _reads(task: Task) -> tuple[Checkpoint | None, int, Answers, bool, bool]:
         InputStatus.OPEN.value,
         task.id,
     ]
-    with dbpool.bound_cursor(connection) as cursor:
+    with dbpool.bound_cursor(connection, params) as cursor:
         cursor.execute(sql, params)
         high_step, interrupted, answered, inputs_open, *cp_row = cursor.fetchone()
     cp = from_rows(Checkpoint, [f.attname for f in cp_fields], [cp_row])[0] if cp_row[0] is not None else None

@@ -247,8 +247,9 @@ def _next_waiting_sql(tenant_id: int, limit: int, conn: Any) -> list[tuple[UUID,
         f" LIMIT GREATEST(%s - (SELECT COUNT(*) FROM {table} WHERE tenant_id = %s AND lease_owner IS NOT NULL"
         " AND lease_expires_at > STATEMENT_TIMESTAMP()), 0)"
     )
-    with dbpool.bound_cursor(conn) as cursor:
-        cursor.execute(sql, [tenant_id, [str(s) for s in CLAIMABLE], limit, tenant_id])
+    params = [tenant_id, [str(s) for s in CLAIMABLE], limit, tenant_id]
+    with dbpool.bound_cursor(conn, params) as cursor:
+        cursor.execute(sql, params)
         return [(row[0], row[1]) for row in cursor.fetchall()]
 
 
@@ -443,7 +444,7 @@ def fenced_write(
             parts.append(f"r{i} AS ({insert_sql})")
             params += insert_params
         sql = f"{', '.join(parts)} SELECT {back} FROM {FENCE}"  # noqa: S608 (names from the models; values are parameters)
-    with dbpool.bound_cursor(conn) as cursor:
+    with dbpool.bound_cursor(conn, params) as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
     if row is None:
@@ -480,7 +481,7 @@ def held_write(
         insert_sql, insert_params = _insert_from_fence(row, conn)
         sql += f", r{i} AS ({insert_sql})"
         params += insert_params
-    with dbpool.bound_cursor(conn) as cursor:
+    with dbpool.bound_cursor(conn, params) as cursor:
         cursor.execute(f"{sql} SELECT {back} FROM {FENCE}", params)  # noqa: S608 (names from the models)
         back_row = cursor.fetchone()
     assert back_row is not None, f"task {task.id} is gone"

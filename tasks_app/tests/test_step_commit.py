@@ -12,6 +12,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from checkpoints_app.models import Checkpoint
+from runtime_site import dbpool
 from steering_app.actions import do_enqueue_command
 from tasks_app import engine, leases
 from tasks_app.access import console
@@ -19,6 +20,7 @@ from tasks_app.actions import do_create_task
 from tasks_app.agents.base import Agent, StepContext, register
 from tasks_app.audit import verify_chain
 from tasks_app.models import AuditRecord, Step, Task, TaskEvent, TenantDailyUsage
+from tasks_app.tests.test_engine import run_to_end
 
 pytestmark = pytest.mark.django_db
 
@@ -26,7 +28,8 @@ pytestmark = pytest.mark.django_db
 @register
 class BusyStepsAgent(Agent):
     """Steps that write everything a step can: a log line, a cost, an audit record at
-    `auditAt`; at `commandAt` a command is accepted on the task while the step runs."""
+    `auditAt`; at `commandAt` a command is accepted on the task while the step runs; at
+    `chattyAt`, `lines` more log lines."""
 
     name = "test_busy_steps"
     input_schema = {"type": "object"}
@@ -40,6 +43,9 @@ class BusyStepsAgent(Agent):
     def run_step(self, ctx: StepContext, state: dict[str, Any]) -> dict[str, Any]:
         n = state["n"] + 1
         ctx.log(f"step {n}")
+        if n == state.get("chattyAt"):
+            for i in range(state["lines"]):
+                ctx.log(f"line {i}")
         ctx.report_cost(0.5)
         if n in state.get("auditAt", []):
             ctx.audit("model_switched", reason="a -> b", to="b")
@@ -128,6 +134,21 @@ def test_a_step_whose_audit_chain_moved_meanwhile_commits_in_a_transaction(alice
     assert actions.count("model_switched") == 1
     assert actions.index("steering_accepted") < actions.index("model_switched")
     assert verify_chain(task) is None
+
+
+def test_a_step_that_logged_more_values_than_a_bound_statement_carries_commits(alice, settings):
+    # Six values an event: its commit has more than the 65535 that binding them apart from
+    # the statement allows (runtime_site.dbpool.bound_cursor). Sent that way, psycopg refused
+    # it as an OperationalError: an infrastructure fault, the same step again, for ever.
+    settings.RUNTIME_SLICE_STEPS = 1000
+    lines = dbpool.MAX_BOUND_VALUES // 6 + 1
+    task = busy(alice, steps=3, chattyAt=2, lines=lines)
+    assert run_to_end(task)[-1] is engine.SliceOutcome.DONE
+    task.refresh_from_db()
+    assert task.status == "completed" and task.infra_faults == 0
+    assert TaskEvent.objects.filter(task=task, type="log").count() == 3 + lines
+    seqs = list(TaskEvent.objects.filter(task=task).order_by("seq").values_list("seq", flat=True))
+    assert seqs == list(range(1, len(seqs) + 1))
 
 
 def test_a_one_step_slice_commits_its_step_and_its_yield_at_once(alice, settings):
