@@ -185,10 +185,10 @@ else:
     DATABASES = {"default": dj_database_url.parse(os.environ["DATABASE_URL"], conn_max_age=0, conn_health_checks=True)}
     from runtime_site import dbpool
 
-    if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
-        # Prepared statements for what runs through runtime_site.dbpool.bound_cursor (a step's
-        # commit) and the lean reads' pool; the ORM's client-side cursors never prepare.
-        DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = dbpool.prepare_threshold()
+    # Prepared statements for what runs through runtime_site.dbpool.bound_cursor (a step's
+    # commit) and the lean reads' pool; Django's connections keep none (its default): the
+    # ORM's client-side cursors never prepare.
+    RUNTIME_DB_PREPARE_THRESHOLD = dbpool.prepare_threshold()
     if test_name := os.getenv("RUNTIME_TEST_DB_NAME"):
         DATABASES["default"]["TEST"] = {"NAME": test_name}  # bin/test: one test database per run
     if env_bool("RUNTIME_DB_POOL", False):

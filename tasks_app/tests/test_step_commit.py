@@ -3,6 +3,7 @@ write: the same rows, events and audit chain however few statements write them."
 
 from __future__ import annotations
 
+import tracemalloc
 import uuid
 from typing import Any
 from uuid import UUID
@@ -149,6 +150,28 @@ def test_a_step_that_logged_more_values_than_a_bound_statement_carries_commits(a
     assert TaskEvent.objects.filter(task=task, type="log").count() == 3 + lines
     seqs = list(TaskEvent.objects.filter(task=task).order_by("seq").values_list("seq", flat=True))
     assert seqs == list(range(1, len(seqs) + 1))
+
+
+def test_a_connection_keeps_no_copy_of_the_orm_statements_it_ran(alice):
+    # The ORM writes values into its statements and never prepares them; a connection that
+    # counted them towards preparing (psycopg's prepare_threshold) kept its last hundred
+    # alive, values and all: 1 MB statements held 100 MB per connection.
+    task = busy(alice, steps=1)
+    connection.ensure_connection()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(20):  # twenty statements of 1 MB, each its own
+            Task.objects.filter(id=task.id).update(goal=f"{i} " + "x" * 1_000_000)
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert kept < 5_000_000, f"{kept} bytes kept"
+    # The step's statements still run prepared: the heavy one is prepared by its sixth run.
+    assert run_to_end(busy(alice, steps=12))[-1] is engine.SliceOutcome.DONE
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE 'WITH fence AS (UPDATE%%'")
+        assert cursor.fetchone()[0] >= 1
 
 
 def test_a_one_step_slice_commits_its_step_and_its_yield_at_once(alice, settings):
