@@ -131,7 +131,12 @@ class _Preparing(Cursor[Any]):
     statements alone. psycopg counts towards it every statement of a connection that has one,
     keyed by its text: the ORM's too, which carry their values in their text and are never
     prepared, so a connection kept its last hundred alive (1 MB statements, 100 MB). Django's
-    connections have none (its default); these statements set it while they run."""
+    connections have none (its default); these statements set it while they run.
+
+    A statement prepared before a migration changed what it returns is refused ("cached plan
+    must not change result type") until the connection is closed, or psycopg forgets its
+    statements on a rollback: a fault of the moment, raised as one (OperationalError), which
+    the web answers with a 503 and a worker with a retry on a new connection."""
 
     def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
         from django.conf import settings
@@ -140,6 +145,10 @@ class _Preparing(Cursor[Any]):
         conn.prepare_threshold = settings.RUNTIME_DB_PREPARE_THRESHOLD
         try:
             return super().execute(query, params, **kwargs)
+        except errors.FeatureNotSupported as exc:
+            if exc.diag.source_function != "RevalidateCachedQuery":  # the message may be translated
+                raise
+            raise OperationalError(f"a statement prepared before a migration: {exc}") from exc
         finally:
             conn.prepare_threshold = None
 

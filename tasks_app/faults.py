@@ -48,10 +48,6 @@ def is_infrastructure_error(exc: BaseException) -> bool:
         seen.add(id(current))
         if isinstance(current, _INFRASTRUCTURE):
             return True
-        if isinstance(current, psycopg.errors.FeatureNotSupported) and "cached plan" in str(current):
-            # A prepared statement (runtime_site.dbpool.bound_cursor) that a migration since
-            # changed the result of: psycopg forgets it on the failure, so the retry prepares afresh.
-            return True
         if isinstance(current, botocore.exceptions.ClientError):  # the store answered 5xx: it is unwell
             status = current.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
             if status >= 500:

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import pytest
 from django.db import connection
+
+from conftest import Processes, free_port
+from tasks_app.models import Task
 
 pytestmark = pytest.mark.django_db
 
@@ -30,3 +34,35 @@ def test_a_column_added_since_the_last_release_fills_itself_for_the_previous_rel
         f"NOT NULL without a database default: {sorted(columns - known)}; the previous release's inserts "
         "would fail during a rolling deploy: declare db_default (or null=True)"
     )
+
+
+@pytest.mark.django_db(transaction=True)  # the web process must see the rows; the migration runs beside it
+def test_a_web_process_whose_prepared_write_a_migration_outdated_answers_503_then_normally(alice, processes: Processes):
+    """A creation's event is a held write (tasks_app.leases.held_write), prepared on the
+    connection once it has run a few times. A migration that changes the type of a column it
+    reads back makes PostgreSQL refuse the prepared statement ("cached plan must not change
+    result type"): a fault of the moment, answered as one (503, retry), never a 500."""
+    port = free_port()
+    processes.web(port, RUNTIME_DB_POOL_MAX="1")  # one connection: every creation writes on it
+    client = httpx.Client(
+        base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {alice.token}"}, timeout=30
+    )
+
+    def create() -> httpx.Response:
+        return client.post("/runtime/tasks", json={"agent": "noop", "input": {"steps": 1}})
+
+    for _ in range(8):  # prepared from its sixth run (RUNTIME_DB_PREPARE_THRESHOLD)
+        assert create().status_code == 201
+    table = Task._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(f"ALTER TABLE {table} ALTER COLUMN event_seq TYPE integer")
+    try:
+        answers = [create() for _ in range(3)]
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"ALTER TABLE {table} ALTER COLUMN event_seq TYPE bigint")
+    for answer in answers:
+        assert answer.status_code in (201, 503), (answer.status_code, answer.text[:300])
+        if answer.status_code == 503:
+            assert int(answer.headers["Retry-After"]) > 0 and answer.json()["error"]["code"] == "unavailable"
+    assert answers[-1].status_code == 201
