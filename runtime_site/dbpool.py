@@ -134,9 +134,11 @@ class _Preparing(Cursor[Any]):
     connections have none (its default); these statements set it while they run.
 
     A statement prepared before a migration changed what it returns is refused ("cached plan
-    must not change result type") until the connection is closed, or psycopg forgets its
-    statements on a rollback: a fault of the moment, raised as one (OperationalError), which
-    the web answers with a 503 and a worker with a retry on a new connection."""
+    must not change result type"), and one the server forgot is missing (DISCARD ALL or
+    DEALLOCATE ALL run by the ORM, which psycopg no longer watches), until the connection is
+    closed or psycopg forgets its statements on a rollback: a fault of the moment, raised as
+    one (OperationalError), which the web answers with a 503 and a worker with a retry on a
+    new connection."""
 
     def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
         from django.conf import settings
@@ -149,6 +151,8 @@ class _Preparing(Cursor[Any]):
             if exc.diag.source_function != "RevalidateCachedQuery":  # the message may be translated
                 raise
             raise OperationalError(f"a statement prepared before a migration: {exc}") from exc
+        except errors.InvalidSqlStatementName as exc:
+            raise OperationalError(f"a prepared statement the server forgot: {exc}") from exc
         finally:
             conn.prepare_threshold = None
 

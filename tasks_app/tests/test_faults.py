@@ -247,6 +247,25 @@ def test_a_prepared_commit_that_a_migration_outdated_delays_the_task_and_never_f
     assert sorted(attempts(task)) == list(range(1, 21))  # the refused commit wrote nothing; the rest ran again
 
 
+@pytest.mark.parametrize("forget", ["DISCARD ALL", "DEALLOCATE ALL"])
+@pytest.mark.django_db(transaction=True)  # the fault drops the database connection, which would end a test transaction
+def test_prepared_statements_the_server_forgot_delay_the_task_and_never_fail_it(alice, settings, forget):
+    # Run on the worker's connection (by an agent's own SQL, say), these end the statements
+    # psycopg knows prepared: the next step's commit names one the server no longer has.
+    settings.RUNTIME_SLICE_STEPS = 8
+    task, _ = do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 20})
+    assert engine.run_slice(task.id, worker_id="w1") is engine.SliceOutcome.CONTINUE
+    with connection.cursor() as cursor:
+        cursor.execute(forget)
+    outcomes = run_to_end(task)
+    if outcomes[-1] is engine.SliceOutcome.RETRY:  # at worst an infrastructure fault: a new connection, the step again
+        outcomes += run_to_end(task)
+    assert outcomes[-1] is engine.SliceOutcome.DONE
+    task.refresh_from_db()
+    assert task.status == "completed" and task.steps_done == 20 and task.infra_faults <= 1
+    assert sorted(attempts(task)) == list(range(1, 21))
+
+
 @pytest.mark.parametrize(
     ("error", "infrastructure"),
     [
