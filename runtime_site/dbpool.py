@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Sequence
 from datetime import UTC
 from typing import Any, TypeVar
 
+from django.core.exceptions import ImproperlyConfigured
 from psycopg import AsyncConnection, Connection, Cursor, OperationalError, errors
 from psycopg.abc import PQGen
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
@@ -162,7 +163,13 @@ def prepare_threshold() -> int | None:
     never. Django leaves prepared statements off for poolers in transaction mode that
     predate their support (PgBouncer < 1.21); such a deployment sets it to `off`."""
     threshold = os.getenv("RUNTIME_DB_PREPARE_THRESHOLD", "5")
-    return None if threshold in ("off", "") else int(threshold)
+    if threshold in ("off", ""):
+        return None
+    if not threshold.isdigit():  # read by every process at boot: a clear refusal, not int()'s ValueError
+        raise ImproperlyConfigured(
+            f"RUNTIME_DB_PREPARE_THRESHOLD={threshold!r}: use a number of runs (0: at the first) or 'off'"
+        )
+    return int(threshold)
 
 
 def check_connection(conn: Any) -> None:
