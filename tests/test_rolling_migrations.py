@@ -43,7 +43,8 @@ def test_a_web_process_whose_prepared_write_a_migration_outdated_answers_503_the
     reads back makes PostgreSQL refuse the prepared statement ("cached plan must not change
     result type"): a fault of the moment, answered as one (503, retry), never a 500."""
     port = free_port()
-    processes.web(port, RUNTIME_DB_POOL_MAX="1")  # one connection: every creation writes on it
+    # One connection, on which every creation writes: prepared from its sixth.
+    processes.web(port, RUNTIME_DB_POOL_MAX="1", RUNTIME_DB_PREPARE_THRESHOLD="5")
     client = httpx.Client(
         base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {alice.token}"}, timeout=30
     )
@@ -51,7 +52,7 @@ def test_a_web_process_whose_prepared_write_a_migration_outdated_answers_503_the
     def create() -> httpx.Response:
         return client.post("/runtime/tasks", json={"agent": "noop", "input": {"steps": 1}})
 
-    for _ in range(8):  # prepared from its sixth run (RUNTIME_DB_PREPARE_THRESHOLD)
+    for _ in range(8):
         assert create().status_code == 201
     table = Task._meta.db_table
     with connection.cursor() as cursor:

@@ -225,6 +225,7 @@ def in_another_connection(sql: str) -> None:
 @pytest.mark.django_db(transaction=True)  # the migration runs from another connection, which must see the rows
 def test_a_prepared_commit_that_a_migration_outdated_delays_the_task_and_never_fails_it(alice, settings):
     settings.RUNTIME_SLICE_STEPS = 8
+    settings.RUNTIME_DB_PREPARE_THRESHOLD = 5  # whatever the environment says: prepared by the sixth step
     task, _ = do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 20})
     assert engine.run_slice(task.id, worker_id="w1") is engine.SliceOutcome.CONTINUE
     with connection.cursor() as cursor:  # a step's commit runs prepared (runtime_site.dbpool.bound_cursor)
@@ -253,6 +254,7 @@ def test_prepared_statements_the_server_forgot_delay_the_task_and_never_fail_it(
     # Run on the worker's connection (by an agent's own SQL, say), these end the statements
     # psycopg knows prepared: the next step's commit names one the server no longer has.
     settings.RUNTIME_SLICE_STEPS = 8
+    settings.RUNTIME_DB_PREPARE_THRESHOLD = 5
     task, _ = do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 20})
     assert engine.run_slice(task.id, worker_id="w1") is engine.SliceOutcome.CONTINUE
     with connection.cursor() as cursor:

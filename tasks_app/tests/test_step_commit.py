@@ -26,6 +26,14 @@ from tasks_app.tests.test_engine import run_to_end
 pytestmark = pytest.mark.django_db
 
 
+@pytest.fixture(autouse=True)
+def prepared_after_five_runs(settings):
+    """The default whatever the environment says (RUNTIME_DB_PREPARE_THRESHOLD=0 or off): the
+    counts below read captured statements, and a statement run prepared is captured as Django's
+    "QUERY = ... - PARAMS = ...", not as its text."""
+    settings.RUNTIME_DB_PREPARE_THRESHOLD = 5
+
+
 @register
 class BusyStepsAgent(Agent):
     """Steps that write everything a step can: a log line, a cost, an audit record at
