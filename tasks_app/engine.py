@@ -13,6 +13,7 @@ from __future__ import annotations
 import enum
 import json
 import logging
+import math
 import os
 import socket
 import time
@@ -532,9 +533,10 @@ def _step_deadline(agent: agents.Agent, step_name: str) -> float:
 
 def _unstorable(ctx: agents.StepContext, new_state: dict[str, Any]) -> str | None:
     """Why the database would refuse what the step produced (its text and jsonb take no NUL
-    and no lone surrogate; names, phases and messages have a length), or None. Checked before the
-    commit: a refused commit would escape the slice and crash-loop the task into a dead
-    letter that blames the worker. Fetched content carries such characters easily."""
+    and no lone surrogate, jsonb no NaN or infinity; names, phases and messages have a
+    length), or None. Checked before the commit: a refused commit would escape the slice and
+    crash-loop the task into a dead letter that blames the worker. Fetched content carries
+    such characters easily, and a parser such numbers."""
     for what, value, limit in (
         ("step name", ctx.step_name, Step._meta.get_field("name").max_length),
         ("phase", ctx.phase or "", Task._meta.get_field("phase").max_length),
@@ -565,6 +567,8 @@ def _unstorable(ctx: agents.StepContext, new_state: dict[str, Any]) -> str | Non
                 item.encode()
             except UnicodeEncodeError:
                 return f"a lone surrogate in {item[:60]!r}"
+        elif isinstance(item, float) and not math.isfinite(item):
+            return f"{item} is not a JSON number"
     return None
 
 
