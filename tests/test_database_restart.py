@@ -178,6 +178,15 @@ def assert_unavailable(answers: dict[str, httpx.Response]) -> None:
             assert body["error"]["code"] == "unavailable", (name, body)
 
 
+def normal_again(calls: dict[str, Callable[[], httpx.Response]], since: str) -> None:
+    """Every endpoint answers normally again within 30 s of `since` (which has just happened)."""
+    began = time.monotonic()
+    wait_until(
+        lambda: statuses(probe(calls)) == UP, timeout=30, interval=0.5, what=f"every endpoint normal after {since}"
+    )
+    print(f"every endpoint normal {time.monotonic() - began:.1f}s after {since}")
+
+
 def start_task(base: str, persona: Persona) -> str:
     created = httpx.post(
         f"{base}/runtime/tasks",
@@ -304,14 +313,7 @@ def test_while_the_database_is_down_every_endpoint_is_a_503_and_after_it_normal_
     assert_unavailable(probe(calls))  # and again: nothing was left broken by the first round
 
     private_postgres.start()
-    back = time.monotonic()
-    wait_until(
-        lambda: statuses(probe(calls)) == UP,
-        timeout=30,
-        interval=0.5,
-        what="every endpoint to answer normally once the database is back",
-    )
-    print(f"every endpoint normal {time.monotonic() - back:.1f}s after the database was back")
+    normal_again(calls, "the database was back")
     assert web.poll() is None
 
 
@@ -361,14 +363,7 @@ def test_while_the_database_is_frozen_every_endpoint_is_a_503_within_the_deadlin
     finally:
         private_postgres.thaw()
 
-    thawed = time.monotonic()
-    wait_until(
-        lambda: statuses(probe(calls)) == UP,
-        timeout=30,
-        interval=0.5,
-        what="every endpoint to answer normally once the database is thawed",
-    )
-    print(f"every endpoint normal {time.monotonic() - thawed:.1f}s after the thaw")
+    normal_again(calls, "the thaw")
     for _ in range(3):  # and it stays so: no pooled connection was left broken or held
         assert statuses(probe(calls)) == UP
 
