@@ -29,6 +29,7 @@ from django.utils import timezone
 from checkpoints_app import actions as checkpoints
 from checkpoints_app.codec import CheckpointCorrupt
 from checkpoints_app.models import Checkpoint
+from common import json_safety
 from common.schema import SchemaError, validate
 from ledger_app import actions as ledger
 from ledger_app import llm
@@ -438,9 +439,10 @@ def _loop(run: _Run, heartbeat: leases.Heartbeat) -> SliceOutcome:
                 telemetry.step(run.task, step_name, sequence, rerun=sequence <= run.rerun_until),
                 kills.step(heartbeat.guard),
             ):
-                new_state = json.loads(json.dumps(run.agent.run_step(ctx, json.loads(json.dumps(run.state)))))
-            if why := _unstorable(ctx, new_state):  # the agent's failure, not the commit's
+                produced = run.agent.run_step(ctx, json.loads(json.dumps(run.state)))
+            if why := _unstorable(ctx, produced):  # the agent's failure, not the commit's
                 raise ValueError(f"the step's output cannot be stored: {why}")
+            new_state = json.loads(json.dumps(produced))
         except agents.InputNeeded as need:
             _wait_for_input(run, need)
             return SliceOutcome.DONE
@@ -536,7 +538,10 @@ def _unstorable(ctx: agents.StepContext, new_state: dict[str, Any]) -> str | Non
     and no lone surrogate, jsonb no NaN or infinity; names, phases and messages have a
     length), or None. Checked before the commit: a refused commit would escape the slice and
     crash-loop the task into a dead letter that blames the worker. Fetched content carries
-    such characters easily, and a parser such numbers."""
+    such characters easily, and a parser such numbers. Nesting is held to the inputs' bound
+    (common.json_safety.MAX_DEPTH): a log nested a thousand deep made the commit's recursive
+    walks (masking, JSON) raise RecursionError out of the slice. Walked without recursion,
+    before the state's JSON round trip, which would raise it too."""
     for what, value, limit in (
         ("step name", ctx.step_name, Step._meta.get_field("name").max_length),
         ("phase", ctx.phase or "", Task._meta.get_field("phase").max_length),
@@ -544,22 +549,18 @@ def _unstorable(ctx: agents.StepContext, new_state: dict[str, Any]) -> str | Non
     ):
         if limit is not None and len(value) > limit:
             return f"its {what} is longer than {limit} characters"
-    stack: list[Any] = [
-        ctx.step_name,
-        ctx.phase,
-        ctx.message,
-        ctx.logs,
-        ctx.artifacts,
-        ctx.summary,
-        ctx.audits,
-        new_state,
+    stack: list[tuple[Any, int]] = [
+        (item, 0)
+        for item in (ctx.step_name, ctx.phase, ctx.message, ctx.logs, ctx.artifacts, ctx.summary, ctx.audits, new_state)
     ]
     while stack:
-        item = stack.pop()
+        item, depth = stack.pop()
+        if isinstance(item, dict | list | tuple) and depth > json_safety.MAX_DEPTH:
+            return f"it is nested more than {json_safety.MAX_DEPTH} deep"
         if isinstance(item, dict):
-            stack += [*item.keys(), *item.values()]
-        elif isinstance(item, list):
-            stack += item
+            stack += [(inner, depth + 1) for inner in (*item.keys(), *item.values())]
+        elif isinstance(item, list | tuple):
+            stack += [(inner, depth + 1) for inner in item]
         elif isinstance(item, str):
             if "\x00" in item:
                 return f"a NUL character in {item[:60]!r}"

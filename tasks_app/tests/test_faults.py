@@ -377,8 +377,9 @@ def test_infrastructure_faults_without_progress_are_held_for_an_operator_not_ret
 @register
 class HostileOutputAgent(Agent):
     """Two steps; the first reads a document with a NUL byte or a lone surrogate in it (as
-    fetched content may have), or a number parsed as NaN or infinity, and puts a line of it
-    (or the number) where the agent puts things: `where`."""
+    fetched content may have), or a number parsed as NaN or infinity, or a tree nested
+    thousands deep, and puts a line of it (or the number, the tree) where the agent puts
+    things: `where`."""
 
     name = "test_hostile_output"
     input_schema = {"type": "object"}
@@ -391,7 +392,12 @@ class HostileOutputAgent(Agent):
 
     def run_step(self, ctx: StepContext, state: dict[str, Any]) -> dict[str, Any]:
         bad = ctx.input["bad"]
-        line = float(bad) if isinstance(bad, str) else "page 1" + chr(bad)
+        if bad == "deep":  # a parser's tree of a hostile page, say: far past any recursion limit
+            line: Any = "page 1"
+            for _ in range(5000):
+                line = [line]
+        else:
+            line = float(bad) if isinstance(bad, str) else "page 1" + chr(bad)
         if state["done"] == 0:
             match ctx.input["where"]:
                 case "log":
@@ -406,7 +412,9 @@ class HostileOutputAgent(Agent):
         return {"done": state["done"]}
 
 
-@pytest.mark.parametrize("bad", [0x0, 0xD800, "nan", "-inf"], ids=["nul", "lone-surrogate", "nan", "infinity"])
+@pytest.mark.parametrize(
+    "bad", [0x0, 0xD800, "nan", "-inf", "deep"], ids=["nul", "lone-surrogate", "nan", "infinity", "deep"]
+)
 @pytest.mark.parametrize("where", ["log", "summary", "state"])
 def test_an_agent_output_the_database_cannot_store_fails_the_step_with_a_diagnosis(alice, where, bad):
     # Not a crash (the worker is fine) and not infrastructure: the agent's own output cannot
