@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import select
 import weakref
@@ -24,6 +25,7 @@ from collections.abc import AsyncIterator, Sequence
 from datetime import UTC
 from typing import Any, TypeVar
 
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from psycopg import AsyncConnection, Connection, Cursor, OperationalError, errors
 from psycopg.abc import PQGen
@@ -62,7 +64,15 @@ RV = TypeVar("RV")
 def query_seconds() -> float | None:
     """RUNTIME_DB_QUERY_SECONDS: how long one round trip may wait for the server; None: as long as it takes."""
     seconds = os.getenv("RUNTIME_DB_QUERY_SECONDS", "10")
-    return None if seconds in ("off", "", "0") else float(seconds)
+    if seconds in ("off", "", "0"):
+        return None
+    try:
+        value = float(seconds)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):  # read at boot: a clear refusal, not float()'s ValueError
+        raise ImproperlyConfigured(f"RUNTIME_DB_QUERY_SECONDS={seconds!r}: use seconds above 0, or 'off'")
+    return value
 
 
 QUERY_SECONDS = query_seconds()
@@ -142,8 +152,6 @@ class _Preparing(Cursor[Any]):
     new connection."""
 
     def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
-        from django.conf import settings
-
         conn = self.connection
         conn.prepare_threshold = settings.RUNTIME_DB_PREPARE_THRESHOLD
         try:
@@ -222,8 +230,6 @@ _async_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncConnecti
 def async_available() -> bool:
     """Whether the lean paths read the database from the event loop (settings.RUNTIME_DB_ASYNC_POOL:
     the web process on PostgreSQL); if not, they leave their requests to the full path."""
-    from django.conf import settings
-
     return bool(getattr(settings, "RUNTIME_DB_ASYNC_POOL", False))
 
 
@@ -249,7 +255,6 @@ async def _configure_async(conn: AsyncConnection[Any]) -> None:
 def _async_params() -> dict[str, Any]:
     """The connection parameters of DATABASES["default"] (those Django itself connects with),
     with psycopg's own loaders (jsonb as Python values) and timestamps in UTC, as the ORM reads them."""
-    from django.conf import settings
     from django.db import connections
     from django.db.backends.postgresql.psycopg_any import register_tzloader
     from psycopg import adapt, adapters

@@ -31,3 +31,10 @@ def test_a_prepare_threshold_that_is_no_count_is_refused_by_name(monkeypatch, va
 def test_a_prepare_threshold_is_a_count_or_off(monkeypatch, value, threshold):
     monkeypatch.setenv("RUNTIME_DB_PREPARE_THRESHOLD", value)
     assert dbpool.prepare_threshold() == threshold
+
+
+@pytest.mark.parametrize("value", ["ten", "nan", "inf", "-1", "1e999"])
+def test_a_query_deadline_that_is_no_number_of_seconds_is_refused_by_name(monkeypatch, value):
+    monkeypatch.setenv("RUNTIME_DB_QUERY_SECONDS", value)
+    with pytest.raises(ImproperlyConfigured, match="RUNTIME_DB_QUERY_SECONDS"):
+        dbpool.query_seconds()
