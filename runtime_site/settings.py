@@ -356,6 +356,7 @@ else:
     for sub in ("queue", "processed", "control"):
         (_broker / sub).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_URL = "filesystem://"
+    CELERY_BROKER_TRANSPORT = "runtime_site.brokerfs:Transport"  # whole messages only (its docstring)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_broker / "queue"),
         "data_folder_out": str(_broker / "queue"),

@@ -44,14 +44,14 @@ def embedded(tmp_path: Path, processes: Processes):
     key = manage("create_demo", "--key-only")
     port = free_port()
     processes.web(port, **env)
-    processes.worker(concurrency=2, **env)
+    worker = processes.worker(concurrency=2, **env)
     processes.beat(**env)
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {key}"}, timeout=10)
-    return client, manage, data, f"http://127.0.0.1:{port}", key
+    return client, manage, data, f"http://127.0.0.1:{port}", key, worker
 
 
 def test_the_embedded_profile_runs_a_task_end_to_end(embedded):
-    client, manage, data, _, _ = embedded
+    client, manage, data, _, _, _ = embedded
     created = client.post(
         "/runtime/tasks",
         json={"agent": "noop", "input": {"steps": 30, "sleepMs": 5}},
@@ -71,7 +71,7 @@ def test_the_embedded_profile_runs_a_task_end_to_end(embedded):
 
 
 def test_the_embedded_profile_streams_a_workers_events_across_processes(embedded):
-    client, _, _, base, key = embedded
+    client, _, _, base, key, _ = embedded
     task_id = client.post("/runtime/tasks", json={"agent": "noop", "input": {"steps": 25, "sleepMs": 40}}).json()[
         "taskId"
     ]
@@ -83,3 +83,26 @@ def test_the_embedded_profile_streams_a_workers_events_across_processes(embedded
     seqs = [e["data"]["seq"] for e in events]
     assert seqs == list(range(seqs[0], seqs[-1] + 1))  # no redis, still no gap
     assert {"progress", "checkpoint"} <= {e["type"] for e in events}
+
+
+def test_a_half_written_message_file_neither_stops_the_worker_nor_the_work(embedded):
+    """What kombu's own filesystem transport left when its sender was killed between creating
+    a message's file and writing it, and what a reader saw in that moment: a half message
+    killed the worker that read it (runtime_site/brokerfs.py)."""
+    client, _, data, _, _, worker = embedded
+    queue = data / "broker" / "queue"
+    (queue / "00000000000000000001_half.steps.msg").write_text('{"body": "eyJ')
+    (queue / "00000000000000000002_empty.steps.msg").write_bytes(b"")
+    wait_until(lambda: not any(queue.glob("0000000000000000000*")), timeout=30, what="the worker to take both files")
+    task_id = client.post("/runtime/tasks", json={"agent": "noop", "input": {"steps": 3}}).json()["taskId"]
+    wait_until(
+        lambda: client.get(f"/runtime/tasks/{task_id}").json()["status"] == "completed",
+        timeout=60,
+        what="the task to complete after the bad files",
+    )
+    assert worker.poll() is None, "the worker died"
+    set_aside = sorted(p.name for p in (data / "broker" / "processed").iterdir())
+    assert set_aside == [
+        "00000000000000000001_half.steps.msg.unreadable",
+        "00000000000000000002_empty.steps.msg.unreadable",
+    ]

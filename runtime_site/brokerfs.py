@@ -1,0 +1,91 @@
+"""The embedded default's broker: kombu's filesystem transport, with whole messages only.
+
+kombu 5.7.0's filesystem transport creates a message's file under its final name and then
+writes it, and a reader takes whatever file it lists. A worker that read a file between
+the two got an empty or half message, and the JSONDecodeError out of the transport killed
+the worker (its consumer has no handler for it); a sender killed between the two (SIGKILL,
+a crash) left a half file that killed every worker that came to it. In CI, under load, the
+demo hung after it killed one of its two workers, most likely because the other had died
+this way before: nothing was left to recover the task (the reproduction:
+tests/test_broker_files.py, tests/test_embedded_profile.py).
+
+Here a message is written under a name no reader picks and renamed into place, which is
+atomic on one filesystem: a reader sees all of it or nothing. A file that is not a message
+(left by an older release, or by hand) is set aside with a warning instead of killing the
+worker. A reader takes a file by renaming it within the queue's folder, so of two readers
+exactly one gets it; kombu moved it to the system's temporary folder, a copy and a delete
+across filesystems, which two readers could both win. Names sort in sending order: kombu's
+millisecond counter was not zero-padded, so as text 9999 sorted after 10000.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+import uuid
+from importlib.metadata import version
+from queue import Empty
+from typing import Any
+
+from kombu.exceptions import ChannelError
+from kombu.transport import filesystem
+from kombu.utils.encoding import bytes_to_str, str_to_bytes
+from kombu.utils.json import dumps, loads
+
+WRITTEN_FOR = "5.7.0"
+if version("kombu") != WRITTEN_FOR:
+    raise RuntimeError(
+        f"runtime_site/brokerfs.py replaces kombu {WRITTEN_FOR}'s filesystem Channel._put and _get, but "
+        f"{version('kombu')} is installed: check both against its source, then update WRITTEN_FOR"
+    )
+
+logger = logging.getLogger(__name__)
+PARTIAL = ".part"  # a message being written: "….<queue>.msg.part" is no queue's file
+UNREADABLE = ".unreadable"  # set aside in the processed folder: not a message
+
+
+class Channel(filesystem.Channel):
+    # kombu's type stubs give _put two signatures (the base's and the filesystem's): the latter's.
+    def _put(self, queue: str, payload: dict[str, Any], **kwargs: Any) -> None:  # type: ignore[override]
+        name = os.path.join(self.data_folder_out, f"{time.monotonic_ns():020d}_{uuid.uuid4()}.{queue}.msg")
+        try:
+            with open(name + PARTIAL, "wb") as f:
+                f.write(str_to_bytes(dumps(payload)))
+            os.rename(name + PARTIAL, name)
+        except OSError as exc:
+            raise ChannelError(f"Cannot add file {name!r} to directory") from exc
+
+    def _get(self, queue: str, timeout: float | None = None) -> Any:
+        wanted = f"{queue}.msg"
+        for filename in sorted(os.listdir(self.data_folder_in)):
+            if filename.partition(".")[2] != wanted:
+                continue
+            # A rename in the same folder: atomic, so of two readers exactly one takes it.
+            taken = os.path.join(self.data_folder_in, f".taken-{os.getpid()}-{filename}")
+            try:
+                os.rename(os.path.join(self.data_folder_in, filename), taken)
+            except OSError:
+                continue  # another reader took it first
+            try:
+                with open(taken, "rb") as f:
+                    payload = f.read()
+            except OSError as exc:
+                raise ChannelError(f"Cannot read file {filename!r} from queue.") from exc
+            try:
+                message = loads(bytes_to_str(payload))
+            except ValueError:
+                logger.warning("broker: %s is no whole message (%d bytes); set aside", filename, len(payload))
+                shutil.move(taken, os.path.join(self.processed_folder, filename + UNREADABLE))
+                continue
+            if self.store_processed:
+                shutil.move(taken, os.path.join(self.processed_folder, filename))
+            else:
+                os.remove(taken)
+            return message
+        raise Empty()  # what kombu's channels raise for an empty queue
+
+
+class Transport(filesystem.Transport):
+    Channel = Channel
