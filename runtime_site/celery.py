@@ -102,6 +102,19 @@ def warm_tool_clients(**_: Any) -> None:
 
 
 @worker_init.connect
+def bound_database_round_trips(**_: Any) -> None:
+    """In the worker's main process, before the pool forks (and where a solo pool runs its
+    tasks): every database connection made from now on waits for each answer at most
+    RUNTIME_DB_WORKER_QUERY_SECONDS. A frozen database held a slice and its heartbeat for as
+    long as it was frozen; past the deadline the slice is abandoned as an infrastructure
+    fault and tried again after a backoff (runtime_site/dbpool.py says why this long). Beat
+    needs none: it keeps its schedule in a file and opens no database connection."""
+    from runtime_site import dbpool
+
+    dbpool.own_connection_class = dbpool.WorkerConnection
+
+
+@worker_init.connect
 def freeze_the_loaded_heap(**_: Any) -> None:
     """Last before the pool forks: what the worker has loaded (Django, the apps, the tool
     clients) lives as long as the process, so the garbage collector stops walking it

@@ -10,7 +10,8 @@ reconnect_timeout; runtime_site.errors answers what still fails meanwhile with a
 A frozen server (SIGSTOP, a partition that drops packets) fails nothing by itself: the kernel
 still accepts and acknowledges on its behalf, so no timeout of the server's or of TCP's fires,
 and a request waited for an answer as long as the freeze lasted. Every round trip of the web
-process's connections (both pools) therefore has a deadline of its own (DeadlineConnection).
+process's connections (both pools) therefore has a deadline of its own (DeadlineConnection),
+and so has every round trip of a worker's (WorkerConnection, through runtime_site.postgresql).
 """
 
 from __future__ import annotations
@@ -44,6 +45,22 @@ RV = TypeVar("RV")
 # server runs again: nothing is left waiting on either side. No statement of the web process
 # takes this long on a healthy server; one that does (a lock held that long) is a 503 too.
 #
+# A worker's connections (Django's own, one per thread: no pool) have a deadline of their
+# own, RUNTIME_DB_WORKER_QUERY_SECONDS (60): a frozen server held a slice, and its
+# heartbeat, for as long as it was frozen, and a server that never answers again (a
+# failover; a partition that outlived the server's side of the connection) for ever, and
+# with it the pool process. Past it the slice is abandoned as an infrastructure fault
+# (tasks_app.engine._abandon) and tried again after a backoff, as after a restart; no
+# slice fails for it. Longer than the web's, because no client waits on a worker and a
+# worker runs statements a request never does: the retention trim's scans grow with the
+# tables (one batch over 5 million checkpoints took 3-7 s on a busy two-core host), a big
+# checkpoint's write with its state. The lease does not need the deadline to be short: it
+# fences a worker the database stopped answering whatever the deadline (a slice that
+# outlives its lease is refused its next write). A claim waiting for its tenant's turn
+# (the tenant's row lock) waits only for other claims (one round trip) and creations under
+# a queue cap (a web request's transaction). Only workers: a management
+# command (a migration that builds an index) may wait as long as it needs (Ctrl-C stops it).
+#
 # The deadline is psycopg's own: Connection.wait, through which every round trip goes, takes
 # a timeout (psycopg bounds its wait for a cancelled statement with it) and raises
 # errors._WaitTimeout past it. Both are psycopg's internals, not its documented API: an
@@ -59,11 +76,12 @@ RV = TypeVar("RV")
 #   thread or task that waits.
 # - The pools' `timeout`: it bounds the wait for a connection, not for a borrowed one's
 #   answer. TCP keepalives and tcp_user_timeout: the kernel still acknowledges.
+# - statement_timeout: the server's own timer, which a frozen server does not run.
 
 
-def query_seconds() -> float | None:
-    """RUNTIME_DB_QUERY_SECONDS: how long one round trip may wait for the server; None: as long as it takes."""
-    seconds = os.getenv("RUNTIME_DB_QUERY_SECONDS", "10")
+def query_seconds(variable: str = "RUNTIME_DB_QUERY_SECONDS", default: str = "10") -> float | None:
+    """How long one round trip may wait for the server, from `variable`; None: as long as it takes."""
+    seconds = os.getenv(variable, default)
     if seconds in ("off", "", "0"):
         return None
     try:
@@ -71,46 +89,68 @@ def query_seconds() -> float | None:
     except ValueError:
         value = math.nan
     if not (math.isfinite(value) and value > 0):  # read at boot: a clear refusal, not float()'s ValueError
-        raise ImproperlyConfigured(f"RUNTIME_DB_QUERY_SECONDS={seconds!r}: use seconds above 0, or 'off'")
+        raise ImproperlyConfigured(f"{variable}={seconds!r}: use seconds above 0, or 'off'")
     return value
 
 
 QUERY_SECONDS = query_seconds()
+WORKER_QUERY_SECONDS = query_seconds("RUNTIME_DB_WORKER_QUERY_SECONDS", "60")
 
 
 class NoAnswer(OperationalError):
-    """The database did not answer a round trip within RUNTIME_DB_QUERY_SECONDS."""
-
-
-def _no_answer() -> NoAnswer:
-    return NoAnswer(f"the database did not answer within {QUERY_SECONDS:g} s (RUNTIME_DB_QUERY_SECONDS)")
+    """The database did not answer a round trip within the connection's deadline."""
 
 
 class DeadlineConnection(Connection[Any]):
     """The sync pool's connections (Django's): every round trip waits at most QUERY_SECONDS."""
 
+    @classmethod
+    def deadline(cls) -> tuple[float | None, str]:
+        """Seconds a round trip may wait (None: no bound), and the setting that says so."""
+        return QUERY_SECONDS, "RUNTIME_DB_QUERY_SECONDS"
+
     # interval: psycopg's own default (how often a wait wakes to notice Ctrl-C).
     def wait(self, gen: PQGen[RV], interval: float = 0.1, timeout: float | None = None) -> RV:
-        if timeout is not None or QUERY_SECONDS is None:  # a caller's own bound (psycopg's notifies) stands
+        seconds, setting = self.deadline()
+        if timeout is not None or seconds is None:  # a caller's own bound (psycopg's notifies) stands
             return super().wait(gen, interval, timeout)
         try:
-            return super().wait(gen, interval, QUERY_SECONDS)
+            return super().wait(gen, interval, seconds)
         except errors._WaitTimeout:
             self.close()  # mid-statement: no later statement could use it
-            raise _no_answer() from None
+            raise NoAnswer(f"the database did not answer within {seconds:g} s ({setting})") from None
+
+
+class WorkerConnection(DeadlineConnection):
+    """A worker's connections (runtime_site.postgresql): as DeadlineConnection, within WORKER_QUERY_SECONDS."""
+
+    @classmethod
+    def deadline(cls) -> tuple[float | None, str]:
+        return WORKER_QUERY_SECONDS, "RUNTIME_DB_WORKER_QUERY_SECONDS"
 
 
 class DeadlineAsyncConnection(AsyncConnection[Any]):
     """The event loop's pool's connections: as DeadlineConnection."""
 
+    @classmethod
+    def deadline(cls) -> tuple[float | None, str]:
+        return QUERY_SECONDS, "RUNTIME_DB_QUERY_SECONDS"
+
     async def wait(self, gen: PQGen[RV], interval: float = 0.1, timeout: float | None = None) -> RV:
-        if timeout is not None or QUERY_SECONDS is None:
+        seconds, setting = self.deadline()
+        if timeout is not None or seconds is None:
             return await super().wait(gen, interval, timeout)
         try:
-            return await super().wait(gen, interval, QUERY_SECONDS)
+            return await super().wait(gen, interval, seconds)
         except errors._WaitTimeout:
             await self.close()
-            raise _no_answer() from None
+            raise NoAnswer(f"the database did not answer within {seconds:g} s ({setting})") from None
+
+
+# The class of the connections Django's backend makes itself (without a pool):
+# runtime_site.postgresql's. None: psycopg's own, unbounded (management commands, tests);
+# a worker sets WorkerConnection when it starts (runtime_site.celery).
+own_connection_class: type[Connection[Any]] | None = None
 
 
 # What one statement can carry bound apart from it: the protocol counts its values in 16 bits.

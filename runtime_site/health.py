@@ -94,7 +94,7 @@ def healthz(request: HttpRequest) -> JsonResponse:
 async def lean_readyz(request: HttpRequest) -> JsonResponse | None:
     """readyz on the event loop, for PostgreSQL and Redis (the embedded profile's SQLite file
     and broker folder are checked by the full view)."""
-    if settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql" or not _redis_broker():
+    if connections["default"].vendor != "postgresql" or not _redis_broker():
         return None
     applied: set[tuple[str, str]] | None = None
     database = broker = "ok"
@@ -147,7 +147,7 @@ def _applied_migrations() -> set[tuple[str, str]]:
     """(app, name) of applied migrations. On PostgreSQL through a connection of its own with
     a short connect timeout: the web process's pool would wait up to its own timeout (30 s)
     for a database that is down, far longer than a probe may take."""
-    if settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
+    if connections["default"].vendor != "postgresql":
         with connections["default"].cursor() as cursor:  # the embedded SQLite file
             cursor.execute(MIGRATIONS)
             return set(cursor.fetchall())

@@ -185,6 +185,15 @@ else:
     DATABASES = {"default": dj_database_url.parse(os.environ["DATABASE_URL"], conn_max_age=0, conn_health_checks=True)}
     from runtime_site import dbpool
 
+    if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+        # Django's, with the connections it makes itself bounded where the process says so:
+        # a worker's wait for each answer at most RUNTIME_DB_WORKER_QUERY_SECONDS (runtime_site/dbpool.py).
+        DATABASES["default"]["ENGINE"] = "runtime_site.postgresql"
+        # A host that drops packets (or a frozen server, whose kernel still accepts) would hold
+        # a connection attempt for minutes (psycopg's default: 130 s), not fail it: a worker
+        # reconnecting to give a lease back, its heartbeat, the web's pools.
+        DATABASES["default"].setdefault("OPTIONS", {}).setdefault("connect_timeout", 5)
+
     # Prepared statements for what runs through runtime_site.dbpool.bound_cursor (a step's
     # commit) and the lean reads' pool; Django's connections keep none (its default): the
     # ORM's client-side cursors never prepare.
@@ -200,8 +209,7 @@ else:
         # starts afresh, so the pool is back within seconds of the database), and a request
         # waits at most `timeout` for a connection before it is answered 503.
         DATABASES["default"]["CONN_HEALTH_CHECKS"] = False  # the pool's check does it
-        # A host that drops packets would hold a reconnection attempt for minutes, not fail it.
-        DATABASES["default"].setdefault("OPTIONS", {}).setdefault("connect_timeout", 5)
+        DATABASES["default"].setdefault("OPTIONS", {})
         _pool_max = int(os.getenv("RUNTIME_DB_POOL_MAX", "20"))
         DATABASES["default"]["OPTIONS"]["pool"] = {
             # Open from boot (runtime_site.asgi.warm_connections): what one write and the
@@ -218,7 +226,7 @@ else:
         }
 # The event loop's own pool (runtime_site/dbpool.py: the lean reads of runtime_site/lean.py)
 # exists where the sync pool does, on PostgreSQL; elsewhere those reads go the full way.
-RUNTIME_DB_ASYNC_POOL = DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and env_bool(
+RUNTIME_DB_ASYNC_POOL = DATABASES["default"]["ENGINE"] == "runtime_site.postgresql" and env_bool(
     "RUNTIME_DB_POOL", False
 )
 

@@ -3,6 +3,10 @@ the settings read from the environment refuse what they cannot mean."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
@@ -38,3 +42,26 @@ def test_a_query_deadline_that_is_no_number_of_seconds_is_refused_by_name(monkey
     monkeypatch.setenv("RUNTIME_DB_QUERY_SECONDS", value)
     with pytest.raises(ImproperlyConfigured, match="RUNTIME_DB_QUERY_SECONDS"):
         dbpool.query_seconds()
+
+
+def _worker_query_seconds(value: str | None) -> subprocess.CompletedProcess[str]:
+    """What a process reading RUNTIME_DB_WORKER_QUERY_SECONDS=value at import makes of it."""
+    env = {k: v for k, v in os.environ.items() if k != "RUNTIME_DB_WORKER_QUERY_SECONDS"}
+    if value is not None:
+        env["RUNTIME_DB_WORKER_QUERY_SECONDS"] = value
+    code = "from runtime_site import dbpool; print(dbpool.WORKER_QUERY_SECONDS)"
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+
+
+@pytest.mark.parametrize(("value", "seconds"), [(None, "60.0"), ("2.5", "2.5"), ("off", "None")])
+def test_a_workers_query_deadline_comes_from_the_environment(value, seconds):
+    read = _worker_query_seconds(value)
+    assert read.returncode == 0, read.stderr
+    assert read.stdout.strip() == seconds
+
+
+@pytest.mark.parametrize("value", ["ten", "nan", "-1"])
+def test_a_workers_query_deadline_that_is_no_number_of_seconds_is_refused_by_name(value):
+    read = _worker_query_seconds(value)
+    assert read.returncode != 0
+    assert f"RUNTIME_DB_WORKER_QUERY_SECONDS={value!r}: use seconds above 0" in read.stderr

@@ -426,3 +426,77 @@ def test_database_outages_longer_than_a_lease_are_infrastructure_faults_not_reco
     assert final["status"] == "completed", final
     # (the worker's retry may claim the expired lease before the reaper sees it: then nothing is counted)
     assert final["recoveries"] == 0 and final["error"] is None, final
+
+
+def test_a_worker_mid_slice_gives_a_frozen_database_up_within_its_deadline_and_the_task_completes_after_the_thaw(
+    alice, processes, private_postgres
+):
+    """A frozen server held a worker's slice (and its heartbeat) for as long as it was frozen:
+    its connections, Django's own, had no deadline. Now a round trip waits at most
+    RUNTIME_DB_WORKER_QUERY_SECONDS: the slice is abandoned as an infrastructure fault while the
+    database is still frozen, and after the thaw the task goes on from its last step and
+    completes, each step once, neither failed nor held for an operator."""
+    from conftest import FAST_LEASES
+    from tasks_app.access import console
+    from tasks_app.actions import do_create_task
+
+    deadline, steps = 2, 40
+    task, _ = do_create_task(
+        console(alice.tenant, "user:test"),
+        agent="noop",
+        input={"steps": steps, "sleepMs": 200},
+        checkpoint_policy={"everySteps": 1},  # resumed from its last step: none runs twice by design
+    )
+    # connect_timeout: a reconnection to the frozen server (to give the lease back, the next claim) fails in 2 s
+    url = private_postgres.copy_of_the_test_database() + "?connect_timeout=2"
+    env = {**FAST_LEASES, "DATABASE_URL": url, "RUNTIME_DB_WORKER_QUERY_SECONDS": str(deadline)}
+    worker = processes.worker(**env)
+    processes.beat(**env)
+    log = Path(worker.log_path)
+
+    def row() -> dict[str, Any]:
+        with psycopg.connect(url, row_factory=dict_row) as conn:
+            return conn.execute(
+                "SELECT status, steps_done, recoveries, infra_faults, error FROM tasks_app_task WHERE id = %s",
+                [task.id],
+            ).fetchone()
+
+    wait_until(lambda: row()["steps_done"] >= 3, timeout=60, what="steps under way")
+    private_postgres.freeze()
+    frozen_at = time.monotonic()
+    try:
+        # Within the deadline and a busy two-core machine's slack, while still frozen ...
+        wait_until(
+            lambda: "infrastructure fault" in log.read_text(errors="replace"),
+            timeout=deadline + 10,
+            what="the worker to give the frozen database up",
+        )
+        print(f"slice given up {time.monotonic() - frozen_at:.1f}s into the freeze")
+        # ... and frozen on past the lease (3 s), which expires: giving it back cannot reach the database either.
+        wait_until(
+            lambda: "could not give the lease back" in log.read_text(errors="replace"),
+            timeout=deadline + 2 + 10,
+            what="the lease left to expire",
+        )
+        print(f"thawed {time.monotonic() - frozen_at:.1f}s into the freeze")
+    finally:
+        private_postgres.thaw()
+
+    wait_until(lambda: row()["status"] not in ("queued", "working", "recovering"), timeout=120, what="the task to end")
+    final = row()
+    print(f"after the thaw: {final}")
+    assert final["status"] == "completed" and final["error"] is None, final
+    with psycopg.connect(url) as conn:
+        ran = conn.execute(
+            "SELECT sequence, attempt FROM tasks_app_step WHERE task_id = %s ORDER BY sequence", [task.id]
+        ).fetchall()
+    assert ran == [(sequence, 1) for sequence in range(1, steps + 1)], ran
+    # The lease expired while the database was frozen. If the reaper sees it before the
+    # worker's retry claims it, it counts a recovery (a freeze, unlike a restart, leaves the
+    # database no trace to tell it from a lost worker): one of max_recoveries in a row
+    # without progress, which the next step resets. Never more than one for one freeze.
+    assert final["recoveries"] <= 1, final
+    assert worker.poll() is None
+    for line in log.read_text(errors="replace").splitlines():
+        if "fault" in line or "lease back" in line:
+            print(line[:300])

@@ -64,3 +64,58 @@ def test_the_deadline_comes_from_the_environment(monkeypatch, value, seconds):
     else:
         monkeypatch.setenv("RUNTIME_DB_QUERY_SECONDS", value)
     assert dbpool.query_seconds() == seconds
+
+
+@pytest.fixture
+def worker_deadline(monkeypatch: pytest.MonkeyPatch) -> float:
+    """This process's own connections made as a worker's are (runtime_site.celery), with a short deadline."""
+    monkeypatch.setattr(dbpool, "own_connection_class", dbpool.WorkerConnection)
+    monkeypatch.setattr(dbpool, "WORKER_QUERY_SECONDS", DEADLINE)
+    return DEADLINE
+
+
+def test_a_workers_own_connections_fail_a_round_trip_past_the_worker_deadline_as_an_infrastructure_fault(
+    worker_deadline,
+):
+    """Workers connect without a pool (Django's own connections): runtime_site.postgresql makes
+    those of the class the worker chose, so a frozen server no longer holds a slice for as
+    long as it is frozen; what it raises delays the task, never fails it."""
+    from django.db import OperationalError, connections
+
+    from tasks_app import faults
+
+    conn = connections.create_connection("default")  # a fresh one, made as a worker makes its own
+    try:
+        conn.ensure_connection()
+        assert type(conn.connection) is dbpool.WorkerConnection
+        started = time.monotonic()
+        with (
+            pytest.raises(
+                OperationalError, match=r"did not answer within 0\.5 s \(RUNTIME_DB_WORKER_QUERY_SECONDS\)"
+            ) as raised,
+            conn.cursor() as cursor,
+        ):
+            cursor.execute("SELECT pg_sleep(5)")
+        assert time.monotonic() - started < worker_deadline + 1
+        assert conn.connection.closed
+        assert faults.is_infrastructure_error(raised.value)  # the slice is abandoned and retried, never failed
+        conn.close()  # what the worker does after a fault (faults.drop_connection): the next query connects afresh
+        with conn.cursor() as cursor:
+            cursor.execute("SELECT 1")
+            assert cursor.fetchone() == (1,)
+    finally:
+        conn.close()
+
+
+def test_a_management_commands_connections_keep_no_deadline(monkeypatch):
+    """Outside a worker (manage.py, a migration that builds an index for minutes; the tests)
+    Django's connections are psycopg's own."""
+    from django.db import connections
+
+    monkeypatch.setattr(dbpool, "own_connection_class", None)
+    conn = connections.create_connection("default")
+    try:
+        conn.ensure_connection()
+        assert type(conn.connection) is psycopg.Connection
+    finally:
+        conn.close()
