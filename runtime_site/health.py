@@ -23,6 +23,7 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_safe
 
+from runtime_site import dbpool
 from runtime_site.errors import error_body
 from runtime_site.lean import lean
 
@@ -144,16 +145,16 @@ def _brief(exc: Exception) -> str:
 
 
 def _applied_migrations() -> set[tuple[str, str]]:
-    """(app, name) of applied migrations. On PostgreSQL through a connection of its own with
-    a short connect timeout: the web process's pool would wait up to its own timeout (30 s)
-    for a database that is down, far longer than a probe may take."""
+    """(app, name) of applied migrations. On PostgreSQL through a connection of its own,
+    bounded by the probe's TIMEOUT (_probe_params, _ProbeConnection): the web process's pool
+    would wait up to its own timeout for a database that is down, longer than a probe may take."""
     if connections["default"].vendor != "postgresql":
         with connections["default"].cursor() as cursor:  # the embedded SQLite file
             cursor.execute(MIGRATIONS)
             return set(cursor.fetchall())
     import psycopg
 
-    with psycopg.connect(**_probe_params()) as conn:
+    with _ProbeConnection.connect(**_probe_params()) as conn:
         try:
             return set(conn.execute(MIGRATIONS).fetchall())
         except psycopg.errors.UndefinedTable:
@@ -163,11 +164,30 @@ def _applied_migrations() -> set[tuple[str, str]]:
 async def _applied_migrations_async() -> set[tuple[str, str]]:
     import psycopg
 
-    async with await psycopg.AsyncConnection.connect(**_probe_params()) as conn:
+    async with await _AsyncProbeConnection.connect(**_probe_params()) as conn:
         try:
             return set(await (await conn.execute(MIGRATIONS)).fetchall())
         except psycopg.errors.UndefinedTable:
             return set()
+
+
+class _ProbeConnection(dbpool.DeadlineConnection):
+    """The probe's connection: every round trip within TIMEOUT. The server's statement_timeout
+    (_probe_params) bounds a statement the server runs; a frozen server (SIGSTOP, a host
+    that hangs, a partition that drops packets) runs no timer of its own, and one that froze
+    after the probe connected held /readyz for as long as it was frozen."""
+
+    @classmethod
+    def deadline(cls) -> tuple[float | None, str]:
+        return TIMEOUT, "the readiness probe's deadline"
+
+
+class _AsyncProbeConnection(dbpool.DeadlineAsyncConnection):
+    """_ProbeConnection, for lean_readyz on the event loop."""
+
+    @classmethod
+    def deadline(cls) -> tuple[float | None, str]:
+        return TIMEOUT, "the readiness probe's deadline"
 
 
 def _probe_params() -> dict[str, Any]:

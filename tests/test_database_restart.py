@@ -500,3 +500,49 @@ def test_a_worker_mid_slice_gives_a_frozen_database_up_within_its_deadline_and_t
     for line in log.read_text(errors="replace").splitlines():
         if "fault" in line or "lease back" in line:
             print(line[:300])
+
+
+def test_readyz_is_a_503_within_its_deadline_when_the_database_freezes_after_it_connected(processes, private_postgres):
+    """/readyz checks the database through a connection of its own: its connect timeout bounded
+    a server frozen before it connected, and the server's statement_timeout a slow statement,
+    but a server that froze after it connected (its timers stopped with it) held the probe for
+    as long as it was frozen. Frozen here at the moment the probe's statement waits on the
+    server (for a lock the test holds): the probe's own round trips now have a deadline."""
+    from runtime_site.health import MIGRATIONS, TIMEOUT
+
+    url = private_postgres.copy_of_the_test_database()
+    port = free_port()
+    processes.web(port, DATABASE_URL=url)
+    base = f"http://127.0.0.1:{port}"
+    assert httpx.get(f"{base}/readyz", timeout=30).status_code == 200
+    bound = TIMEOUT + 4  # the deadline, and a busy two-core machine's slack
+
+    with psycopg.connect(url) as locker, psycopg.connect(url, autocommit=True) as watcher:
+        locker.execute("LOCK TABLE django_migrations IN ACCESS EXCLUSIVE MODE")  # held until the rollback below
+        with ThreadPoolExecutor(max_workers=1) as runner:
+            started = time.monotonic()
+            ready = runner.submit(httpx.get, f"{base}/readyz", timeout=60)
+
+            def probe_waits() -> bool:
+                return bool(
+                    watcher.execute(
+                        "SELECT 1 FROM pg_stat_activity WHERE query = %s AND wait_event_type = 'Lock'", [MIGRATIONS]
+                    ).fetchone()
+                )
+
+            wait_until(probe_waits, timeout=TIMEOUT, interval=0.02, what="the probe's statement at the server")
+            private_postgres.freeze()  # before its statement_timeout: the server's timer stops with it
+            try:
+                wait([ready], timeout=bound - (time.monotonic() - started))
+                assert ready.done(), f"/readyz still waiting {time.monotonic() - started:.1f}s into the freeze"
+            finally:
+                private_postgres.thaw()
+            answer = ready.result()
+        locker.rollback()
+    print(f"/readyz answered {answer.status_code} after {answer.elapsed.total_seconds():.1f}s: {answer.text}")
+    assert answer.status_code == 503, answer.text
+    assert answer.json()["checks"]["database"].startswith("unreachable: "), answer.text
+    assert answer.elapsed.total_seconds() < bound
+    wait_until(
+        lambda: httpx.get(f"{base}/readyz", timeout=30).status_code == 200, timeout=30, what="/readyz ready again"
+    )
