@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -13,7 +14,7 @@ from common import json_safety
 from common.canonical import canonical_json, sha256_hex
 from common.schema import validate
 from runtime_site.tracing import trace_headers
-from tasks_app import events, policy
+from tasks_app import audit, events, leases, policy
 from tasks_app.access import check_role
 from tasks_app.agents import base as agents
 from tasks_app.audit import record_audit
@@ -25,10 +26,15 @@ from tasks_app.selectors import task_snapshot
 from tasks_app.states import TERMINAL, Status, can_transition
 
 
+def _queue_cap() -> int:
+    """limits.queued_tasks_per_tenant (0: none)."""
+    return int(settings.RUNTIME.get("limits", {}).get("queued_tasks_per_tenant", 0))
+
+
 def _check_queue_cap(tenant: Tenant) -> None:
     """In the creating transaction: the tenant row is locked so two creates cannot both
     take the last place in the queue."""
-    cap = settings.RUNTIME.get("limits", {}).get("queued_tasks_per_tenant", 0)
+    cap = _queue_cap()
     if not cap:
         return
     list(Tenant.objects.select_for_update(no_key=True).filter(pk=tenant.pk).values_list("pk", flat=True))
@@ -168,31 +174,43 @@ def do_create_task(
     fingerprint = _fingerprint(body)
     if idempotency_key is not None and (existing := _replay(tenant, idempotency_key, fingerprint)):
         return existing, False
+    task = Task(
+        tenant=tenant,
+        created_by=actor,
+        agent=agent,
+        input=input,
+        goal=goal,
+        checkpoint_policy=checkpoint_policy or {},
+        approval_policy=approval_policy or {},
+        budget=budget or {},
+        priority=priority,
+        idempotency_key=idempotency_key,
+        request_fingerprint=fingerprint,
+        trace_context=trace_headers().get("traceparent", "")[:256],
+        expires_at=timezone.now() + timedelta(seconds=ttl_seconds) if ttl_seconds else None,
+    )
+    # The row is inserted as it is here (leases.insert_task), so the snapshot says what it says.
+    task.created_at = task.updated_at = timezone.now()
+    # A new task's chain starts here, and its events at seq 1: nothing else can have written them.
+    record = audit.next_record(
+        task, actor=actor, action="created", to_status=task.status, before_version=0, data={"agent": agent}
+    )
+    task.event_seq = 1
+    # Just created: no checkpoint, no input request, nothing to read for them.
+    snapshot = task_snapshot(task, last_checkpoint=None, no_open_inputs=True)
+    created = events.numbered(events.prepare(task, [("task.snapshot", snapshot)]), task.event_seq)
+    # On PostgreSQL the inserts are one statement, a transaction of its own. One is opened
+    # around it for what must share it (the queue cap's lock and count), where the inserts
+    # are several (SQLite), and inside a caller's transaction, which durable refuses: the
+    # first slice is rung once the task is committed, not when a caller's transaction may.
+    alone = leases.one_statement_writes() and not _queue_cap() and not transaction.get_connection().in_atomic_block
     try:
-        with transaction.atomic(durable=True):
+        with nullcontext() if alone else transaction.atomic(durable=True):
             _check_queue_cap(tenant)  # after the replay: a retried create is never refused
-            task = Task.objects.create(
-                tenant=tenant,
-                created_by=actor,
-                agent=agent,
-                input=input,
-                goal=goal,
-                checkpoint_policy=checkpoint_policy or {},
-                approval_policy=approval_policy or {},
-                budget=budget or {},
-                priority=priority,
-                idempotency_key=idempotency_key,
-                request_fingerprint=fingerprint,
-                trace_context=trace_headers().get("traceparent", "")[:256],
-                expires_at=timezone.now() + timedelta(seconds=ttl_seconds) if ttl_seconds else None,
-            )
-            record_audit(
-                task, actor=actor, action="created", to_status=task.status, before_version=0, data={"agent": agent}
-            )
+            leases.insert_task(task, rows=[leases.Row(record), *(leases.Row(event) for event in created)])
             # Rung first of what the commit sends: the worker starts while the snapshot is published.
             enqueue_slice_on_commit(task.id, task.priority)
-            # Just created: no checkpoint, no input request, nothing to read for them.
-            events.emit(task, "task.snapshot", task_snapshot(task, last_checkpoint=None, no_open_inputs=True))
+            events.publish_on_commit(task.id, created)
     except IntegrityError:
         # A concurrent request with the same key won the insert; answer as its replay.
         if idempotency_key is not None and (existing := _replay(tenant, idempotency_key, fingerprint)):

@@ -488,6 +488,35 @@ def held_write(
     return dict(zip(returning, back_row, strict=False))
 
 
+def insert_task(task: Task, *, rows: Sequence[Row] = ()) -> None:
+    """A new task's row, exactly as `task` holds it (its timestamps too: nothing is filled in
+    on the way, so what the caller built from it, such as a snapshot, says what the row
+    says), and `rows` that come with it (its first audit record and event). On PostgreSQL in
+    one statement, the INSERTs in a WITH, which outside a transaction is one of its own: a
+    create took six round trips (BEGIN, the task, the audit record with the chain's head, the
+    event with its seq, COMMIT), all on the path of submit -> first step (bench/latency.py).
+    Elsewhere (SQLite allows no write in a WITH), the INSERTs one by one in one transaction."""
+    conn = transaction.get_connection()
+    if conn.vendor != "postgresql":
+        with transaction.atomic():
+            task.save_base(raw=True, force_insert=True)  # raw: the values as they are, timestamps included
+            for row in rows:
+                assert not row.computed and not row.conflict, "computed rows need PostgreSQL"
+                row.obj.save(force_insert=True)
+        return
+    table, names, _, columns = _insert_parts(Task)
+    params = [column.get_db_prep_save(getattr(task, column.attname), conn) for column in columns]
+    # VALUES, untyped: each value takes its column's type, and one too long is refused, not cut.
+    values = ", ".join(["%s"] * len(columns))
+    sql = f"WITH {FENCE} AS (INSERT INTO {table} ({names}) VALUES ({values}) RETURNING id)"  # noqa: S608 (names from the model)
+    for i, row in enumerate(rows):
+        insert_sql, insert_params = _insert_from_fence(row, conn)
+        sql += f", r{i} AS ({insert_sql})"
+        params += insert_params
+    with transaction.mark_for_rollback_on_error(), dbpool.bound_cursor(conn, params) as cursor:
+        cursor.execute(f"{sql} SELECT id FROM {FENCE}", params)  # noqa: S608 (names from the models)
+
+
 def _fenced_update_sql(
     lease: Lease, fields: dict[str, Any], expect: dict[str, Any], conn: Any
 ) -> tuple[str, list[Any]]:
@@ -587,9 +616,10 @@ def _columns(model: type[models.Model], names: tuple[str, ...]) -> str:
 @functools.cache
 def _insert_parts(model: type[models.Model]) -> tuple[str, str, list[str], list[models.Field[Any, Any]]]:
     """(table, column list, typed placeholder per column, fields) of an INSERT ... SELECT of
-    one row: typed, since a SELECT list makes untyped literals text."""
+    one row: typed, since a SELECT list makes untyped literals text. A primary key the
+    database numbers is left to it; one made in Python (a task's UUID) is a value."""
     quote = connection.ops.quote_name
-    fields = [f for f in model._meta.concrete_fields if not f.primary_key]
+    fields = [f for f in model._meta.concrete_fields if f is not model._meta.auto_field]
     return (
         quote(model._meta.db_table),
         ", ".join(quote(f.column or f.name) for f in fields),

@@ -1,18 +1,21 @@
-"""A slice's claim and a step's commit, counted in round trips (issue 14), and what they
-write: the same rows, events and audit chain however few statements write them."""
+"""A create, a slice's claim and a step's commit, counted in round trips (issue 14), and what
+they write: the same rows, events and audit chain however few statements write them."""
 
 from __future__ import annotations
 
+import threading
 import tracemalloc
 import uuid
 from typing import Any
 from uuid import UUID
 
+import psycopg
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from checkpoints_app.models import Checkpoint
+from conftest import database_url, wait_until
 from runtime_site import dbpool
 from steering_app.actions import do_enqueue_command
 from tasks_app import engine, leases
@@ -21,6 +24,7 @@ from tasks_app.actions import do_create_task
 from tasks_app.agents.base import Agent, StepContext, register
 from tasks_app.audit import verify_chain
 from tasks_app.models import AuditRecord, Step, Task, TaskEvent, TenantDailyUsage
+from tasks_app.selectors import task_snapshot
 from tasks_app.tests.test_engine import run_to_end
 
 pytestmark = pytest.mark.django_db
@@ -263,3 +267,72 @@ def test_a_start_that_finds_the_task_moved_since_its_claim_takes_the_transaction
     task.refresh_from_db()
     assert (started.status, started.state_version) == ("working", task.state_version)
     assert task.status == "working" and verify_chain(task) is None
+
+
+def created_rows_agree(task: Task) -> None:
+    """The create's audit record and snapshot event say what its row says."""
+    task.refresh_from_db()
+    assert verify_chain(task) is None and (task.audit_seq, task.event_seq) == (1, 1)
+    [record] = AuditRecord.objects.filter(task=task)
+    assert (record.action, record.to_status, record.before_version, record.data) == (
+        "created",
+        "queued",
+        0,
+        {"agent": "noop"},
+    )
+    [event] = TaskEvent.objects.filter(task=task)
+    assert (event.seq, event.type) == (1, "task.snapshot")
+    assert event.data == {"seq": 1, "taskId": str(task.id), **task_snapshot(task)}  # its timestamps too
+
+
+def test_a_create_writes_its_task_audit_record_and_snapshot_in_one_statement(alice, settings):
+    assert settings.RUNTIME["limits"]["queued_tasks_per_tenant"]  # the default: a cap
+    with CaptureQueriesContext(connection) as queries:
+        task, created = do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 2})
+    # In a transaction (a savepoint in the test's): the queue cap's lock and count, then the one statement.
+    assert created and [w for w in writes(queries) if w not in ("SAVEPOINT", "RELEASE")] == ["SELECT", "SELECT", "WITH"]
+    created_rows_agree(task)
+
+
+@pytest.mark.django_db(transaction=True)  # outside a transaction, as a request creates
+def test_a_create_is_one_round_trip_and_a_key_raced_to_its_insert_answers_as_a_replay(alice, settings):
+    settings.RUNTIME = {**settings.RUNTIME, "limits": {**settings.RUNTIME["limits"], "queued_tasks_per_tenant": 0}}
+    who = console(alice.tenant, "user:test")
+    with CaptureQueriesContext(connection) as queries:
+        task, created = do_create_task(who, agent="noop", input={"steps": 2})
+    assert created and writes(queries) == ["WITH"]  # no BEGIN, no COMMIT: a transaction of its own
+    created_rows_agree(task)
+    # Another session inserts the same key (and body) after the create looked for it and
+    # before its insert: the insert waits on the key, fails once the other commits, and the
+    # create answers with the other's task, as a replay.
+    with psycopg.connect(database_url()) as other:
+        other.execute("CREATE TEMP TABLE twin AS SELECT * FROM tasks_app_task WHERE id = %s", [task.id])
+        other.execute("UPDATE twin SET id = gen_random_uuid(), idempotency_key = 'k1' RETURNING id")
+        other.execute("INSERT INTO tasks_app_task SELECT * FROM twin")
+        [(twin,)] = other.execute("SELECT id FROM twin").fetchall()
+        out: list[object] = []
+
+        def create() -> None:
+            try:
+                out.append(do_create_task(who, agent="noop", input={"steps": 2}, idempotency_key="k1"))
+            except BaseException as exc:  # noqa: BLE001 (reported by the test)
+                out.append(exc)
+            finally:
+                connection.close()
+
+        thread = threading.Thread(target=create)
+        thread.start()
+        wait_until(waiting_for_a_lock, timeout=30, what="the create to wait on the key")
+    thread.join(30)
+    [(replayed, created)] = out
+    assert (replayed.id, created) == (twin, False)
+    assert not Task.objects.filter(idempotency_key="k1").exclude(id=twin).exists()
+
+
+def waiting_for_a_lock() -> bool:
+    with psycopg.connect(database_url().rsplit("/", 1)[0] + "/postgres", autocommit=True) as probe:
+        row = probe.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND wait_event_type = 'Lock'",
+            [connection.settings_dict["NAME"]],
+        ).fetchone()
+    return bool(row and row[0])
