@@ -209,7 +209,7 @@ def do_create_task(
             _check_queue_cap(tenant)  # after the replay: a retried create is never refused
             leases.insert_task(task, rows=[leases.Row(record), *(leases.Row(event) for event in created)])
             # Rung first of what the commit sends: the worker starts while the snapshot is published.
-            enqueue_slice_on_commit(task.id, task.priority)
+            enqueue_slice_on_commit(task.id, task.priority, about=(agent, tenant.slug, task.trace_context))
             events.publish_on_commit(task.id, created)
     except IntegrityError:
         # A concurrent request with the same key won the insert; answer as its replay.

@@ -12,7 +12,7 @@ from django.conf import settings
 from runtime_site import metrics
 from tasks_app import audit, engine, faults, leases, operators, retention, telemetry
 from tasks_app.models import Task
-from tasks_app.queue import enqueue_slice
+from tasks_app.queue import ABOUT_HEADER, carried_about, enqueue_slice
 
 logger = logging.getLogger(__name__)
 
@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 def run_task_slice(self: Any, task_id: str, faults_in_a_row: int = 0) -> None:
     metrics.observe_slice_start(self.request.get(metrics.READY_AT_HEADER))
     try:
-        with telemetry.slice_of(task_id) as span:
+        with telemetry.slice_of(task_id, carried_about(self.request.get(ABOUT_HEADER))) as span:
             report = engine.run_slice_report(UUID(task_id), worker_id=engine.worker_identity())
             span.set_attribute("runtime.slice.outcome", report.outcome.value)
             metrics.SLICES.labels(report.outcome.value).inc()

@@ -34,10 +34,12 @@ TASK_ID, TENANT, AGENT, STEP, SEQUENCE, ATTEMPT = (
 
 
 @contextmanager
-def slice_of(task_id: str) -> Iterator[Span]:
+def slice_of(task_id: str, carried: tuple[str, str, str] | None = None) -> Iterator[Span]:
     """Around one slice (one Celery message): a span in the trace the message carried, and
-    the task's id, tenant and agent on every log line written inside."""
-    agent, tenant, created_in = _about(task_id)
+    the task's id, tenant and agent on every log line written inside. `carried`: (agent,
+    tenant slug, trace_context) as the message carried them (tasks_app.queue.ABOUT_HEADER);
+    None: read them."""
+    agent, tenant, created_in = _about(task_id, carried)
     parent, links = _task_trace(created_in)
     with tracer.start_as_current_span("slice", context=parent, links=links, attributes={TASK_ID: task_id}) as span:
         if span.is_recording() and agent:
@@ -50,15 +52,16 @@ ABOUT_SECONDS = 60.0  # how long a worker process labels a task's slices without
 _about_tasks: dict[str, tuple[float, tuple[str | None, str | None, str]]] = {}
 
 
-def _about(task_id: str) -> tuple[str | None, str | None, str]:
+def _about(task_id: str, carried: tuple[str, str, str] | None = None) -> tuple[str | None, str | None, str]:
     """(agent, tenant slug, trace_context) of a task, for its slices' spans and log lines:
     what a task was created with never changes (a tenant's slug may be edited, and shows
-    here within ABOUT_SECONDS), so a worker reads it once, not at every slice."""
+    here within ABOUT_SECONDS), so a worker reads it once, not at every slice, and not at
+    all when the message carried it (`carried`), as the create's does."""
     now = time.monotonic()
     cached = _about_tasks.get(task_id)
     if cached is not None and now - cached[0] < ABOUT_SECONDS:
         return cached[1]
-    about = _read_about(task_id)
+    about = carried or _read_about(task_id)
     if about is None:
         return None, None, ""  # no such task (any more): not remembered
     if len(_about_tasks) >= 10_000:

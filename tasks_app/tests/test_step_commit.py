@@ -15,15 +15,17 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from checkpoints_app.models import Checkpoint
-from conftest import database_url, wait_until
+from conftest import database_url, purge_queues, wait_until
 from runtime_site import dbpool
+from runtime_site.celery import app
 from steering_app.actions import do_enqueue_command
-from tasks_app import engine, leases
+from tasks_app import engine, leases, telemetry
 from tasks_app.access import console
 from tasks_app.actions import do_create_task
 from tasks_app.agents.base import Agent, StepContext, register
 from tasks_app.audit import verify_chain
 from tasks_app.models import AuditRecord, Step, Task, TaskEvent, TenantDailyUsage
+from tasks_app.queue import ABOUT_HEADER, carried_about
 from tasks_app.selectors import task_snapshot
 from tasks_app.tests.test_engine import run_to_end
 
@@ -336,3 +338,21 @@ def waiting_for_a_lock() -> bool:
             [connection.settings_dict["NAME"]],
         ).fetchone()
     return bool(row and row[0])
+
+
+def test_the_creates_message_carries_what_labels_the_slice_which_then_reads_nothing_before_its_claim(
+    alice, django_capture_on_commit_callbacks
+):
+    purge_queues()
+    with django_capture_on_commit_callbacks(execute=True):
+        task, _ = do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 2})
+    with app.connection_for_write() as conn:
+        message = conn.default_channel.basic_get("steps", no_ack=True)
+    assert message is not None and message.headers["argsrepr"] == repr([str(task.id)])
+    carried = carried_about(message.headers.get(ABOUT_HEADER))
+    assert carried == ("noop", "acme", "")
+    with CaptureQueriesContext(connection) as queries, telemetry.slice_of(str(task.id), carried):
+        pass
+    assert writes(queries) == []
+    # A message without it (or with something else there): the slice reads it.
+    assert carried_about(None) is None and carried_about(["noop", "acme"]) is None
