@@ -107,13 +107,15 @@ def run_slice(task_id: UUID, *, worker_id: str) -> SliceOutcome:
 def run_slice_report(task_id: UUID, *, worker_id: str) -> SliceReport:
     ttl = settings.RUNTIME_LEASE_SECONDS
     try:
-        claimed = leases.claim_task(task_id, worker_id=worker_id, ttl=ttl)
+        # What _load reads next goes with the claim, in its message where it can (PostgreSQL).
+        then = _reads_sql(task_id) if connection.vendor == "postgresql" else None
+        claimed = leases.claim_and_read(task_id, worker_id=worker_id, ttl=ttl, then=then)
     except leases.AtCapacity:
         leases.wait_for_turn(task_id)
         return SliceReport(SliceOutcome.AT_CAPACITY)
     if claimed is None:
         return SliceReport(SliceOutcome.DROPPED)
-    lease, task = claimed
+    lease, task, read = claimed
     with (
         kills.guarding(task_id) as guard,
         leases.Heartbeat(
@@ -121,7 +123,7 @@ def run_slice_report(task_id: UUID, *, worker_id: str) -> SliceReport:
         ) as heartbeat,
     ):
         try:
-            run = _load(lease, task)
+            run = _load(lease, task, read)
             if run is None:
                 return SliceReport(SliceOutcome.DONE, task.tenant_id)
             outcome = _loop(run, heartbeat)
@@ -171,7 +173,7 @@ def _abandon(lease: leases.Lease, fault: Exception) -> bool:
     return False
 
 
-def _load(lease: leases.Lease, task: Task | None = None) -> _Run | None:
+def _load(lease: leases.Lease, task: Task | None = None, read: tuple[Any, ...] | None = None) -> _Run | None:
     """Read the task and its newest checkpoint, in the seed's §9 recovery order: (the reaper
     has marked it recovering) → verify the checkpoint's checksum and schema version,
     migrating older versions forward → continue from its next step → a fresh snapshot
@@ -179,7 +181,8 @@ def _load(lease: leases.Lease, task: Task | None = None) -> _Run | None:
     blindly. Ledger rows a lost worker left started become unknown here, and are reconciled
     before the step that made them runs again (ledger_app.actions); steering accepted after
     the checkpoint's cursor is applied at the first safe point. `task`: the row as the
-    claim left it (read afresh when not given)."""
+    claim left it (read afresh when not given); `read`: the row of _reads' statement, sent
+    with the claim (made here when not given)."""
     if task is None:
         task = Task.objects.get(id=lease.task_id)
     try:
@@ -193,7 +196,7 @@ def _load(lease: leases.Lease, task: Task | None = None) -> _Run | None:
         )
         return None
     if connection.vendor == "postgresql":
-        cp, high_step, answers, interrupted, inputs_open = _reads(task)
+        cp, high_step, answers, interrupted, inputs_open = _reads(task, read)
         if interrupted:
             ledger.settle_interrupted(task.id)  # whatever a lost worker left started is unknown now
     else:
@@ -245,13 +248,29 @@ def _load(lease: leases.Lease, task: Task | None = None) -> _Run | None:
     )
 
 
-def _reads(task: Task) -> tuple[Checkpoint | None, int, Answers, bool, bool]:
+def _reads(task: Task, row: tuple[Any, ...] | None = None) -> tuple[Checkpoint | None, int, Answers, bool, bool]:
     """What _load reads besides the task, in one statement and one round trip (PostgreSQL):
     (the newest checkpoint not discarded, the highest step sequence committed, the answered
     input requests, whether the ledger holds rows a lost worker left started that
     settle_interrupted must settle, whether input requests are open: the snapshot of a
     slice that starts the task lists them). Four ORM queries took four round trips and, building
-    them, about half of a one-step slice's CPU time (py-spy)."""
+    them, about half of a one-step slice's CPU time (py-spy). `row`: the statement's row, when
+    it went with the claim in the claim's message (run_slice_report), a round trip less on the
+    path of submit -> first step; made here when None."""
+    if row is None:
+        sql, params = _reads_sql(task.id)
+        with dbpool.bound_cursor(connection, params) as cursor:
+            cursor.execute(sql, params)
+            row = cursor.fetchone()
+    high_step, interrupted, answered, inputs_open, *cp_row = row
+    cp_fields = Checkpoint._meta.concrete_fields
+    cp = from_rows(Checkpoint, [f.attname for f in cp_fields], [cp_row])[0] if cp_row[0] is not None else None
+    answers = Answers(tuple(answer) for answer in json.loads(answered)) if answered else Answers()
+    return cp, high_step or 0, answers, bool(interrupted), bool(inputs_open)
+
+
+def _reads_sql(task_id: UUID) -> tuple[str, list[Any]]:
+    """_reads' statement and its parameters."""
     quote = connection.ops.quote_name
     cp_fields = Checkpoint._meta.concrete_fields
     cp_columns = ", ".join(quote(f.column or f.attname) for f in cp_fields)
@@ -266,22 +285,17 @@ def _reads(task: Task) -> tuple[Checkpoint | None, int, Answers, bool, bool]:
         " WHERE task_id = %s AND NOT discarded ORDER BY sequence DESC, id DESC LIMIT 1) AS cp ON TRUE"
     )
     params: list[Any] = [
-        task.id,
-        task.id,
+        task_id,
+        task_id,
         EffectStatus.STARTED.value,
         ledger.harmless_tools(),
-        task.id,
+        task_id,
         InputStatus.ANSWERED.value,
-        task.id,
+        task_id,
         InputStatus.OPEN.value,
-        task.id,
+        task_id,
     ]
-    with dbpool.bound_cursor(connection, params) as cursor:
-        cursor.execute(sql, params)
-        high_step, interrupted, answered, inputs_open, *cp_row = cursor.fetchone()
-    cp = from_rows(Checkpoint, [f.attname for f in cp_fields], [cp_row])[0] if cp_row[0] is not None else None
-    answers = Answers(tuple(row) for row in json.loads(answered)) if answered else Answers()
-    return cp, high_step or 0, answers, bool(interrupted), bool(inputs_open)
+    return sql, params
 
 
 def _start_working(

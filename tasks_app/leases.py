@@ -71,6 +71,18 @@ def claim(task_id: UUID, *, worker_id: str, ttl: float) -> Lease | None:
 def claim_task(task_id: UUID, *, worker_id: str, ttl: float) -> tuple[Lease, Task] | None:
     """claim(), and the task row as the claim left it, read back by the claiming UPDATE
     itself (RETURNING): one statement, or with a tenant limit two in one transaction."""
+    claimed = claim_and_read(task_id, worker_id=worker_id, ttl=ttl, then=None)
+    return claimed[:2] if claimed else None
+
+
+def claim_and_read(
+    task_id: UUID, *, worker_id: str, ttl: float, then: tuple[str, Sequence[Any]] | None
+) -> tuple[Lease, Task, tuple[Any, ...] | None] | None:
+    """claim_task(), and `then`, the read (SQL and its parameters, one row) that the claimer
+    makes next, sent after the claim in the claim's own message where the claim is one
+    (_one_round_trip_claims): a statement of its own there, it sees everything committed
+    before the claim, as it would sent after it. Its row, or None where it was not sent (the
+    caller reads it itself then)."""
     limit = settings.RUNTIME["runtime"]["max_concurrent_tasks"]
     values: dict[str, Any] = {
         "lease_owner": worker_id,
@@ -78,8 +90,9 @@ def claim_task(task_id: UUID, *, worker_id: str, ttl: float) -> tuple[Lease, Tas
         "lease_epoch": F("lease_epoch") + 1,
         "waiting_turn_since": None,
     }
+    read = None
     if _one_round_trip_claims():
-        rows = _claim_in_one_round_trip(task_id, worker_id, ttl, limit)
+        rows, read = _claim_in_one_round_trip(task_id, worker_id, ttl, limit, then)
     elif not limit:
         rows = _claimable().filter(id=task_id).update_returning(**values)
     else:
@@ -88,7 +101,7 @@ def claim_task(task_id: UUID, *, worker_id: str, ttl: float) -> tuple[Lease, Tas
     if not rows:
         return None  # another worker got there first, or there is nothing to do: normal
     task = rows[0]
-    return Lease(task_id, worker_id, task.lease_epoch), task
+    return Lease(task_id, worker_id, task.lease_epoch), task, read
 
 
 def _one_round_trip_claims() -> bool:
@@ -103,15 +116,18 @@ def _one_round_trip_claims() -> bool:
     return issubclass(conn.connection.cursor_factory, psycopg.ClientCursor)
 
 
-def _claim_in_one_round_trip(task_id: UUID, worker_id: str, ttl: float, limit: int) -> list[Task]:
+def _claim_in_one_round_trip(
+    task_id: UUID, worker_id: str, ttl: float, limit: int, then: tuple[str, Sequence[Any]] | None
+) -> tuple[list[Task], tuple[Any, ...] | None]:
     """The claim of claim_task as one round trip and one transaction, in SQL written here: the
     ORM's claim took four (BEGIN, the tenant's turn, the UPDATE, COMMIT), and building its
     queries was a third of a one-step slice's CPU time (py-spy). The same statements in
     the same order: with a tenant limit, the tenant's row is locked first (FOR NO KEY
     UPDATE, as _claim_within_capacity), and the claiming UPDATE, a statement of its own,
     takes its snapshot once the turn is ours (READ COMMITTED: one per statement, also
-    within one message), so it counts every claim committed before. A last statement
-    tells a task turned away at capacity from one that is not claimable.
+    within one message), so it counts every claim committed before. A statement after it
+    tells a task turned away at capacity from one that is not claimable; the caller's read
+    (`then`), if any, comes last.
 
     Outside a transaction of the caller's, the claim commits without waiting for its WAL
     flush (synchronous_commit off, for this transaction only): a slice's one durable
@@ -154,10 +170,14 @@ def _claim_in_one_round_trip(task_id: UUID, worker_id: str, ttl: float, limit: i
     if limit:
         sql.append(f"SELECT EXISTS (SELECT 1 FROM {table} WHERE id = %s AND {claimable})")  # noqa: S608
         params += [task_id, statuses]
+    if then is not None:
+        sql.append(then[0])
+        params += then[1]
     lazy = not conn.in_atomic_block
     if lazy:
         sql.insert(0, "SET LOCAL synchronous_commit TO OFF")
     turned_away: int | None = None  # the tenant whose limit turned the claim away
+    read = None
     with transaction.mark_for_rollback_on_error(), conn.cursor() as cursor:
         cursor.execute("; ".join(sql), params)
         if lazy:
@@ -170,9 +190,12 @@ def _claim_in_one_round_trip(task_id: UUID, worker_id: str, ttl: float, limit: i
             cursor.nextset()
             if not rows and tenant is not None and cursor.fetchone()[0]:
                 turned_away = tenant[0]
+        if then is not None:
+            cursor.nextset()
+            read = cursor.fetchone()
     if turned_away is not None:
         raise AtCapacity(f"tenant {turned_away} runs its maximum of {limit} tasks")
-    return from_rows(Task, [f.attname for f in fields], rows)
+    return from_rows(Task, [f.attname for f in fields], rows), read
 
 
 def _claim_within_capacity(task_id: UUID, limit: int, values: dict[str, Any]) -> list[Task]:

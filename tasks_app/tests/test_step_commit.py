@@ -237,9 +237,12 @@ def test_a_task_starts_working_in_one_statement_and_reads_once(alice, settings):
     task, _ = do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 2})
     with CaptureQueriesContext(connection) as queries:
         assert engine.run_slice(task.id, worker_id="w1") is engine.SliceOutcome.CONTINUE
-    # The claim, one read of the checkpoint, steps, ledger and answers, the start (status,
-    # audit record, snapshot event) in one statement, and the step with the slice's yield in one.
-    assert writes(queries) == ["SELECT", "SELECT", "WITH", "WITH"]
+    # The claim with one read of the checkpoint, steps, ledger and answers in its message, the
+    # start (status, audit record, snapshot event) in one statement, and the step with the
+    # slice's yield in one.
+    assert writes(queries) == ["SELECT", "WITH", "WITH"]
+    claim = queries.captured_queries[0]["sql"].split("; ")
+    assert "UPDATE" in claim[-3] and "checkpoints_app_checkpoint" in claim[-1]  # the tenant limit's check between
     task.refresh_from_db()
     assert task.status == "working" and task.started_at is not None and task.steps_done == 1
     assert verify_chain(task) is None
