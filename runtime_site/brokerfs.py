@@ -11,10 +11,11 @@ tests/test_broker_files.py, tests/test_embedded_profile.py).
 
 Here a message is written under a name no reader picks and renamed into place, which is
 atomic on one filesystem: a reader sees all of it or nothing. A file that is not a message
-(left by an older release, or by hand) is set aside with a warning instead of killing the
-worker. A reader takes a file by renaming it within the queue's folder, so of two readers
-exactly one gets it; kombu moved it to the system's temporary folder, a copy and a delete
-across filesystems, which two readers could both win. Names sort in sending order: kombu's
+(left by an older release, or by hand; JSON that kombu cannot make a message of; a folder)
+is set aside with a warning instead of killing the worker. A reader takes a file by
+renaming it within the queue's folder, so of two readers exactly one gets it; kombu moved
+it to the system's temporary folder, a copy and a delete across filesystems, which two
+readers could both win. Names sort in sending order: kombu's
 millisecond counter was not zero-padded, so as text 9999 sorted after 10000.
 """
 
@@ -68,15 +69,7 @@ class Channel(filesystem.Channel):
                 os.rename(os.path.join(self.data_folder_in, filename), taken)
             except OSError:
                 continue  # another reader took it first
-            try:
-                with open(taken, "rb") as f:
-                    payload = f.read()
-            except OSError as exc:
-                raise ChannelError(f"Cannot read file {filename!r} from queue.") from exc
-            try:
-                message = loads(bytes_to_str(payload))
-            except ValueError:
-                logger.warning("broker: %s is no whole message (%d bytes); set aside", filename, len(payload))
+            if (message := self._read(taken, filename)) is None:
                 shutil.move(taken, os.path.join(self.processed_folder, filename + UNREADABLE))
                 continue
             if self.store_processed:
@@ -85,6 +78,38 @@ class Channel(filesystem.Channel):
                 os.remove(taken)
             return message
         raise Empty()  # what kombu's channels raise for an empty queue
+
+    def _read(self, taken: str, name: str) -> Any:
+        """The message in the file `taken` (`name` in the queue), or None (with a warning) if it holds none.
+
+        Whatever the file holds (JSON that is no message, a folder under a message's
+        name), the worker must live: kombu builds the message from what _get returns outside
+        any handler, and a TypeError or a KeyError there was an unrecoverable error that
+        ended the worker. So kombu's own constructor decides here what a message is."""
+        try:
+            with open(taken, "rb") as f:
+                payload = f.read()
+        except OSError as exc:
+            logger.warning("broker: %s cannot be read (%s); set aside", name, exc)
+            return None
+        try:
+            message = loads(bytes_to_str(payload))
+            self.Message(message, channel=self)
+        except (
+            ValueError,
+            TypeError,
+            KeyError,
+            AttributeError,
+        ) as exc:  # what kombu's Message raises on a shape it lacks
+            logger.warning(
+                "broker: %s is no whole message (%d bytes: %s: %s); set aside",
+                name,
+                len(payload),
+                type(exc).__name__,
+                exc,
+            )
+            return None
+        return message
 
 
 class Transport(filesystem.Transport):

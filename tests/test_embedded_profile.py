@@ -106,3 +106,32 @@ def test_a_half_written_message_file_neither_stops_the_worker_nor_the_work(embed
         "00000000000000000001_half.steps.msg.unreadable",
         "00000000000000000002_empty.steps.msg.unreadable",
     ]
+
+
+def test_a_file_of_json_that_is_no_message_or_a_folder_neither_stops_the_worker_nor_the_work(embedded):
+    """Whole JSON is not yet a message: kombu builds one from what the transport hands it
+    outside any handler, and `[]`, `{}` or a message without its delivery tag ended the worker
+    (an unrecoverable TypeError or KeyError), as did a folder under a message's name (the
+    transport's ChannelError)."""
+    client, _, data, _, _, worker = embedded
+    queue = data / "broker" / "queue"
+    junk = {
+        "00000000000000000001_list.steps.msg": b"[]",
+        "00000000000000000002_dict.steps.msg": b"{}",
+        "00000000000000000003_tagless.steps.msg": b'{"body": "", "properties": {}}',
+    }
+    for name, content in junk.items():
+        (queue / name).write_bytes(content)
+    (queue / "00000000000000000004_folder.steps.msg").mkdir()
+    wait_until(lambda: not any(queue.glob("0000000000000000000*")), timeout=30, what="the worker to take the files")
+    task_id = client.post("/runtime/tasks", json={"agent": "noop", "input": {"steps": 3}}).json()["taskId"]
+    wait_until(
+        lambda: client.get(f"/runtime/tasks/{task_id}").json()["status"] == "completed",
+        timeout=60,
+        what="the task to complete after the junk files",
+    )
+    assert worker.poll() is None, "the worker died"
+    set_aside = sorted(p.name for p in (data / "broker" / "processed").iterdir())
+    assert set_aside == sorted(
+        [*(f"{name}.unreadable" for name in junk), "00000000000000000004_folder.steps.msg.unreadable"]
+    )
