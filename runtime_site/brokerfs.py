@@ -21,6 +21,7 @@ millisecond counter was not zero-padded, so as text 9999 sorted after 10000.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -56,6 +57,10 @@ class Channel(filesystem.Channel):
                 f.write(str_to_bytes(dumps(payload)))
             os.rename(name + PARTIAL, name)
         except OSError as exc:
+            # What was written of it (a full disk, a file size limit): a failed send leaves
+            # nothing behind, or each one retried on a full disk kept its half for good.
+            with contextlib.suppress(OSError):
+                os.remove(name + PARTIAL)
             raise ChannelError(f"Cannot add file {name!r} to directory") from exc
 
     def _get(self, queue: str, timeout: float | None = None) -> Any:

@@ -54,3 +54,36 @@ def test_a_reader_racing_a_sender_gets_every_message_whole_and_in_order(tmp_path
     assert sender.wait(timeout=60) == 0
     assert got == [(n, SIZE) for n in range(COUNT)]
     assert not list((tmp_path / "queue").iterdir())  # nothing left behind, no partial files
+
+
+def test_a_send_that_fails_midway_leaves_no_part_of_its_message_behind(tmp_path):
+    """A write that fails partway (here a file size limit; a full disk alike) raised to the
+    sender but left its half-written ".part" file in the queue folder, for good: on a full
+    disk every retried send kept what it had written, and the disk stayed full."""
+    folder = options(tmp_path)
+    sender = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
+                import resource, signal
+                from kombu import Connection
+                from kombu.exceptions import ChannelError
+                signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG)
+                resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+                with Connection("filesystem://", transport="runtime_site.brokerfs:Transport",
+                                transport_options={folder!r}) as conn:
+                    try:
+                        conn.SimpleQueue("steps").put({{"pad": "x" * {SIZE}}})
+                    except ChannelError:
+                        print("refused")
+            """),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert sender.stdout.strip() == "refused", sender.stderr
+    assert not list((tmp_path / "queue").iterdir())
