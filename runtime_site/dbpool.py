@@ -97,6 +97,11 @@ QUERY_SECONDS = query_seconds()
 WORKER_QUERY_SECONDS = query_seconds("RUNTIME_DB_WORKER_QUERY_SECONDS", "60")
 
 
+# How long a worker's cancel of a statement past its deadline may take: a server that
+# answers at all takes milliseconds (a cancel is a connection and one packet).
+CANCEL_SECONDS = 2.0
+
+
 class NoAnswer(OperationalError):
     """The database did not answer a round trip within the connection's deadline."""
 
@@ -117,16 +122,33 @@ class DeadlineConnection(Connection[Any]):
         try:
             return super().wait(gen, interval, seconds)
         except errors._WaitTimeout:
-            self.close()  # mid-statement: no later statement could use it
+            self.give_up()
             raise NoAnswer(f"the database did not answer within {seconds:g} s ({setting})") from None
+
+    def give_up(self) -> None:
+        """Past the deadline, mid-statement: no later statement could use the connection."""
+        self.close()
 
 
 class WorkerConnection(DeadlineConnection):
-    """A worker's connections (runtime_site.postgresql): as DeadlineConnection, within WORKER_QUERY_SECONDS."""
+    """A worker's connections (runtime_site.postgresql): as DeadlineConnection, within
+    WORKER_QUERY_SECONDS, and a statement given up is cancelled on the server first."""
 
     @classmethod
     def deadline(cls) -> tuple[float | None, str]:
         return WORKER_QUERY_SECONDS, "RUNTIME_DB_WORKER_QUERY_SECONDS"
+
+    def give_up(self) -> None:
+        # Closing stops the client only. A server that is alive but slow to answer (the
+        # statement waits for a lock a migration or an operator holds) does not notice a
+        # closed socket while it waits: the statement ran once the lock was free, a write
+        # landing unseen long after the worker abandoned its slice (a ledger row for a call
+        # never sent, a step after the next slice began). A cancel reaches it at once; a
+        # frozen server hears neither, and costs CANCEL_SECONDS more. What it ran before
+        # the cancel is the outcome a dropped connection leaves unknown anyway.
+        with contextlib.suppress(errors.Error):  # CancellationTimeout: a frozen server
+            self.cancel_safe(timeout=CANCEL_SECONDS)
+        self.close()
 
 
 class DeadlineAsyncConnection(AsyncConnection[Any]):

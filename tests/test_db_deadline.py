@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from conftest import database_url
+from conftest import database_url, wait_until
 from runtime_site import dbpool
 
 pytestmark = pytest.mark.django_db
@@ -105,6 +105,42 @@ def test_a_workers_own_connections_fail_a_round_trip_past_the_worker_deadline_as
             assert cursor.fetchone() == (1,)
     finally:
         conn.close()
+
+
+def test_a_statement_a_worker_gave_up_at_its_deadline_does_not_run_later_on_the_server(worker_deadline):
+    """Closing the connection at the deadline stopped the client, not the server: a statement
+    waiting for a lock (a migration's, an operator's) went on waiting in its backend and ran
+    as soon as the lock was free, long after the worker had abandoned the slice and counted it
+    failed. A write the worker gave up must not land later, unseen (a ledger row written for a
+    call never sent, a step committed after the next slice began): the statement is cancelled
+    before the connection is closed."""
+    from django.db import OperationalError, connections
+
+    url = database_url()
+    with psycopg.connect(url, autocommit=True) as setup:
+        setup.execute("CREATE TABLE IF NOT EXISTS deadline_probe (x int)")
+        setup.execute("TRUNCATE deadline_probe")
+    conn = connections.create_connection("default")
+    try:
+        with psycopg.connect(url) as holder:
+            holder.execute("LOCK TABLE deadline_probe IN ACCESS EXCLUSIVE MODE")  # held until its commit
+            with pytest.raises(OperationalError, match="did not answer"), conn.cursor() as cursor:
+                cursor.execute("INSERT INTO deadline_probe VALUES (1)")
+            holder.commit()  # the lock is free: a statement still waiting for it runs now
+
+        def given_up_statement_ended() -> bool:
+            with psycopg.connect(url, autocommit=True) as look:
+                return not look.execute(
+                    "SELECT 1 FROM pg_stat_activity WHERE query LIKE 'INSERT INTO deadline_probe%%'"
+                ).fetchone()
+
+        wait_until(given_up_statement_ended, timeout=10, what="the given-up statement's backend to end")
+        with psycopg.connect(url, autocommit=True) as look:
+            assert look.execute("SELECT count(*) FROM deadline_probe").fetchone() == (0,)
+    finally:
+        conn.close()
+        with psycopg.connect(url, autocommit=True) as setup:
+            setup.execute("DROP TABLE IF EXISTS deadline_probe")
 
 
 def test_a_management_commands_connections_keep_no_deadline(monkeypatch):
