@@ -46,6 +46,7 @@ if version("kombu") != WRITTEN_FOR:
 logger = logging.getLogger(__name__)
 PARTIAL = ".part"  # a message being written: "….<queue>.msg.part" is no queue's file
 UNREADABLE = ".unreadable"  # set aside in the processed folder: not a message
+CANNOT_TAKE_LOG_SECONDS = 60.0
 
 
 class Channel(filesystem.Channel):
@@ -72,8 +73,14 @@ class Channel(filesystem.Channel):
             taken = os.path.join(self.data_folder_in, f".taken-{os.getpid()}-{filename}")
             try:
                 os.rename(os.path.join(self.data_folder_in, filename), taken)
-            except OSError:
+            except FileNotFoundError:
                 continue  # another reader took it first
+            except OSError as exc:
+                # Not taken by another: this reader cannot take any (a folder the kernel
+                # remounted read-only, a full disk). The worker lives on and takes them once
+                # it can; said once a minute, not at every poll.
+                self._cannot_take(filename, exc)
+                break
             if (message := self._read(taken, filename)) is None:
                 shutil.move(taken, os.path.join(self.processed_folder, filename + UNREADABLE))
                 continue
@@ -83,6 +90,14 @@ class Channel(filesystem.Channel):
                 os.remove(taken)
             return message
         raise Empty()  # what kombu's channels raise for an empty queue
+
+    _said_at: float | None = None  # when _cannot_take last logged (monotonic)
+
+    def _cannot_take(self, name: str, exc: OSError) -> None:
+        now = time.monotonic()
+        if self._said_at is None or now - self._said_at >= CANNOT_TAKE_LOG_SECONDS:
+            self._said_at = now
+            logger.warning("broker: cannot take %s from %s: %s", name, self.data_folder_in, exc)
 
     def _read(self, taken: str, name: str) -> Any:
         """The message in the file `taken` (`name` in the queue), or None (with a warning) if it holds none.

@@ -3,10 +3,12 @@ messages only, however a sender's write and a reader's listing interleave."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import textwrap
 
+import pytest
 from kombu import Connection
 
 from conftest import ROOT
@@ -87,3 +89,53 @@ def test_a_send_that_fails_midway_leaves_no_part_of_its_message_behind(tmp_path)
     )
     assert sender.stdout.strip() == "refused", sender.stderr
     assert not list((tmp_path / "queue").iterdir())
+
+
+def test_a_reader_that_cannot_take_messages_says_why_instead_of_idling_in_silence(tmp_path):
+    """A rename that failed for any reason was read as "another reader took it first": with
+    the data folder read-only (a disk that the kernel remounted read-only after an error), a
+    worker passed over every message, for ever, and logged nothing. Here the reader runs in a
+    mount namespace of its own where the queue folder is read-only."""
+    if shutil.which("unshare") is None:
+        pytest.skip("needs unshare(1) for a read-only mount of the queue folder")
+    folder = options(tmp_path)
+    (tmp_path / "queue" / "00000000000000000001_waiting.steps.msg").write_text("{}")  # any file a reader would take
+    reader = textwrap.dedent(f"""
+        import logging
+        from kombu import Connection
+        logging.basicConfig(level=logging.WARNING)
+        with Connection("filesystem://", transport="runtime_site.brokerfs:Transport",
+                        transport_options={folder!r}) as conn:
+            queue = conn.SimpleQueue("steps")
+            for _ in range(3):  # three polls
+                try:
+                    queue.get(block=False)
+                except queue.Empty:
+                    pass
+    """)
+    queue = folder["data_folder_in"]
+    probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True, check=False)
+    if probe.returncode != 0:
+        pytest.skip(f"no user and mount namespace here: {probe.stderr.decode().strip()}")
+    ran = subprocess.run(
+        [
+            "unshare",
+            "-rm",
+            "sh",
+            "-c",
+            'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && exec "$2" -c "$3"',
+            "sh",
+            queue,
+            sys.executable,
+            reader,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stderr.count("cannot take") == 1, ran.stderr  # said once, not at every poll
+    assert "Read-only file system" in ran.stderr, ran.stderr
+    assert [p.name for p in (tmp_path / "queue").iterdir()] == ["00000000000000000001_waiting.steps.msg"]
