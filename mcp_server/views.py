@@ -240,18 +240,27 @@ class Recheck:
     """An answer that waits (subscriptions/listen, a blocking tasks/result, a synchronous
     tools/call) outlives its request's authentication: like an SSE stream, it asks again every
     stream.auth_recheck_seconds whether its credential still speaks for its tenant, and ends
-    with REVOKED when not, before it hands a revoked key anything more."""
+    with REVOKED when not, before it hands a revoked key anything more; with UNAVAILABLE when
+    the database cannot tell (down, or frozen past RUNTIME_DB_QUERY_SECONDS), as the wait's
+    own look at its tasks does: raised out of the stream, that cut it after its headers with
+    no answer at all."""
 
     def __init__(self, request: HttpRequest, principal: Principal) -> None:
         self.token, self.tenant_id = bearer_token(request), principal.tenant.pk
         self.every = float(settings.RUNTIME["stream"].get("auth_recheck_seconds", 5))
         self.due = time.monotonic() + self.every
 
-    async def revoked(self) -> bool:
+    async def refusal(self) -> RpcError | None:
+        """REVOKED or UNAVAILABLE when the wait must end with it; None: it goes on."""
         if time.monotonic() < self.due:
-            return False
+            return None
         self.due = time.monotonic() + self.every
-        return not await sync_to_async(self._still)()
+        try:
+            still = await sync_to_async(self._still)()
+        except DATABASE_UNAVAILABLE:
+            logger.warning("mcp: the database is unavailable to recheck a waiting answer's credential")
+            return UNAVAILABLE
+        return None if still else REVOKED
 
     def _still(self) -> bool:
         try:
@@ -277,8 +286,8 @@ async def _waiting(
     started, last_tick, last_progress, interval = time.monotonic(), time.monotonic(), None, LOOK_FIRST_SECONDS
     while True:
         woken.clear()  # before the look: an event published during it wakes the next wait
-        if await recheck.revoked():
-            yield REVOKED.body(message.id)
+        if (refused := await recheck.refusal()) is not None:
+            yield refused.body(message.id)
             return
         timed_out = wait.seconds is not None and time.monotonic() - started >= wait.seconds
         try:
@@ -335,8 +344,8 @@ async def _listened(message: Message, listen: modern.Listen, recheck: Recheck) -
     seen: dict[str, tuple[str, tuple[str, ...]]] = {}
     last_tick = time.monotonic()
     while True:
-        if await recheck.revoked():
-            yield REVOKED.body(message.id)
+        if (refused := await recheck.refusal()) is not None:
+            yield refused.body(message.id)
             return
         if "taskIds" in listen.acknowledged:  # else nothing we honour was asked: keep-alives only
             try:
