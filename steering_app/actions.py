@@ -359,14 +359,16 @@ def apply_pending(
     task: Task, *, actor: str, by_worker: bool = True, pending: list[SteeringCommand] | None = None
 ) -> bool:
     """At a safe point, in its transaction on a locked or fenced row: apply pending commands
-    in accepted order. by_worker=False unless the lease holder applies them and stays (a
-    worker letting go of the task in this same transaction will not be there to finish a
-    cancel). Returns True when the task became runnable and needs a slice. The caller saves
-    STEERING_FIELDS.
+    in accepted order. by_worker=False unless the lease holder applies them and stays to
+    let the lease go itself (otherwise an end drops it, which fences out any worker that
+    still believes it holds the task). Returns True when the task became runnable and needs
+    a slice. The caller saves STEERING_FIELDS.
 
-    Cancel always wins: one applied here, or accepted (or a kill) while a worker held the
-    task, ends it now, whatever came with it (a pause applied in the same breath would
-    otherwise leave it paused, with nobody to finish the cancel).
+    Cancel always wins: one applied here ends the task at its place in the order, whoever
+    applies it (what waited before it is applied, what came after it rejected by the end);
+    one asked for whose command is not among them (a kill that waited for a call) ends it
+    after them, whatever came with it (a pause applied in the same breath would otherwise
+    leave it paused, with nobody to finish the cancel).
 
     `pending`: the pending commands in accepted order, when the caller has them (read under
     the row's lock in this transaction); otherwise they are read here. Those after one that
@@ -416,7 +418,8 @@ def apply_command(task: Task, command: SteeringCommand, *, actor: str, by_worker
     """In-transaction helper on a locked or fenced row: apply one command or reject it with
     the reason; audited, with a steering.applied / steering.rejected event. Returns True
     when the task became runnable and needs a slice. The caller saves STEERING_FIELDS.
-    by_worker: the lease holder applies it at its safe point (it finishes a cancel itself)."""
+    by_worker: the lease holder applies it at its safe point (a cancel or kill it applies
+    leaves the lease for it to let go of)."""
     before = task.state_version
     refused = refusal(task, command.type, applying=True)
     if command.type == CommandType.PROVIDE_INPUT and refused is None:
@@ -446,10 +449,13 @@ def apply_command(task: Task, command: SteeringCommand, *, actor: str, by_worker
             task.status_message = ""
             enqueue = not waiting
         case CommandType.CANCEL:
+            # Cancelled now, and applied by that end, which rejects what came after it: a
+            # pause or a goal behind it is not applied to a task that ends in the same breath,
+            # nor a second cancel's reason put over this one's, whoever reaches the safe point
+            # (its worker included: that one only asked and went on applying).
             _request_cancel(task, command.reason or "cancelled")
-            if not by_worker:  # nobody is mid-step: cancelled now, and applied by that end
-                _cancel(task, actor=actor, by_worker=False, by_command=command)
-                return False
+            _cancel(task, actor=actor, by_worker=by_worker, by_command=command)
+            return False
         case CommandType.KILL:
             _request_kill(task, command)
             # Not waiting for the step: cancelled now, the epoch moved (nothing of the step

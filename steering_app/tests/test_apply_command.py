@@ -118,9 +118,9 @@ def test_a_cancel_under_a_live_lease_is_asked_for_once_and_lands_at_the_workers_
     assert task.status == "queued" and task.cancel_requested and task.cancel_reason == "not needed"
     with emits(task, events=[], audit=[]):  # asked again before it lands: nothing more
         do_cancel_task(task.id, who=who, reason="again")
-    applied = ["steering_applied", "transition"]
-    # the worker's safe point (engine._apply_steering)
-    with emits(task, events=["steering.applied", "terminal"], audit=applied), transaction.atomic():
+    # the worker's safe point (engine._apply_steering): the end applies the cancel, as anywhere else
+    applied = ["transition", "steering_applied"]
+    with emits(task, events=["terminal", "steering.applied"], audit=applied), transaction.atomic():
         held = leases.fenced(lease)
         apply_pending(held, actor="worker:w1")
         held.save(update_fields=STEERING_FIELDS)

@@ -18,6 +18,7 @@ from conftest import emits
 from steering_app.actions import open_input_request
 from steering_app.models import CommandStatus, InputRequest, InputStatus, SteeringCommand
 from steering_app.tests.test_command_at_the_end import steer
+from steering_app.tests.test_steering import mid_step, to_the_safe_point
 from tasks_app import engine, leases, operators
 from tasks_app.access import console
 from tasks_app.actions import do_create_task, transition
@@ -215,3 +216,36 @@ def test_a_second_cancel_accepted_at_the_safe_point_the_first_makes_is_answered_
     ended = AuditRecord.objects.get(task=task, action="transition", to_status="cancelled")
     applied = AuditRecord.objects.get(task=task, action="steering_applied")
     assert (applied.data["commandId"], applied.before_version) == (first.command_id, ended.before_version)
+
+
+@pytest.mark.parametrize("type,payload", [("cancel", {}), ("pause", {}), ("adjust_goal", {"goal": "elsewhere"})])
+def test_a_cancel_its_worker_applies_ends_the_task_there_and_what_came_after_is_rejected(
+    alice, settings, type, payload
+) -> None:
+    """A cancel, then another command, both waiting for the worker's safe point. The worker
+    applied the cancel as a request only and went on applying: the command after it was
+    applied too (a pause made the task paused on its way to cancelled, a second cancel put
+    its reason over the first's), where the reaper or an accept at a safe point applies the
+    cancel, ends the task with it and rejects what came after. The same commands now settle
+    the same way whoever reaches the safe point."""
+    task, lease = mid_step(alice, settings)
+    plan_version = task.plan_version
+    first = steer(alice, task, "cancel", reason="first")
+    after = steer(alice, task, type, payload, reason="second")
+    assert (first.status, after.status) == (CommandStatus.PENDING, CommandStatus.PENDING)
+
+    with emits(
+        task,
+        events=["terminal", "steering.applied", "steering.rejected", "checkpoint"],
+        audit=["transition", "steering_applied", "steering_rejected"],
+    ):
+        assert to_the_safe_point(lease) is engine.SliceOutcome.DONE
+
+    assert SteeringCommand.objects.get(id=first.id).status == CommandStatus.APPLIED
+    assert_settled(task.id, [after], status="cancelled", actor="worker:w2")
+    ended = Task.objects.get(id=task.id)
+    assert (ended.cancel_reason, ended.status_message, ended.plan_version) == ("first", "first", plan_version)
+    assert list(AuditRecord.objects.filter(task=task, action="transition").values_list("to_status", flat=True))[
+        -1:
+    ] == ["cancelled"]
+    assert not AuditRecord.objects.filter(task=task, action="transition", to_status="paused").exists()
