@@ -242,6 +242,23 @@ def prepare_threshold() -> int | None:
     return int(threshold)
 
 
+def idle_in_transaction_ms(lease_seconds: float) -> int | None:
+    """RUNTIME_DB_IDLE_IN_TRANSACTION_SECONDS, in milliseconds: how long PostgreSQL lets a
+    session of ours sit idle inside a transaction (its process stopped) before it ends it
+    and releases its locks (settings.py says why); by default the lease, at least 5 s.
+    None: 'off', the server's own setting."""
+    seconds = os.getenv("RUNTIME_DB_IDLE_IN_TRANSACTION_SECONDS", "")
+    if seconds == "off":
+        return None
+    try:
+        value = float(seconds) if seconds else max(float(lease_seconds), 5.0)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):  # read by every process at boot: a clear refusal
+        raise ImproperlyConfigured(f"RUNTIME_DB_IDLE_IN_TRANSACTION_SECONDS={seconds!r}: use seconds above 0, or 'off'")
+    return max(1, round(value * 1000))
+
+
 def check_connection(conn: Any) -> None:
     """psycopg_pool's check before handing a connection out, and on failure a drain: a
     connection the server ended is rarely alone (a restart or pg_terminate_backend ends

@@ -242,6 +242,21 @@ RUNTIME_SCAN_SECONDS = RUNTIME["runtime"]["scan_seconds"]
 RUNTIME_STALL_SECONDS = RUNTIME["runtime"]["stall_seconds"]
 RUNTIME_MAX_BODY_BYTES = RUNTIME["api"]["max_body_bytes"]
 
+# A process stopped inside a transaction (SIGSTOP, a paused VM, a partition) held that
+# transaction's locks for as long as it was stopped: a worker's held its task's row, so every
+# kill and cancel of the task was a 503 after RUNTIME_DB_QUERY_SECONDS and the reaper's scan
+# waited behind it (no task recovered) long after the lease had run out. PostgreSQL ends a
+# session idle in a transaction past idle_in_transaction_session_timeout, which releases
+# them (the stopped process, running again, finds its session gone: an infrastructure fault).
+# None of ours waits on its client that long: a lease, at least 5 s (past a lease the holder's
+# heartbeat could not have renewed the row it holds either). RUNTIME_DB_IDLE_IN_TRANSACTION_SECONDS
+# ('off': the server's own setting, for a pooler that refuses startup options).
+if DATABASES["default"]["ENGINE"] == "runtime_site.postgresql" and (
+    _idle_ms := dbpool.idle_in_transaction_ms(RUNTIME_LEASE_SECONDS)
+):
+    _options = DATABASES["default"].setdefault("OPTIONS", {})
+    _options["options"] = f"{_options.get('options', '')} -c idle_in_transaction_session_timeout={_idle_ms}".strip()
+
 # --- Sign-in throttling (django-axes, https://django-axes.readthedocs.io) ------------------
 # The dashboard and the admin share Django's sign-in: after limits.login_failures wrong
 # passwords a username is locked out for limits.login_lockout_minutes, even with the right

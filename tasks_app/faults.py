@@ -28,6 +28,9 @@ _INFRASTRUCTURE: tuple[type[BaseException], ...] = (
     InterfaceError,  # Django's wrappers of the driver's errors
     psycopg.OperationalError,
     psycopg.InterfaceError,  # the driver's own (psycopg_pool's PoolTimeout too)
+    # The server ended a session left idle in a transaction (settings: the process was
+    # stopped mid-transaction, past a lease): an InternalError by its class, a lost connection by what it did.
+    psycopg.errors.IdleInTransactionSessionTimeout,
     kombu.exceptions.OperationalError,  # the broker, as Celery/kombu report it
     redis.exceptions.ConnectionError,
     redis.exceptions.TimeoutError,

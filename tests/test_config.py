@@ -65,3 +65,27 @@ def test_a_workers_query_deadline_that_is_no_number_of_seconds_is_refused_by_nam
     read = _worker_query_seconds(value)
     assert read.returncode != 0
     assert f"RUNTIME_DB_WORKER_QUERY_SECONDS={value!r}: use seconds above 0" in read.stderr
+
+
+@pytest.mark.parametrize("value", ["ten", "nan", "inf", "-1", "0", "1e999"])
+def test_an_idle_in_transaction_bound_that_is_no_number_of_seconds_is_refused_by_name(monkeypatch, value):
+    monkeypatch.setenv("RUNTIME_DB_IDLE_IN_TRANSACTION_SECONDS", value)
+    with pytest.raises(ImproperlyConfigured, match="RUNTIME_DB_IDLE_IN_TRANSACTION_SECONDS"):
+        dbpool.idle_in_transaction_ms(30)
+
+
+@pytest.mark.parametrize(
+    ("value", "lease", "ms"), [("", 30, 30000), ("", 3, 5000), ("2.5", 30, 2500), ("off", 30, None)]
+)
+def test_an_idle_in_transaction_bound_is_the_lease_at_least_5_s_unless_set(monkeypatch, value, lease, ms):
+    monkeypatch.setenv("RUNTIME_DB_IDLE_IN_TRANSACTION_SECONDS", value)
+    assert dbpool.idle_in_transaction_ms(lease) == ms
+
+
+@pytest.mark.django_db
+def test_every_process_connects_with_the_idle_in_transaction_bound():
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW idle_in_transaction_session_timeout")
+        assert cursor.fetchone()[0] == "30s"  # the lease (runtime.lease_seconds)
