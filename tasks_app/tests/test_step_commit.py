@@ -3,7 +3,6 @@ they write: the same rows, events and audit chain however few statements write t
 
 from __future__ import annotations
 
-import threading
 import tracemalloc
 import uuid
 from typing import Any
@@ -19,6 +18,7 @@ from conftest import database_url, purge_queues, wait_until
 from runtime_site import dbpool
 from runtime_site.celery import app
 from steering_app.actions import do_enqueue_command
+from steering_app.tests.test_accept_under_lock import in_thread, waiting_for_a_lock
 from tasks_app import engine, leases, telemetry
 from tasks_app.access import console
 from tasks_app.actions import do_create_task
@@ -315,32 +315,12 @@ def test_a_create_is_one_round_trip_and_a_key_raced_to_its_insert_answers_as_a_r
         other.execute("UPDATE twin SET id = gen_random_uuid(), idempotency_key = 'k1' RETURNING id")
         other.execute("INSERT INTO tasks_app_task SELECT * FROM twin")
         [(twin,)] = other.execute("SELECT id FROM twin").fetchall()
-        out: list[object] = []
-
-        def create() -> None:
-            try:
-                out.append(do_create_task(who, agent="noop", input={"steps": 2}, idempotency_key="k1"))
-            except BaseException as exc:  # noqa: BLE001 (reported by the test)
-                out.append(exc)
-            finally:
-                connection.close()
-
-        thread = threading.Thread(target=create)
-        thread.start()
+        thread, out = in_thread(lambda: do_create_task(who, agent="noop", input={"steps": 2}, idempotency_key="k1"))
         wait_until(waiting_for_a_lock, timeout=30, what="the create to wait on the key")
     thread.join(30)
     [(replayed, created)] = out
     assert (replayed.id, created) == (twin, False)
     assert not Task.objects.filter(idempotency_key="k1").exclude(id=twin).exists()
-
-
-def waiting_for_a_lock() -> bool:
-    with psycopg.connect(database_url().rsplit("/", 1)[0] + "/postgres", autocommit=True) as probe:
-        row = probe.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND wait_event_type = 'Lock'",
-            [connection.settings_dict["NAME"]],
-        ).fetchone()
-    return bool(row and row[0])
 
 
 def test_the_creates_message_carries_what_labels_the_slice_which_then_reads_nothing_before_its_claim(
