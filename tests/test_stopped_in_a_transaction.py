@@ -28,6 +28,9 @@ SELECT 1 FROM pg_stat_activity a
  WHERE a.datname = current_database() AND a.application_name = %s AND a.state = 'idle in transaction'
    AND EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid AND l.relation = 'tasks_app_task'::regclass)
 """
+RUNNING = (
+    "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND application_name = %s AND state = 'active'"
+)
 
 
 def test_a_task_whose_worker_stopped_inside_a_transaction_can_be_killed(alice, processes: Processes):
@@ -59,7 +62,10 @@ def test_a_task_whose_worker_stopped_inside_a_transaction_can_be_killed(alice, p
                 if not db.execute(IN_A_TRANSACTION, [FROZEN]).fetchone():
                     return False
                 os.killpg(worker.pid, signal.SIGSTOP)
-                time.sleep(0.2)  # a statement it was waiting for ends; then its session stays as it is
+                # A statement it sent before the stop ends; then its session stays as it is.
+                wait_until(
+                    lambda: not db.execute(RUNNING, [FROZEN]).fetchone(), timeout=10, what="its last statement to end"
+                )
                 if db.execute(IN_A_TRANSACTION, [FROZEN]).fetchone():
                     return True
                 os.killpg(worker.pid, signal.SIGCONT)  # it had committed meanwhile: again
@@ -80,7 +86,6 @@ def test_a_task_whose_worker_stopped_inside_a_transaction_can_be_killed(alice, p
                 answers.append((round(time.monotonic() - began, 1), answer.status_code))
                 if answer.status_code != 503:
                     break
-            print("kill answered", answers)
             assert answers[-1][1] == 202, answers
             steps = db.execute("SELECT status, steps_done FROM tasks_app_task WHERE id = %s", [task_id]).fetchone()
             assert steps[0] == "cancelled", steps
