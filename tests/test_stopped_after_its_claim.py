@@ -7,9 +7,9 @@ rows of its epoch or a newer one are not its to settle. The rest of the stopped 
 load is fenced, so it writes nothing.
 
 The exact interleaving, in-process and deterministic: each worker is the engine's own claim
-(with the reads that go in its message, as run_slice_report sends them) and load, and the
-reaper's recovery in between; the stop is simply the time between the stopped worker's claim
-and its load.
+(with the reads that go in its message, as run_slice_report sends them), load and loop, and
+the reaper's recovery in between; the stop is simply the time between the stopped worker's
+claim and its load.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pytest
 
 from ledger_app.models import LedgerEntry
 from tasks_app import engine, leases, operators
-from tasks_app.models import Task
+from tasks_app.models import Step, Task
 from tasks_app.tests.test_engine import expire_lease, new_task
 
 pytestmark = pytest.mark.django_db
@@ -74,4 +74,41 @@ def test_a_worker_stopped_after_its_claim_leaves_the_new_owners_call_in_flight_a
     # And nothing else of the stopped worker's landed: the task is the new owner's, as it left it.
     row = Task.objects.get(id=task.id)
     assert (row.status, row.lease_owner, row.lease_epoch) == ("working", "new", new.epoch)
+    assert LedgerEntry.objects.get(id=lost_call.id).status == "unknown"
+
+
+def test_a_worker_stopped_after_claiming_a_working_task_writes_nothing_once_run_again(alice):
+    """The stopped worker claimed a task still working (its holder's lease ran out before the
+    reaper came by), so its load has no start to write and no fence to fail there: it settles
+    (nothing of the new owner's) and goes on to run a step, whose commit the fence refuses."""
+    task = new_task(alice, steps=10)
+    lost, *_ = claim(task, "lost")
+    assert engine._load(lost) is not None
+    lost_call = in_flight(lost, task, 1)
+    expire_lease(task)  # and the reaper has not come by: still working, claimable
+    stopped, stopped_row, stopped_read = claim(task, "stopped")
+    assert stopped_row.status == "working"
+    lose_the_lease(task)
+    new, new_row, new_read = claim(task, "new")
+    assert engine._load(new, new_row, new_read) is not None
+    new_call = in_flight(new, task, 2)
+    before = Task.objects.get(id=task.id)
+    steps = Step.objects.filter(task=task).count()
+    # Running again: the load (nothing of the new owner's settled), then the slice's loop.
+    run = engine._load(stopped, stopped_row, stopped_read)
+    assert run is not None
+    assert LedgerEntry.objects.get(id=new_call.id).status == "started"
+    heartbeat = leases.Heartbeat(stopped, ttl=30, interval=3600, abandon=operators.do_abandon_step)
+    with heartbeat, pytest.raises(leases.LeaseLost):
+        engine._loop(run, heartbeat)
+    # Nothing of it landed: no step, the row as the new owner left it, the calls as they were.
+    after = Task.objects.get(id=task.id)
+    assert Step.objects.filter(task=task).count() == steps
+    assert (after.lease_owner, after.lease_epoch, after.state_version, after.steps_done) == (
+        "new",
+        new.epoch,
+        before.state_version,
+        before.steps_done,
+    )
+    assert LedgerEntry.objects.get(id=new_call.id).status == "started"
     assert LedgerEntry.objects.get(id=lost_call.id).status == "unknown"
