@@ -78,13 +78,19 @@ def _crash_here(point: str) -> None:
                 os._exit(137)
 
 
-def settle_interrupted(task_id: Any) -> int:
+def settle_interrupted(task_id: Any, *, before_epoch: int) -> int:
     """At a new lease, or a kill: rows a lost or cut call left started are unknown now (it
     may have called). Not a tool without side effects (Tool.side_effect, e.g. llm.chat):
     whatever it did changed nothing outside, so its row stays started and the re-run step
-    simply sends it again, with nothing to reconcile and nobody to ask."""
+    simply sends it again, with nothing to reconcile and nobody to ask.
+
+    Only rows started under a lease epoch older than `before_epoch`: a slice's load passes
+    its own epoch. Rows of that epoch or a newer one are not the caller's to settle: a
+    worker stopped right after its claim and run again after a takeover loads (and settles)
+    all the same, and the new owner's call in flight, started under the newer epoch, is
+    neither lost nor cut. Its other writes are fenced; this one is too, by the epoch."""
     return (
-        LedgerEntry.objects.filter(task_id=task_id, status=EffectStatus.STARTED)
+        LedgerEntry.objects.filter(task_id=task_id, status=EffectStatus.STARTED, lease_epoch__lt=before_epoch)
         .exclude(tool__in=harmless_tools())
         .update(status=EffectStatus.UNKNOWN)
     )

@@ -463,7 +463,9 @@ def apply_command(task: Task, command: SteeringCommand, *, actor: str, by_worker
             # started: unknown until the remote (by key) or a person says, so nothing re-sends
             # it blindly.
             _cancel(task, actor=actor, by_worker=by_worker, by_command=command)
-            settle_interrupted(task.id)
+            # Every row up to the task's epoch, the cut calls of a worker applying the kill
+            # itself included: the row is locked, so no ledger row of a newer one can exist.
+            settle_interrupted(task.id, before_epoch=task.lease_epoch + 1)
             return False
         case CommandType.ADJUST_GOAL:
             task.goal = command.payload.get("goal", task.goal)

@@ -31,18 +31,29 @@ def _queue_cap() -> int:
     return int(settings.RUNTIME.get("limits", {}).get("queued_tasks_per_tenant", 0))
 
 
-def _check_queue_cap(tenant: Tenant) -> None:
+def _check_queue_cap(tenant: Tenant, *, idempotency_key: str | None, fingerprint: str) -> Task | None:
     """In the creating transaction: the tenant row is locked so two creates cannot both
-    take the last place in the queue."""
+    take the last place in the queue. Returns the task a create with the same
+    Idempotency-Key committed while this one waited for the lock (answered as its replay),
+    or None: there is room, create."""
     cap = _queue_cap()
     if not cap:
-        return
+        return None
     list(Tenant.objects.select_for_update(no_key=True).filter(pk=tenant.pk).values_list("pk", flat=True))
     if Task.objects.for_tenant(tenant).filter(status=Status.QUEUED).count() >= cap:
+        # The key was looked up before the lock. Two creates with the same key at the last
+        # place both missed it there; the one that waited here found the queue filled by the
+        # other's task, its own. Under the lock this statement sees that commit (READ
+        # COMMITTED), so the second answers as the replay it is, never 429 for a key whose
+        # task exists. Looked up only here: a create with room pays nothing for it (its
+        # insert meets the key's unique constraint instead).
+        if idempotency_key is not None and (existing := _replay(tenant, idempotency_key, fingerprint)):
+            return existing
         raise QuotaExceeded(
             f"this tenant already has {cap} queued tasks (limits.queued_tasks_per_tenant); "
             "start more once some have started"
         )
+    return None
 
 
 class EndedHook(Protocol):
@@ -206,7 +217,9 @@ def do_create_task(
     alone = leases.one_statement_writes() and not _queue_cap() and not transaction.get_connection().in_atomic_block
     try:
         with nullcontext() if alone else transaction.atomic(durable=True):
-            _check_queue_cap(tenant)  # after the replay: a retried create is never refused
+            # After the replay: a retried create is never refused.
+            if raced := _check_queue_cap(tenant, idempotency_key=idempotency_key, fingerprint=fingerprint):
+                return raced, False
             leases.insert_task(task, rows=[leases.Row(record), *(leases.Row(event) for event in created)])
             # Rung first of what the commit sends: the worker starts while the snapshot is published.
             enqueue_slice_on_commit(task.id, task.priority, about=(agent, tenant.slug, task.trace_context))

@@ -197,10 +197,10 @@ def _load(lease: leases.Lease, task: Task | None = None, read: tuple[Any, ...] |
         return None
     if connection.vendor == "postgresql":
         cp, high_step, answers, interrupted, inputs_open = _reads(task, read)
-        if interrupted:
-            ledger.settle_interrupted(task.id)  # whatever a lost worker left started is unknown now
+        if interrupted:  # whatever a lost worker left started is unknown now (not a newer owner's)
+            ledger.settle_interrupted(task.id, before_epoch=lease.epoch)
     else:
-        ledger.settle_interrupted(task.id)
+        ledger.settle_interrupted(task.id, before_epoch=lease.epoch)
         cp = checkpoints.latest_checkpoint(task)
         high_step = Step.objects.filter(task_id=task.id).aggregate(n=Max("sequence"))["n"] or 0
         answers = steering.answers_for(task)

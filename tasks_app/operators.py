@@ -259,7 +259,9 @@ def _cancel_now(task: Task, *, actor: str) -> Task:
     (commands pending before it apply first, in order). What the lost call left started is
     unknown, for the remote (by key) or a person to settle, as after a kill."""
     apply_pending(task, actor=actor, by_worker=False)
-    settle_interrupted(task.id)
+    # Every row up to the task's epoch: the row is locked and its lease dropped, so no
+    # worker can start a call under a newer one.
+    settle_interrupted(task.id, before_epoch=task.lease_epoch + 1)
     task.save(update_fields=STEERING_FIELDS)
     return task
 

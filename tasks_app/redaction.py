@@ -90,6 +90,12 @@ def _card(match: re.Match[str]) -> str:
     return MASK if 13 <= len(digits) <= 19 and _luhn(digits) else match.group(0)
 
 
+def _card_number(value: int) -> bool:
+    """A card number sent as a JSON number: 13 to 19 digits, as _CARD and _card take them in text."""
+    digits = str(value)
+    return _CARD.fullmatch(digits) is not None and _luhn(digits)
+
+
 @lru_cache(maxsize=8)
 def _personal_in_text(personal: frozenset[str]) -> re.Pattern[str] | None:
     """A configured personal field quoted in text ('"phone": "+1 555"', phone=+1555): the
@@ -177,6 +183,11 @@ def redact(value: Any, _personal: frozenset[str] | None = None) -> Any:
         return [redact(v, personal) for v in value]
     if isinstance(value, str):
         return _mask(value, personal)
+    # A card number is personal data as a number too (a tool's answer, a step's log field):
+    # only its text was looked at, and {"card": 4111111111111111} was stored as it came.
+    # Below 13 digits (counts, sequences, ids, epoch milliseconds start with 1) nothing is.
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 10**12 and _card_number(value):
+        return MASK
     return value
 
 

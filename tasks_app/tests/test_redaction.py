@@ -36,6 +36,16 @@ def test_it_masks_secret_keys_personal_fields_and_token_values():
     assert masked["count"] == 3 and masked["message"] == "reviewed 40 of 100"
 
 
+def test_it_masks_a_card_number_sent_as_a_json_number():
+    masked = redact(
+        {"card": 4111111111111111, "cards": [5555555555554444, 378282246310005], "order": 4111111111111112,
+         "createdMs": 1733289600000, "count": 3, "ok": True}
+    )  # fmt: skip
+    assert masked["card"] == MASK and masked["cards"] == [MASK, MASK]
+    # Not a card: a failed checksum, a timestamp, a count, a boolean.
+    assert [masked[k] for k in ("order", "createdMs", "count", "ok")] == [4111111111111112, 1733289600000, 3, True]
+
+
 @register
 class ChattyAgent(Agent):
     name = "test_chatty"
