@@ -3,6 +3,8 @@ or Redis, with real uvicorn, worker and beat processes and a real HTTP client.""
 
 from __future__ import annotations
 
+import base64
+import json
 import sqlite3
 import subprocess
 import sys
@@ -104,9 +106,23 @@ def test_a_file_that_is_no_whole_message_neither_stops_the_worker_nor_the_work(e
     builds one outside any handler, and `[]`, `{}` or a message without its delivery tag ended
     the worker (an unrecoverable TypeError or KeyError), as did a folder under a message's
     name (the transport's ChannelError). Each of these killed the worker that read it
-    (runtime_site/brokerfs.py)."""
+    (runtime_site/brokerfs.py). A whole message whose body is in a content type the worker
+    refuses reached the pool and was gone as a failed run: it is set aside too, as a copy
+    (runtime_site/patches/consumer.py), and its taken file is done with."""
     client, _, data, _, _, worker = embedded
     queue = data / "broker" / "queue"
+    pickled = {
+        "body": base64.b64encode(b"not really a pickle").decode(),
+        "content-type": "application/x-python-serialize",
+        "content-encoding": "binary",
+        "headers": {"task": "tasks.run_task_slice", "id": str(uuid.uuid4())},
+        "properties": {
+            "delivery_tag": str(uuid.uuid4()),
+            "body_encoding": "base64",
+            "delivery_info": {"exchange": "", "routing_key": "steps"},
+        },
+    }
+    (queue / "00000000000000000007_pickled.steps.msg").write_text(json.dumps(pickled))
     junk = {
         "00000000000000000001_half.steps.msg": b'{"body": "eyJ',
         "00000000000000000002_empty.steps.msg": b"",
@@ -125,10 +141,14 @@ def test_a_file_that_is_no_whole_message_neither_stops_the_worker_nor_the_work(e
         what="the task to complete after the junk files",
     )
     assert worker.poll() is None, "the worker died"
-    set_aside = sorted(p.name for p in (data / "broker" / "processed").iterdir())
-    assert set_aside == sorted(
+    processed = data / "broker" / "processed"
+    copies = [p for p in processed.iterdir() if not p.name.startswith("0000000000000000000")]
+    assert sorted(p.name for p in processed.iterdir() if p not in copies) == sorted(
         [*(f"{name}.unreadable" for name in junk), "00000000000000000006_folder.steps.msg.unreadable"]
     )
+    [copy] = copies
+    assert copy.name.endswith(".steps.msg.unreadable") and json.loads(copy.read_bytes()) == pickled
+    assert not any(p.name.startswith(".taken-") for p in queue.iterdir())
 
 
 def test_a_message_whose_worker_was_killed_mid_run_is_run_by_another_worker(embedded_site, processes: Processes):
