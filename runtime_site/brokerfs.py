@@ -147,6 +147,21 @@ class Channel(filesystem.Channel):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._taken: dict[Any, str] = {}  # delivery tag -> the taken file that holds the message
+        self._unacknowledged: set[str] = set()  # queues consumed with no_ack (a worker's remote control)
+
+    def basic_consume(self, queue: str, no_ack: bool, *args: Any, **kwargs: Any) -> Any:
+        """A consumer that acknowledges nothing (no_ack: Celery's remote control) takes its
+        messages at most once, as it asked: held until an ack that never comes, each would
+        stay locked on disk as long as its process lived."""
+        if no_ack:
+            self._unacknowledged.add(queue)
+        return super().basic_consume(queue, no_ack, *args, **kwargs)
+
+    def basic_get(self, queue: str, no_ack: bool = False, **kwargs: Any) -> Any:
+        message = super().basic_get(queue, no_ack=no_ack, **kwargs)
+        if message is not None and no_ack:
+            self._done(message.delivery_tag)
+        return message
 
     # kombu's type stubs give _put two signatures (the base's and the filesystem's): the latter's.
     def _put(self, queue: str, payload: dict[str, Any], **kwargs: Any) -> None:  # type: ignore[override]
@@ -198,6 +213,8 @@ class Channel(filesystem.Channel):
                 continue
             HOLDING[taken] = f
             self._taken[message["properties"]["delivery_tag"]] = taken
+            if queue in self._unacknowledged:
+                self._done(message["properties"]["delivery_tag"])
             return message
         raise Empty()  # what kombu's channels raise for an empty queue
 

@@ -249,3 +249,14 @@ def test_a_sweep_removes_the_half_written_files_of_senders_gone_for_five_minutes
         queue = conn.SimpleQueue("steps")
         with pytest.raises(queue.Empty):
             queue.get(block=False)  # no reader takes a half-written file
+
+
+def test_a_consumer_that_acknowledges_nothing_holds_nothing(tmp_path):
+    """A no_ack consumer (Celery's remote control) never acknowledges: held for an ack, each of
+    its messages stayed locked on disk for the life of its process. It takes them at most once."""
+    folder = options(tmp_path)
+    with Connection("filesystem://", transport="runtime_site.brokerfs:Transport", transport_options=folder) as conn:
+        queue = conn.SimpleQueue("control", no_ack=True)
+        queue.put({"n": 3})
+        assert queue.get(block=True, timeout=10).payload == {"n": 3}
+        assert not list((tmp_path / "queue").iterdir())
