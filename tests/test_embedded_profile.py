@@ -161,7 +161,7 @@ def test_a_message_whose_worker_was_killed_mid_run_is_run_by_another_worker(embe
     env = {**env, "RUNTIME_SLICE_STEPS": "1000"}  # the whole task is one slice: one message
     queue = data / "broker" / "queue"
     first = processes.worker(ready=True, **env)
-    task_id = client.post("/runtime/tasks", json={"agent": "noop", "input": {"steps": 40, "sleepMs": 100}}).json()[
+    task_id = client.post("/runtime/tasks", json={"agent": "noop", "input": {"steps": 60, "sleepMs": 100}}).json()[
         "taskId"
     ]
     wait_until(lambda: client.get(f"/runtime/tasks/{task_id}").json()["stepsDone"] >= 15, timeout=60, what="15 steps")
@@ -169,7 +169,7 @@ def test_a_message_whose_worker_was_killed_mid_run_is_run_by_another_worker(embe
     assert held.startswith(f".taken-{first.pid}-"), held  # the killed worker holds the message
     processes.kill(first)
     killed_at = client.get(f"/runtime/tasks/{task_id}").json()
-    assert killed_at["status"] == "working" and killed_at["stepsDone"] < 40, killed_at
+    assert killed_at["status"] == "working" and killed_at["stepsDone"] < 60, killed_at
     checkpoint = killed_at["lastCheckpoint"]
     assert checkpoint >= 10, killed_at
 
@@ -189,12 +189,12 @@ def test_a_message_whose_worker_was_killed_mid_run_is_run_by_another_worker(embe
         timeout=90,
         what="the task to complete from the message its killed worker held",
     )
-    assert client.get(f"/runtime/tasks/{task_id}/result").json()["result"] == {"steps": 40}
+    assert client.get(f"/runtime/tasks/{task_id}/result").json()["result"] == {"steps": 60}
     log = Path(second.log_path).read_text(errors="replace")  # type: ignore[attr-defined]
     assert f"{held.split('-', 2)[2]} was taken by reader {first.pid}, which is gone; put back" in log, log[-4000:]
     steps = db.execute("SELECT sequence, attempt FROM tasks_app_step WHERE task_id = ?", [row_id]).fetchall()
     runs = Counter(sequence for sequence, _ in steps)
-    assert sorted(runs) == list(range(1, 41))
+    assert sorted(runs) == list(range(1, 61))
     assert all(runs[s] == 1 for s in range(1, checkpoint + 1))  # nothing up to the checkpoint ran twice
     assert all(n <= 2 for n in runs.values())
     assert {s for s, attempt in steps if attempt == 2} == set(range(checkpoint + 1, killed_at["stepsDone"] + 1))
