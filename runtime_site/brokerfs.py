@@ -17,24 +17,43 @@ renaming it within the queue's folder, so of two readers exactly one gets it; ko
 it to the system's temporary folder, a copy and a delete across filesystems, which two
 readers could both win. Names sort in sending order: kombu's
 millisecond counter was not zero-padded, so as text 9999 sorted after 10000.
+
+Delivery is at least once, as on Redis. kombu's filesystem transport deleted a file as it
+read it, so a worker killed while it ran the message's task lost the message (the lease
+scanner re-found the task, a stall period later; with no scanner running, never). Here a
+taken message (".taken-<pid>-<name>") stays on disk, held under an fcntl lock (lockf) by
+the reading process, until its consumer acknowledges it; given back (a warm shutdown, a
+reject with requeue), it is renamed back into its queue. Every SWEEP_SECONDS, whichever
+process polls puts back the taken files whose lock is free (their reader died: the kernel
+drops a dead process's locks) and removes ".part" files older than PART_MAX_SECONDS (their
+sender died while writing them). A message run twice this way is harmless: the engine's
+lease fences the steps of a slice run again.
+
+lockf locks belong to a process, not to a file descriptor: closing any descriptor of the
+file drops all of the process's locks on it. So a process never opens a file it holds
+(HOLDING), and reads a message through the descriptor that holds its lock.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import shutil
+import threading
 import time
 import uuid
 from importlib.metadata import version
 from queue import Empty
-from typing import Any
+from typing import IO, Any
 
 from kombu.exceptions import ChannelError
-from kombu.transport import filesystem
-from kombu.utils.encoding import bytes_to_str, str_to_bytes
-from kombu.utils.json import dumps, loads
+from kombu.transport import filesystem, virtual
+from kombu.utils.encoding import str_to_bytes
+from kombu.utils.json import dumps
+
+from runtime_site.patches.kombu import Unreadable, checked_payload
 
 WRITTEN_FOR = "5.7.0"
 if version("kombu") != WRITTEN_FOR:
@@ -46,10 +65,104 @@ if version("kombu") != WRITTEN_FOR:
 logger = logging.getLogger(__name__)
 PARTIAL = ".part"  # a message being written: "….<queue>.msg.part" is no queue's file
 UNREADABLE = ".unreadable"  # set aside in the processed folder: not a message
+TAKEN = ".taken-"  # ".taken-<pid>-<name>": taken by the reader <pid>, held until acknowledged
 CANNOT_TAKE_LOG_SECONDS = 60.0
+SWEEP_SECONDS = 5.0
+PART_MAX_SECONDS = 300.0  # a send writes its file in far less; one this old lost its sender
+
+# The taken files this process holds: path -> the open file holding its lock.
+HOLDING: dict[str, IO[bytes]] = {}
+_swept_at: dict[str, float] = {}  # queue folder -> when this process last swept it (monotonic)
+_sweeping = threading.Lock()
+
+
+def sweep(folder: str) -> None:
+    """Put back into the queue the taken files of readers that are gone, and remove the
+    half-written files of senders that are gone (the module docstring says why)."""
+    now = time.time()
+    with _sweeping:
+        for name in os.listdir(folder):
+            path = os.path.join(folder, name)
+            if name.startswith(TAKEN) and path not in HOLDING:
+                _put_back_if_free(folder, name)
+            elif name.endswith(PARTIAL):
+                with contextlib.suppress(OSError):  # gone meanwhile: renamed into place, or removed by another
+                    if now - os.lstat(path).st_mtime > PART_MAX_SECONDS:
+                        os.remove(path)
+                        logger.warning("broker: %s was left half-written by its sender; removed", name)
+
+
+def _put_back_if_free(folder: str, name: str) -> None:
+    path = os.path.join(folder, name)
+    try:
+        f = open(path, "r+b")  # noqa: SIM115 (closed below, after the rename: its lock guards that)
+    except OSError:
+        return  # acknowledged or put back meanwhile, or a folder we cannot write to
+    try:
+        try:
+            fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return  # its reader lives and holds it
+        reader, _, original = name.removeprefix(TAKEN).partition("-")
+        try:
+            os.rename(path, os.path.join(folder, original))
+        except OSError:
+            return
+        logger.warning("broker: %s was taken by reader %s, which is gone; put back", original, reader)
+    finally:
+        f.close()
+
+
+def _release(path: str, *, into: str | None) -> None:
+    """Done with a taken file this process holds: moved into the folder `into` (or removed
+    if None), then its lock dropped. Moved or removed first: a sweep then finds it held, or
+    not at all."""
+    with contextlib.suppress(OSError):  # gone already: nothing left to release but the lock
+        if into is None:
+            os.remove(path)
+        else:
+            shutil.move(path, os.path.join(into, os.path.basename(path).removeprefix(TAKEN).partition("-")[2]))
+    if (f := HOLDING.pop(path, None)) is not None:
+        f.close()
+
+
+class QoS(virtual.QoS):
+    """Acknowledged or rejected, a message's taken file is done with (a rejection with
+    requeue has been put back by then, through Channel._restore)."""
+
+    channel: Channel
+
+    def ack(self, delivery_tag: Any) -> None:
+        super().ack(delivery_tag)
+        self.channel._done(delivery_tag)
+
+    def reject(self, delivery_tag: Any, requeue: bool = False) -> None:
+        super().reject(delivery_tag, requeue=requeue)
+        self.channel._done(delivery_tag)
 
 
 class Channel(filesystem.Channel):
+    QoS = QoS
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._taken: dict[Any, str] = {}  # delivery tag -> the taken file that holds the message
+        self._unacknowledged: set[str] = set()  # queues consumed with no_ack (a worker's remote control)
+
+    def basic_consume(self, queue: str, no_ack: bool, *args: Any, **kwargs: Any) -> Any:
+        """A consumer that acknowledges nothing (no_ack: Celery's remote control) takes its
+        messages at most once, as it asked: held until an ack that never comes, each would
+        stay locked on disk as long as its process lived."""
+        if no_ack:
+            self._unacknowledged.add(queue)
+        return super().basic_consume(queue, no_ack, *args, **kwargs)
+
+    def basic_get(self, queue: str, no_ack: bool = False, **kwargs: Any) -> Any:
+        message = super().basic_get(queue, no_ack=no_ack, **kwargs)
+        if message is not None and no_ack:
+            self._done(message.delivery_tag)
+        return message
+
     # kombu's type stubs give _put two signatures (the base's and the filesystem's): the latter's.
     def _put(self, queue: str, payload: dict[str, Any], **kwargs: Any) -> None:  # type: ignore[override]
         name = os.path.join(self.data_folder_out, f"{time.monotonic_ns():020d}_{uuid.uuid4()}.{queue}.msg")
@@ -65,31 +178,88 @@ class Channel(filesystem.Channel):
             raise ChannelError(f"Cannot add file {name!r} to directory") from exc
 
     def _get(self, queue: str, timeout: float | None = None) -> Any:
+        folder = self.data_folder_in
+        if time.monotonic() - _swept_at.get(folder, -SWEEP_SECONDS) >= SWEEP_SECONDS:
+            _swept_at[folder] = time.monotonic()
+            sweep(folder)
         wanted = f"{queue}.msg"
-        for filename in sorted(os.listdir(self.data_folder_in)):
+        for filename in sorted(os.listdir(folder)):
             if filename.partition(".")[2] != wanted:
                 continue
-            # A rename in the same folder: atomic, so of two readers exactly one takes it.
-            taken = os.path.join(self.data_folder_in, f".taken-{os.getpid()}-{filename}")
+            path = os.path.join(folder, filename)
             try:
-                os.rename(os.path.join(self.data_folder_in, filename), taken)
+                # Read and write: lockf's exclusive lock needs a file open for writing.
+                f = open(path, "r+b")  # noqa: SIM115 (held open until the message is acknowledged)
             except FileNotFoundError:
                 continue  # another reader took it first
+            except IsADirectoryError:
+                self._set_aside_file(path, filename, "a folder, not a file")
+                continue
             except OSError as exc:
                 # Not taken by another: this reader cannot take any (a folder the kernel
                 # remounted read-only, a full disk). The worker lives on and takes them once
                 # it can; said once a minute, not at every poll.
                 self._cannot_take(filename, exc)
                 break
-            if (message := self._read(taken, filename)) is None:
-                shutil.move(taken, os.path.join(self.processed_folder, filename + UNREADABLE))
+            if (taken := self._take(f, path, filename)) is None:
+                f.close()
                 continue
-            if self.store_processed:
-                shutil.move(taken, os.path.join(self.processed_folder, filename))
-            else:
-                os.remove(taken)
+            try:
+                message = self._read(f, filename)
+            except Unreadable as exc:
+                HOLDING[taken] = f
+                self._set_aside_file(taken, filename, str(exc))
+                _release(taken, into=None)
+                continue
+            HOLDING[taken] = f
+            self._taken[message["properties"]["delivery_tag"]] = taken
+            if queue in self._unacknowledged:
+                self._done(message["properties"]["delivery_tag"])
             return message
         raise Empty()  # what kombu's channels raise for an empty queue
+
+    def _take(self, f: IO[bytes], path: str, filename: str) -> str | None:
+        """Lock the file, then rename it to our taken name: the taken file, or None if
+        another reader has it. The lock comes first, so no taken file is ever unlocked while
+        its reader lives; a sweep that finds one unlocked finds a reader gone."""
+        try:
+            fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return None  # another reader is taking it, or a sweep is looking at it
+        taken = os.path.join(self.data_folder_in, f"{TAKEN}{os.getpid()}-{filename}")
+        try:
+            # A rename in the same folder: atomic, so of two readers exactly one takes it.
+            os.rename(path, taken)
+        except FileNotFoundError:
+            return None  # another reader took it first (and let go of it since)
+        except OSError as exc:
+            self._cannot_take(filename, exc)
+            return None
+        return taken
+
+    def _done(self, delivery_tag: Any) -> None:
+        """The consumer is done with the message (acknowledged, rejected or put back)."""
+        if (taken := self._taken.pop(delivery_tag, None)) is not None:
+            _release(taken, into=self.processed_folder if self.store_processed else None)
+
+    def _restore(self, message: Any) -> None:
+        """Given back unacknowledged (a warm shutdown, a reject with requeue): its file goes
+        back into the queue under its name, ahead of newer ones, as a sweep would put it."""
+        if (taken := self._taken.pop(message.delivery_tag, None)) is None:
+            super()._restore(message)
+            return
+        original = os.path.basename(taken).removeprefix(TAKEN).partition("-")[2]
+        with contextlib.suppress(OSError):  # gone: put back by a sweep that took it for a dead reader's
+            os.rename(taken, os.path.join(self.data_folder_in, original))
+        if (f := HOLDING.pop(taken, None)) is not None:
+            f.close()
+
+    def set_aside(self, queue: str, raw: bytes, reason: str) -> None:
+        """A message the consumer cannot run (runtime_site/patches/consumer.py): a copy goes to
+        the processed folder, as a file that is no message is set aside there."""
+        name = f"{time.monotonic_ns():020d}_{uuid.uuid4()}.{queue}.msg{UNREADABLE}"
+        with open(os.path.join(self.processed_folder, name), "wb") as f:
+            f.write(raw)
 
     _said_at: float | None = None  # when _cannot_take last logged (monotonic)
 
@@ -99,37 +269,27 @@ class Channel(filesystem.Channel):
             self._said_at = now
             logger.warning("broker: cannot take %s from %s: %s", name, self.data_folder_in, exc)
 
-    def _read(self, taken: str, name: str) -> Any:
-        """The message in the file `taken` (`name` in the queue), or None (with a warning) if it holds none.
+    def _set_aside_file(self, path: str, name: str, reason: str) -> None:
+        logger.warning("broker: %s is no whole message (%s); set aside", name, reason)
+        with contextlib.suppress(OSError):  # gone: another reader set it aside first
+            shutil.move(path, os.path.join(self.processed_folder, name + UNREADABLE))
 
-        Whatever the file holds (JSON that is no message, a folder under a message's
-        name), the worker must live: kombu builds the message from what _get returns outside
-        any handler, and a TypeError or a KeyError there was an unrecoverable error that
-        ended the worker. So kombu's own constructor decides here what a message is."""
+    def _read(self, f: IO[bytes], name: str) -> Any:
+        """The message in the taken file `f` (`name` in the queue), or Unreadable.
+
+        Read through the descriptor that holds the file's lock (the module docstring says
+        why). Whatever the file holds (JSON that is no message, a delivery tag that is no
+        text), the worker must live: kombu builds the message from what _get returns
+        outside any handler, and a TypeError or a KeyError there was an unrecoverable error
+        that ended the worker. The checks are those of the Redis transport's messages."""
         try:
-            with open(taken, "rb") as f:
-                payload = f.read()
+            payload = f.read()
         except OSError as exc:
-            logger.warning("broker: %s cannot be read (%s); set aside", name, exc)
-            return None
+            raise Unreadable(f"cannot be read: {exc}") from None
         try:
-            message = loads(bytes_to_str(payload))
-            self.Message(message, channel=self)
-        except (
-            ValueError,
-            TypeError,
-            KeyError,
-            AttributeError,
-        ) as exc:  # what kombu's Message raises on a shape it lacks
-            logger.warning(
-                "broker: %s is no whole message (%d bytes: %s: %s); set aside",
-                name,
-                len(payload),
-                type(exc).__name__,
-                exc,
-            )
-            return None
-        return message
+            return checked_payload(self, payload)
+        except Unreadable as exc:
+            raise Unreadable(f"{len(payload)} bytes: {exc}") from None
 
 
 class Transport(filesystem.Transport):

@@ -16,6 +16,7 @@ from celery.signals import (
 )
 from kombu.asynchronous import get_event_loop
 
+from runtime_site.patches import consumer as consumer_patches
 from runtime_site.patches import kombu as kombu_patches
 from runtime_site.patches import prefork as prefork_patches
 from tasks_app import shutdown  # here, so its flag is mapped before a worker's pool forks
@@ -64,7 +65,8 @@ _count_in_multiprocess_mode()
 app = Celery("runtime_site")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
-kombu_patches.install()  # before any worker consumes: broker losses must not kill it
+kombu_patches.install()  # before any worker consumes: broker losses and unreadable messages must not kill it
+consumer_patches.install()  # a message Celery cannot run is set aside, not lost and not fatal
 prefork_patches.install(stopping_warmly=shutdown.stopping_warmly)  # a stopping worker is gone at once
 
 

@@ -374,12 +374,12 @@ if REDIS_URL:
         CELERY_BROKER_TRANSPORT_OPTIONS["socket_timeout"] = REDIS_PUBLISH_SECONDS
         CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2}
 else:
-    # Embedded default: messages are files. At-most-once on a crash; the lease scanner re-finds work.
+    # Embedded default: messages are files, delivered at least once (runtime_site/brokerfs.py).
     _broker = DATA_DIR / "broker"
     for sub in ("queue", "processed", "control"):
         (_broker / sub).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_URL = "filesystem://"
-    CELERY_BROKER_TRANSPORT = "runtime_site.brokerfs:Transport"  # whole messages only (its docstring)
+    CELERY_BROKER_TRANSPORT = "runtime_site.brokerfs:Transport"  # whole messages, at least once (its docstring)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_broker / "queue"),
         "data_folder_out": str(_broker / "queue"),

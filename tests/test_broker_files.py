@@ -3,17 +3,28 @@ messages only, however a sender's write and a reader's listing interleave."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 from kombu import Connection
 
 from conftest import ROOT
+from runtime_site import brokerfs
 
 COUNT, SIZE = 40, 2_000_000  # big enough that writing one takes longer than a reader's listing
+
+
+@pytest.fixture(autouse=True)
+def fresh_bindings():
+    """kombu keeps the queues a process has bound in one state per transport class, across
+    connections: a test's folder would then lack the binding an earlier test's folder got,
+    and a message put from this process would find no queue."""
+    brokerfs.Transport.global_state.clear()
 
 
 def options(folder):
@@ -139,3 +150,113 @@ def test_a_reader_that_cannot_take_messages_says_why_instead_of_idling_in_silenc
     assert ran.stderr.count("cannot take") == 1, ran.stderr  # said once, not at every poll
     assert "Read-only file system" in ran.stderr, ran.stderr
     assert [p.name for p in (tmp_path / "queue").iterdir()] == ["00000000000000000001_waiting.steps.msg"]
+
+
+def taken_files(tmp_path):
+    return sorted(p.name for p in (tmp_path / "queue").iterdir() if p.name.startswith(brokerfs.TAKEN))
+
+
+def test_a_taken_message_stays_with_its_live_reader_and_goes_back_when_the_reader_dies(tmp_path):
+    """At least once: a reader that dies before it acknowledges (SIGKILL mid-task) no longer
+    takes the message with it (kombu's transport deleted the file as it read it). Its taken
+    file is put back by the next sweep, and only once its reader is gone: the reader's lock
+    says so."""
+    folder = options(tmp_path)
+    with Connection("filesystem://", transport="runtime_site.brokerfs:Transport", transport_options=folder) as conn:
+        conn.SimpleQueue("steps").put({"n": 1})
+    reader = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
+                import sys
+                from kombu import Connection
+                with Connection("filesystem://", transport="runtime_site.brokerfs:Transport",
+                                transport_options={folder!r}) as conn:
+                    message = conn.SimpleQueue("steps").get(block=True, timeout=60)
+                    print("taken", message.payload["n"], flush=True)
+                    sys.stdin.read()  # holds it, unacknowledged, until killed
+            """),
+        ],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert reader.stdout is not None and reader.stdout.readline().strip() == "taken 1"
+        [taken] = taken_files(tmp_path)
+        assert taken.startswith(f"{brokerfs.TAKEN}{reader.pid}-")
+        with Connection("filesystem://", transport="runtime_site.brokerfs:Transport", transport_options=folder) as conn:
+            queue = conn.SimpleQueue("steps")
+            for _ in range(3):
+                brokerfs.sweep(folder["data_folder_in"])
+                with pytest.raises(queue.Empty):
+                    queue.get(block=False)  # a poll, with its own sweep
+            assert taken_files(tmp_path) == [taken]  # never stolen from a live reader
+
+            reader.kill()
+            reader.wait(timeout=30)
+            brokerfs.sweep(folder["data_folder_in"])
+            assert taken_files(tmp_path) == []
+            message = queue.get(block=True, timeout=10)
+            assert message.payload == {"n": 1}
+            message.ack()
+        assert not list((tmp_path / "queue").iterdir())
+    finally:
+        if reader.poll() is None:
+            reader.kill()
+            reader.wait(timeout=30)
+
+
+def test_a_sweep_in_the_reading_process_leaves_its_own_taken_message_alone(tmp_path):
+    """lockf locks belong to the process: a sweep in the reader's own process would get the
+    lock of its own message at once, and closing the file it opened for that would drop the
+    reader's lock. It skips what its process holds; another process still finds it locked."""
+    folder = options(tmp_path)
+    with Connection("filesystem://", transport="runtime_site.brokerfs:Transport", transport_options=folder) as conn:
+        queue = conn.SimpleQueue("steps")
+        queue.put({"n": 2})
+        message = queue.get(block=True, timeout=10)
+        [taken] = taken_files(tmp_path)
+        brokerfs.sweep(folder["data_folder_in"])
+        other = subprocess.run(
+            [sys.executable, "-c", f"from runtime_site import brokerfs; brokerfs.sweep({folder['data_folder_in']!r})"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+        assert other.returncode == 0, other.stderr
+        assert taken_files(tmp_path) == [taken], other.stderr
+        message.ack()
+    assert not list((tmp_path / "queue").iterdir())
+
+
+def test_a_sweep_removes_the_half_written_files_of_senders_gone_for_five_minutes(tmp_path):
+    folder = options(tmp_path)
+    queue_folder = tmp_path / "queue"
+    old = queue_folder / "00000000000000000001_old.steps.msg.part"
+    new = queue_folder / "00000000000000000002_new.steps.msg.part"
+    old.write_bytes(b'{"body": "half')
+    new.write_bytes(b'{"body": "being writ')
+    long_ago = time.time() - brokerfs.PART_MAX_SECONDS - 60
+    os.utime(old, (long_ago, long_ago))
+    brokerfs.sweep(folder["data_folder_in"])
+    assert sorted(p.name for p in queue_folder.iterdir()) == [new.name]  # a live sender's stays
+    with Connection("filesystem://", transport="runtime_site.brokerfs:Transport", transport_options=folder) as conn:
+        queue = conn.SimpleQueue("steps")
+        with pytest.raises(queue.Empty):
+            queue.get(block=False)  # no reader takes a half-written file
+
+
+def test_a_consumer_that_acknowledges_nothing_holds_nothing(tmp_path):
+    """A no_ack consumer (Celery's remote control) never acknowledges: held for an ack, each of
+    its messages stayed locked on disk for the life of its process. It takes them at most once."""
+    folder = options(tmp_path)
+    with Connection("filesystem://", transport="runtime_site.brokerfs:Transport", transport_options=folder) as conn:
+        queue = conn.SimpleQueue("control", no_ack=True)
+        queue.put({"n": 3})
+        assert queue.get(block=True, timeout=10).payload == {"n": 3}
+        assert not list((tmp_path / "queue").iterdir())

@@ -3,8 +3,14 @@ or Redis, with real uvicorn, worker and beat processes and a real HTTP client.""
 
 from __future__ import annotations
 
+import base64
+import json
+import sqlite3
 import subprocess
 import sys
+import uuid
+from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -12,19 +18,21 @@ import pytest
 
 from conftest import ROOT, Processes, SseClient, free_port, wait_until
 
+EMBEDDED = {
+    "DATABASE_URL": None,
+    "REDIS_URL": None,
+    "DJANGO_SECRET_KEY": None,
+    "RUNTIME_LEASE_SECONDS": "4",
+    "RUNTIME_HEARTBEAT_SECONDS": "1",
+    "RUNTIME_SCAN_SECONDS": "1",
+}
+
 
 @pytest.fixture
-def embedded(tmp_path: Path, processes: Processes):
+def embedded_site(tmp_path: Path, processes: Processes):
+    """The database, a key and the web process; the test starts its workers itself."""
     data = tmp_path / "data"
-    env = {
-        "DATABASE_URL": None,
-        "REDIS_URL": None,
-        "RUNTIME_DATA_DIR": str(data),
-        "DJANGO_SECRET_KEY": None,
-        "RUNTIME_LEASE_SECONDS": "4",
-        "RUNTIME_HEARTBEAT_SECONDS": "1",
-        "RUNTIME_SCAN_SECONDS": "1",
-    }
+    env = {**EMBEDDED, "RUNTIME_DATA_DIR": str(data)}
 
     def manage(*args: str) -> str:
         out = subprocess.run(
@@ -44,10 +52,16 @@ def embedded(tmp_path: Path, processes: Processes):
     key = manage("create_demo", "--key-only")
     port = free_port()
     processes.web(port, **env)
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {key}"}, timeout=10)
+    return client, manage, data, f"http://127.0.0.1:{port}", key, env
+
+
+@pytest.fixture
+def embedded(embedded_site, processes: Processes):
+    client, manage, data, base, key, env = embedded_site
     worker = processes.worker(concurrency=2, **env)
     processes.beat(**env)
-    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {key}"}, timeout=10)
-    return client, manage, data, f"http://127.0.0.1:{port}", key, worker
+    return client, manage, data, base, key, worker
 
 
 def test_the_embedded_profile_runs_a_task_end_to_end(embedded):
@@ -92,9 +106,23 @@ def test_a_file_that_is_no_whole_message_neither_stops_the_worker_nor_the_work(e
     builds one outside any handler, and `[]`, `{}` or a message without its delivery tag ended
     the worker (an unrecoverable TypeError or KeyError), as did a folder under a message's
     name (the transport's ChannelError). Each of these killed the worker that read it
-    (runtime_site/brokerfs.py)."""
+    (runtime_site/brokerfs.py). A whole message whose body is in a content type the worker
+    refuses reached the pool and was gone as a failed run: it is set aside too, as a copy
+    (runtime_site/patches/consumer.py), and its taken file is done with."""
     client, _, data, _, _, worker = embedded
     queue = data / "broker" / "queue"
+    pickled = {
+        "body": base64.b64encode(b"not really a pickle").decode(),
+        "content-type": "application/x-python-serialize",
+        "content-encoding": "binary",
+        "headers": {"task": "tasks.run_task_slice", "id": str(uuid.uuid4())},
+        "properties": {
+            "delivery_tag": str(uuid.uuid4()),
+            "body_encoding": "base64",
+            "delivery_info": {"exchange": "", "routing_key": "steps"},
+        },
+    }
+    (queue / "00000000000000000007_pickled.steps.msg").write_text(json.dumps(pickled))
     junk = {
         "00000000000000000001_half.steps.msg": b'{"body": "eyJ',
         "00000000000000000002_empty.steps.msg": b"",
@@ -113,7 +141,65 @@ def test_a_file_that_is_no_whole_message_neither_stops_the_worker_nor_the_work(e
         what="the task to complete after the junk files",
     )
     assert worker.poll() is None, "the worker died"
-    set_aside = sorted(p.name for p in (data / "broker" / "processed").iterdir())
-    assert set_aside == sorted(
+    processed = data / "broker" / "processed"
+    copies = [p for p in processed.iterdir() if not p.name.startswith("0000000000000000000")]
+    assert sorted(p.name for p in processed.iterdir() if p not in copies) == sorted(
         [*(f"{name}.unreadable" for name in junk), "00000000000000000006_folder.steps.msg.unreadable"]
+    )
+    [copy] = copies
+    assert copy.name.endswith(".steps.msg.unreadable") and json.loads(copy.read_bytes()) == pickled
+    assert not any(p.name.startswith(".taken-") for p in queue.iterdir())
+
+
+def test_a_message_whose_worker_was_killed_mid_run_is_run_by_another_worker(embedded_site, processes: Processes):
+    """At least once on the filesystem broker (runtime_site/brokerfs.py): the worker that took
+    the task's message is killed (SIGKILL) in the middle of running it, and another worker
+    runs that same message. kombu's transport deleted a message's file as it read it: with
+    no beat here to re-find the task from the database, it never completed. The engine's
+    lease makes the second run exactly once in effect: it resumes from the checkpoint."""
+    client, _, data, _, _, env = embedded_site
+    env = {**env, "RUNTIME_SLICE_STEPS": "1000"}  # the whole task is one slice: one message
+    queue = data / "broker" / "queue"
+    first = processes.worker(ready=True, **env)
+    task_id = client.post("/runtime/tasks", json={"agent": "noop", "input": {"steps": 60, "sleepMs": 100}}).json()[
+        "taskId"
+    ]
+    wait_until(lambda: client.get(f"/runtime/tasks/{task_id}").json()["stepsDone"] >= 15, timeout=60, what="15 steps")
+    [held] = [p.name for p in queue.iterdir() if p.name.startswith(".taken-")]
+    assert held.startswith(f".taken-{first.pid}-"), held  # the killed worker holds the message
+    processes.kill(first)
+    killed_at = client.get(f"/runtime/tasks/{task_id}").json()
+    assert killed_at["status"] == "working" and killed_at["stepsDone"] < 60, killed_at
+    checkpoint = killed_at["lastCheckpoint"]
+    assert checkpoint >= 10, killed_at
+
+    db = sqlite3.connect(data / "runtime.sqlite3", timeout=20)
+    row_id = uuid.UUID(task_id).hex  # Django keeps a UUID as 32 hex digits in SQLite
+
+    def lease_expired() -> bool:
+        (expires,) = db.execute("SELECT lease_expires_at FROM tasks_app_task WHERE id = ?", [row_id]).fetchone()
+        return expires is None or datetime.fromisoformat(expires).replace(tzinfo=UTC) < datetime.now(UTC)
+
+    # Only then the second worker: a run of the message while the dead worker's lease
+    # still held would be dropped by the claim, and nothing (no beat) would ring again.
+    wait_until(lease_expired, timeout=30, what="the killed worker's lease to expire")
+    second = processes.worker(**env)
+    wait_until(
+        lambda: client.get(f"/runtime/tasks/{task_id}").json()["status"] == "completed",
+        timeout=90,
+        what="the task to complete from the message its killed worker held",
+    )
+    assert client.get(f"/runtime/tasks/{task_id}/result").json()["result"] == {"steps": 60}
+    log = Path(second.log_path).read_text(errors="replace")  # type: ignore[attr-defined]
+    assert f"{held.split('-', 2)[2]} was taken by reader {first.pid}, which is gone; put back" in log, log[-4000:]
+    steps = db.execute("SELECT sequence, attempt FROM tasks_app_step WHERE task_id = ?", [row_id]).fetchall()
+    runs = Counter(sequence for sequence, _ in steps)
+    assert sorted(runs) == list(range(1, 61))
+    assert all(runs[s] == 1 for s in range(1, checkpoint + 1))  # nothing up to the checkpoint ran twice
+    assert all(n <= 2 for n in runs.values())
+    assert {s for s, attempt in steps if attempt == 2} == set(range(checkpoint + 1, killed_at["stepsDone"] + 1))
+    wait_until(
+        lambda: not any(p.name.startswith(".taken-") for p in queue.iterdir()),
+        timeout=30,
+        what="no message left taken",
     )
