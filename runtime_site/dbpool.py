@@ -107,7 +107,27 @@ class NoAnswer(OperationalError):
 
 
 class DeadlineConnection(Connection[Any]):
-    """The sync pool's connections (Django's): every round trip waits at most QUERY_SECONDS."""
+    """The sync pool's connections (Django's): every round trip waits at most QUERY_SECONDS,
+    and a session the server ended says why (ended_by)."""
+
+    # The server's FATAL heard between round trips: its SQLSTATE and message, read at once
+    # (a Diagnostic reads them from a result libpq frees after the handler).
+    ended_by: tuple[str, str] | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.hear_fatal()
+
+    def hear_fatal(self) -> None:
+        """Keep the server's FATAL in ended_by (also for a connection made a DeadlineConnection
+        after it connected: runtime_site.postgresql)."""
+        heard = weakref.ref(self)  # not self: a handler holding it would keep a closed connection alive
+
+        def notice(diag: errors.Diagnostic) -> None:
+            if diag.severity_nonlocalized == "FATAL" and (conn := heard()) is not None:
+                conn.ended_by = (diag.sqlstate or "", diag.message_primary or "")
+
+        self.add_notice_handler(notice)
 
     @classmethod
     def deadline(cls) -> tuple[float | None, str]:
@@ -116,6 +136,27 @@ class DeadlineConnection(Connection[Any]):
 
     # interval: psycopg's own default (how often a wait wakes to notice Ctrl-C).
     def wait(self, gen: PQGen[RV], interval: float = 0.1, timeout: float | None = None) -> RV:
+        try:
+            return self._wait(gen, interval, timeout)
+        except NoAnswer:
+            raise
+        except OperationalError as exc:
+            if exc.sqlstate or (ended := self.ended_by) is None:
+                raise
+            # The server ended the session while we were not waiting for it (this process was
+            # stopped inside a transaction past idle_in_transaction_session_timeout, an operator
+            # terminated it between statements): libpq took its FATAL for a notice, and the next
+            # round trip only found the socket closed ("server closed the connection
+            # unexpectedly"). Raised as what the server said, SQLSTATE and all, so the answer
+            # names the cause (tasks_app.faults), not "unreachable".
+            sqlstate, message = ended
+            try:
+                said: type[errors.Error] = errors.lookup(sqlstate)
+            except KeyError:  # a SQLSTATE psycopg does not know: the lost connection it is
+                raise exc from None
+            raise said(message or str(exc)) from exc
+
+    def _wait(self, gen: PQGen[RV], interval: float, timeout: float | None) -> RV:
         seconds, setting = self.deadline()
         if timeout is not None or seconds is None:  # a caller's own bound (psycopg's notifies) stands
             return super().wait(gen, interval, timeout)
