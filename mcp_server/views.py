@@ -251,10 +251,10 @@ class Recheck:
     """An answer that waits (subscriptions/listen, a blocking tasks/result, a synchronous
     tools/call) outlives its request's authentication: like an SSE stream, it asks again every
     stream.auth_recheck_seconds whether its credential still speaks for its tenant, and ends
-    with REVOKED when not, before it hands a revoked key anything more; with unavailable() when
-    the database cannot tell (down, or frozen past RUNTIME_DB_QUERY_SECONDS), as the wait's
-    own look at its tasks does: raised out of the stream, that cut it after its headers with
-    no answer at all."""
+    with REVOKED when not, before it hands a revoked key anything more; with unavailable()
+    (-32003, naming the cause) when the database or the token's issuer cannot tell (down, or
+    frozen past RUNTIME_DB_QUERY_SECONDS), as the wait's own look at its tasks does: raised
+    out of the stream, that cut it after its headers with no answer at all."""
 
     def __init__(self, request: HttpRequest, principal: Principal) -> None:
         self.token, self.tenant_id = bearer_token(request), principal.tenant.pk
@@ -269,8 +269,9 @@ class Recheck:
         try:
             still = await sync_to_async(self._still)()
         except Exception as exc:
-            if (fault := fault_of(exc)) is None:
-                raise
+            if (fault := fault_of(exc)) is None:  # a bug: ends the wait with an answer, not a cut stream
+                logger.exception("mcp: rechecking a waiting answer's credential failed")
+                return RpcError(INTERNAL_ERROR, "Internal error")
             logger.warning("mcp: cannot recheck a waiting answer's credential: %s", fault.message)
             return fault
         return None if still else REVOKED

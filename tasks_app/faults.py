@@ -24,6 +24,7 @@ import redis.exceptions
 from django.db import DatabaseError, InterfaceError, OperationalError, connection
 
 from runtime_site import dbpool
+from tasks_app import oauth
 
 # The database's faults, by SQLSTATE (PostgreSQL's appendix A): the server could not run the
 # statement now, or ended the session, for reasons of the moment, not of the statement. A
@@ -52,6 +53,7 @@ _SQLSTATES = {
     "58030": "the database server had an I/O error",
 }
 UNREACHABLE = "the database is unreachable"
+ISSUER_UNREACHABLE = "the token issuer is unreachable"
 
 # Connectivity, not content, in the other parts: the same request may well succeed a moment later.
 _OTHER_PARTS: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], str], ...] = (
@@ -110,6 +112,8 @@ def infrastructure_fault(exc: BaseException) -> str | None:
         for kinds, cause in _OTHER_PARTS:
             if isinstance(current, kinds):
                 return cause
+        if isinstance(current, oauth.IssuerUnavailable):  # its JWKS cannot be fetched, and the key is not cached
+            return ISSUER_UNREACHABLE
         if isinstance(current, botocore.exceptions.ClientError):  # the store answered 5xx: it is unwell
             status = current.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
             if status >= 500:

@@ -92,7 +92,7 @@ def allowed_still(credential: Credential) -> bool:
     expired, its user active and a member: auth.reauthenticate, no rate limit), or for a
     dashboard session, the session still signs in its user (not signed out or expired, nor
     made before a password change: auth.get_user), who is active and still a member of the
-    task's tenant. Raises what the database raised when it cannot tell."""
+    task's tenant. Raises what the database or the token's issuer raised when it cannot tell."""
     if credential.token is not None:
         who = reauthenticate(credential.token)
         return who is not None and who.tenant.pk == credential.tenant_id and who.has_role(Role.VIEWER)
@@ -117,9 +117,12 @@ def _judge(credentials: list[Credential]) -> dict[Credential, Verdict | None]:
         for credential in credentials:
             try:
                 verdicts[credential] = None if allowed_still(credential) else ("forbidden", "")
-            except Exception as exc:
+            except Exception as exc:  # a recheck that raised would end every later one
                 if (cause := infrastructure_fault(exc)) is None:
-                    raise
+                    # A bug: the stream ends all the same (it cannot be let read on unchecked),
+                    # and its reconnect gets the full view's answer.
+                    logger.exception("an event stream's credential could not be checked")
+                    cause = "the stream's credential could not be checked"
                 verdicts[credential] = ("unavailable", cause)
     finally:
         connection.close()  # pitfall 1: a thread of the pool, not a stream's

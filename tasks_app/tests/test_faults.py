@@ -344,6 +344,9 @@ def test_connection_errors_without_a_sqlstate_are_faults_named_for_what_failed()
     assert faults.infrastructure_fault(wrapped_by_django(closed)) == "the database is unreachable"
     assert faults.infrastructure_fault(psycopg.ProgrammingError("a bad query")) is None
     assert faults.infrastructure_fault(redis.exceptions.ConnectionError("refused")) == "Redis is unreachable"
+    from tasks_app.oauth import IssuerUnavailable
+
+    assert faults.infrastructure_fault(IssuerUnavailable()) == "the token issuer is unreachable"
 
 
 def test_the_backoff_grows_with_faults_in_a_row_up_to_a_cap():
