@@ -109,6 +109,11 @@ class NoAnswer(OperationalError):
     """The database did not answer a round trip within the connection's deadline."""
 
 
+class StalePlan(OperationalError):
+    """A statement prepared on the connection is refused or missing (_Preparing): a fault of
+    the moment, gone on a new connection."""
+
+
 class DeadlineConnection(Connection[Any]):
     """The sync pool's connections (Django's): every round trip waits at most QUERY_SECONDS,
     and a session the server ended says why (ended_by)."""
@@ -261,8 +266,8 @@ class _Preparing(Cursor[Any]):
     must not change result type"), and one the server forgot is missing (DISCARD ALL or
     DEALLOCATE ALL run by the ORM, which psycopg no longer watches), until the connection is
     closed or psycopg forgets its statements on a rollback: a fault of the moment, raised as
-    one (OperationalError), which the web answers with a 503 and a worker with a retry on a
-    new connection."""
+    one (StalePlan, an OperationalError), which the web answers with a 503 and a worker with
+    a retry on a new connection."""
 
     def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
         conn = self.connection
@@ -272,9 +277,9 @@ class _Preparing(Cursor[Any]):
         except errors.FeatureNotSupported as exc:
             if exc.diag.source_function != "RevalidateCachedQuery":  # the message may be translated
                 raise
-            raise OperationalError(f"a statement prepared before a migration: {exc}") from exc
+            raise StalePlan(f"a statement prepared before a migration: {exc}") from exc
         except errors.InvalidSqlStatementName as exc:
-            raise OperationalError(f"a prepared statement the server forgot: {exc}") from exc
+            raise StalePlan(f"a prepared statement the server forgot: {exc}") from exc
         finally:
             conn.prepare_threshold = None
 

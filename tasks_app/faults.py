@@ -75,6 +75,8 @@ def _driver_fault(exc: psycopg.Error) -> str | None:
         return _sqlstate_fault(exc.sqlstate)
     if isinstance(exc, dbpool.NoAnswer):
         return "the database did not answer in time"
+    if isinstance(exc, dbpool.StalePlan):
+        return "a prepared database statement went stale (a migration)"
     if isinstance(exc, psycopg_pool.PoolTimeout):
         return "no database connection was free in time"
     if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):

@@ -336,10 +336,11 @@ def test_database_errors_are_classified_by_their_sqlstate_however_they_are_wrapp
 def test_connection_errors_without_a_sqlstate_are_faults_named_for_what_failed():
     from psycopg_pool import PoolTimeout
 
-    from runtime_site.dbpool import NoAnswer
+    from runtime_site.dbpool import NoAnswer, StalePlan
 
     assert faults.infrastructure_fault(NoAnswer("no answer")) == "the database did not answer in time"
     assert faults.infrastructure_fault(PoolTimeout("none free")) == "no database connection was free in time"
+    assert "went stale" in (faults.infrastructure_fault(wrapped_by_django(StalePlan("a migration"))) or "")
     closed = psycopg.OperationalError("the connection is closed")
     assert faults.infrastructure_fault(wrapped_by_django(closed)) == "the database is unreachable"
     assert faults.infrastructure_fault(psycopg.ProgrammingError("a bad query")) is None
