@@ -22,7 +22,7 @@ import httpx
 import psycopg
 import pytest
 
-from conftest import Processes, database_url, free_port, wait_until
+from conftest import Processes, SseClient, database_url, free_port, wait_until
 from tasks_app.tests.test_engine import new_task
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -154,3 +154,34 @@ def test_a_request_stopped_inside_its_transaction_past_the_idle_timeout_is_a_503
     assert_unavailable(cancel.result(), "idle in a transaction")
     again = web.post(f"/runtime/tasks/{task.id}/cancel", json={}, headers=auth)
     assert again.status_code == 202 and again.json()["runtimeStatus"] == "cancelled", again.text
+
+
+def test_an_open_stream_whose_recheck_the_database_times_out_ends_with_an_unavailable_event(
+    alice, processes: Processes
+):
+    """An open event stream asks every second whether its key still works; the key's table is
+    locked (a migration, say) past the web's statement_timeout. The stream ends with an
+    `unavailable` event naming the cause, never as if the key were revoked, and once the
+    lock is gone the stream opens again."""
+    web = start_web(processes, "-c statement_timeout=1000", STREAM_AUTH_RECHECK_SECONDS="1")
+    task = new_task(alice, steps=3)  # no worker: the stream only waits
+    url = str(web.base_url.join(f"/runtime/tasks/{task.id}/events"))
+    stream = SseClient(url, alice.token)
+    wait_until(
+        lambda: stream.of("task.snapshot"),
+        timeout=20,
+        what=lambda: f"the stream to open, not {stream.status} {stream.events} {url}",
+    )
+    with psycopg.connect(database_url()) as holder:
+        holder.execute("LOCK TABLE tasks_app_apikey IN ACCESS EXCLUSIVE MODE")  # held until the block ends
+        wait_until(lambda: not stream.live, timeout=30, what="the stream to end")
+        holder.rollback()
+    (ended,) = stream.of("unavailable")
+    assert ended["data"]["error"] == {
+        "code": "unavailable",
+        "message": "the database statement timed out; retry shortly",
+    }
+    assert ended["retry"] == "2000"
+    again = SseClient(url, alice.token)
+    wait_until(lambda: again.of("task.snapshot"), timeout=20, what="the stream to open again")
+    again.close()
