@@ -30,7 +30,7 @@ INTERNAL_ERROR = -32603
 HEADER_MISMATCH = -32020
 MISSING_CAPABILITY = -32021
 UNSUPPORTED_VERSION = -32022
-SERVICE_UNAVAILABLE = -32003  # implementation-defined: the database is down; HTTP 503, retry after Retry-After
+SERVICE_UNAVAILABLE = -32003  # implementation-defined: an infrastructure fault, named; HTTP 503, Retry-After
 
 # HTTP status per JSON-RPC code on the modern wire (as the SDK server maps them).
 HTTP_STATUS = {

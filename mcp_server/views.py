@@ -46,7 +46,7 @@ from mcp_server.protocol import (
     validate_modern,
 )
 from mcp_server.shared import Call, Wait, ping, rpc_error
-from runtime_site.errors import DATABASE_UNAVAILABLE, RETRY_AFTER_SECONDS, error_body
+from runtime_site.errors import RETRY_AFTER_SECONDS, error_body, infrastructure_fault
 from runtime_site.middleware import request_texts
 from runtime_site.ratelimit import RateLimited
 from tasks_app import oauth
@@ -75,8 +75,19 @@ TERMINAL_MCP = frozenset({"completed", "failed", "cancelled"})
 SERVER_ERROR = -32000  # implementation-defined: authentication and origin refusals
 SESSION_HEADER = "Mcp-Session-Id"
 RATE_LIMITED = -32029  # implementation-defined: HTTP 429, retry after Retry-After (runtime_site/ratelimit.py)
-UNAVAILABLE = RpcError(SERVICE_UNAVAILABLE, "Service unavailable: the database is unreachable; retry shortly")
 RETRY = {"Retry-After": str(RETRY_AFTER_SECONDS)}
+
+
+def unavailable(cause: str) -> RpcError:
+    """-32003 for an infrastructure fault (runtime_site.errors.infrastructure_fault), naming
+    its cause: HTTP 503 with Retry-After, or a waiting answer's last message."""
+    return RpcError(SERVICE_UNAVAILABLE, f"Service unavailable: {cause}; retry shortly")
+
+
+def fault_of(exc: Exception) -> RpcError | None:
+    """unavailable() for an infrastructure fault, None for anything else (a bug: -32603)."""
+    cause = infrastructure_fault(exc)
+    return None if cause is None else unavailable(cause)
 
 
 # The dispatch tables: one handler per method and wire (modern.py, legacy.py, shared.py).
@@ -240,10 +251,10 @@ class Recheck:
     """An answer that waits (subscriptions/listen, a blocking tasks/result, a synchronous
     tools/call) outlives its request's authentication: like an SSE stream, it asks again every
     stream.auth_recheck_seconds whether its credential still speaks for its tenant, and ends
-    with REVOKED when not, before it hands a revoked key anything more; with UNAVAILABLE when
-    the database cannot tell (down, or frozen past RUNTIME_DB_QUERY_SECONDS), as the wait's
-    own look at its tasks does: raised out of the stream, that cut it after its headers with
-    no answer at all."""
+    with REVOKED when not, before it hands a revoked key anything more; with unavailable()
+    (-32003, naming the cause) when the database or the token's issuer cannot tell (down, or
+    frozen past RUNTIME_DB_QUERY_SECONDS), as the wait's own look at its tasks does: raised
+    out of the stream, that cut it after its headers with no answer at all."""
 
     def __init__(self, request: HttpRequest, principal: Principal) -> None:
         self.token, self.tenant_id = bearer_token(request), principal.tenant.pk
@@ -251,15 +262,18 @@ class Recheck:
         self.due = time.monotonic() + self.every
 
     async def refusal(self) -> RpcError | None:
-        """REVOKED or UNAVAILABLE when the wait must end with it; None: it goes on."""
+        """REVOKED or unavailable() when the wait must end with it; None: it goes on."""
         if time.monotonic() < self.due:
             return None
         self.due = time.monotonic() + self.every
         try:
             still = await sync_to_async(self._still)()
-        except DATABASE_UNAVAILABLE:
-            logger.warning("mcp: the database is unavailable to recheck a waiting answer's credential")
-            return UNAVAILABLE
+        except Exception as exc:
+            if (fault := fault_of(exc)) is None:  # a bug: ends the wait with an answer, not a cut stream
+                logger.exception("mcp: rechecking a waiting answer's credential failed")
+                return RpcError(INTERNAL_ERROR, "Internal error")
+            logger.warning("mcp: cannot recheck a waiting answer's credential: %s", fault.message)
+            return fault
         return None if still else REVOKED
 
     def _still(self) -> bool:
@@ -295,11 +309,11 @@ async def _waiting(
         except RpcError as exc:
             yield exc.body(message.id)
             return
-        except DATABASE_UNAVAILABLE:
-            logger.warning("mcp: the database is unavailable while waiting for task %s", wait.task_id)
-            yield UNAVAILABLE.body(message.id)
-            return
-        except Exception:
+        except Exception as exc:
+            if (fault := fault_of(exc)) is not None:
+                logger.warning("mcp: waiting for task %s: %s", wait.task_id, fault.message)
+                yield fault.body(message.id)
+                return
             logger.exception("mcp: waiting for task %s failed", wait.task_id)
             yield RpcError(INTERNAL_ERROR, "Internal error").body(message.id)
             return
@@ -350,11 +364,11 @@ async def _listened(message: Message, listen: modern.Listen, recheck: Recheck) -
         if "taskIds" in listen.acknowledged:  # else nothing we honour was asked: keep-alives only
             try:
                 tasks = await sync_to_async(_listen_poll)(listen)
-            except DATABASE_UNAVAILABLE:
-                logger.warning("mcp: the database is unavailable while listening to tasks")
-                yield UNAVAILABLE.body(message.id)
-                return
-            except Exception:
+            except Exception as exc:
+                if (fault := fault_of(exc)) is not None:
+                    logger.warning("mcp: listening to tasks: %s", fault.message)
+                    yield fault.body(message.id)
+                    return
                 logger.exception("mcp: listening to tasks failed")
                 yield RpcError(INTERNAL_ERROR, "Internal error").body(message.id)
                 return
@@ -406,9 +420,11 @@ async def _respond_wait_json(request: HttpRequest, message: Message, wait: Wait,
 async def mcp_endpoint(request: HttpRequest) -> HttpResponseBase:
     try:
         return await _endpoint(request)
-    except DATABASE_UNAVAILABLE:  # down or restarting: a JSON-RPC answer the client may retry, not a 500
-        logger.warning("mcp: the database is unavailable", exc_info=True)
-        return _error(UNAVAILABLE, request_id_of(request.body), headers=RETRY)
+    except Exception as exc:  # an infrastructure fault: a JSON-RPC answer the client may retry, not a 500
+        if (fault := fault_of(exc)) is None:
+            raise
+        logger.warning("mcp: %s", fault.message, exc_info=True)
+        return _error(fault, request_id_of(request.body), headers=RETRY)
 
 
 async def _endpoint(request: HttpRequest) -> HttpResponseBase:
@@ -475,9 +491,9 @@ async def _endpoint(request: HttpRequest) -> HttpResponseBase:
         except DomainError as exc:  # not this caller's to answer (an approval without the approve scope)
             refused = rpc_error(exc)
             return _error(refused, status=refused.http_status)
-        except DATABASE_UNAVAILABLE:
-            raise
-        except Exception:
+        except Exception as exc:
+            if fault_of(exc) is not None:
+                raise  # mcp_endpoint's -32003
             logger.exception("mcp: recording the answer to %s failed", message.id)
             return _error(RpcError(INTERNAL_ERROR, "Internal error"), status=500)
         if not known:
@@ -514,9 +530,9 @@ async def _endpoint(request: HttpRequest) -> HttpResponseBase:
         # A 403 that a token with more scope would lift says which (MCP's scope challenge).
         step_up = scope_challenge(request, principal, exc)
         return _error(rpc_error(exc), message.id, headers={"WWW-Authenticate": step_up} if step_up else None)
-    except DATABASE_UNAVAILABLE:
-        raise
-    except Exception:
+    except Exception as exc:
+        if fault_of(exc) is not None:
+            raise  # mcp_endpoint's -32003
         logger.exception("mcp: %s failed", message.method)
         return _error(RpcError(INTERNAL_ERROR, "Internal error"), message.id)
     if isinstance(outcome, modern.Listen | Wait):

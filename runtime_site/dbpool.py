@@ -38,12 +38,13 @@ RV = TypeVar("RV")
 # --- A deadline on every round trip ------------------------------------------------------
 #
 # RUNTIME_DB_QUERY_SECONDS bounds each wait of a connection for the server (a statement, a
-# fetch, a commit or rollback, the pools' checks); `off`: no bound. Past it the
-# connection is closed and the wait raises NoAnswer, an OperationalError: the request is a
-# 503 (runtime_site.errors, the lean views), and the pool, handed back a closed connection,
-# discards it and makes a fresh one. Closing it ends the server's session too, once the
-# server runs again: nothing is left waiting on either side. No statement of the web process
-# takes this long on a healthy server; one that does (a lock held that long) is a 503 too.
+# fetch, a commit or rollback, the pools' checks); `off`: no bound. Past it the statement
+# is cancelled on the server (give_up: a live server stops it at once, its locks released;
+# a frozen one, once it runs again, finds the session closed) and the connection closed, and
+# the wait raises NoAnswer, an OperationalError: the request is a 503 (runtime_site.errors,
+# the lean views), and the pool, handed back a closed connection, discards it and makes a
+# fresh one. Nothing is left running or waiting on either side. No statement of the web
+# process takes this long on a healthy server; one that does (a lock held that long) is a 503 too.
 #
 # A worker's connections (Django's own, one per thread: no pool) have a deadline of their
 # own, RUNTIME_DB_WORKER_QUERY_SECONDS (60): a frozen server held a slice, and its
@@ -97,17 +98,44 @@ QUERY_SECONDS = query_seconds()
 WORKER_QUERY_SECONDS = query_seconds("RUNTIME_DB_WORKER_QUERY_SECONDS", "60")
 
 
-# How long a worker's cancel of a statement past its deadline may take: a server that
-# answers at all takes milliseconds (a cancel is a connection and one packet).
-CANCEL_SECONDS = 2.0
+# How long the cancel of a statement past its deadline may take: a server that answers at
+# all takes milliseconds (a cancel is a connection and one packet); a frozen one never
+# answers, and a request waits this much longer for its 503, a worker's slice for its retry.
+CANCEL_SECONDS = 1.0
+WORKER_CANCEL_SECONDS = 2.0  # no client waits on a worker
 
 
 class NoAnswer(OperationalError):
     """The database did not answer a round trip within the connection's deadline."""
 
 
+class StalePlan(OperationalError):
+    """A statement prepared on the connection is refused or missing (_Preparing): a fault of
+    the moment, gone on a new connection."""
+
+
 class DeadlineConnection(Connection[Any]):
-    """The sync pool's connections (Django's): every round trip waits at most QUERY_SECONDS."""
+    """The sync pool's connections (Django's): every round trip waits at most QUERY_SECONDS,
+    and a session the server ended says why (ended_by)."""
+
+    # The server's FATAL heard between round trips: its SQLSTATE and message, read at once
+    # (a Diagnostic reads them from a result libpq frees after the handler).
+    ended_by: tuple[str, str] | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.hear_fatal()
+
+    def hear_fatal(self) -> None:
+        """Keep the server's FATAL in ended_by (also for a connection made a DeadlineConnection
+        after it connected: runtime_site.postgresql)."""
+        heard = weakref.ref(self)  # not self: a handler holding it would keep a closed connection alive
+
+        def notice(diag: errors.Diagnostic) -> None:
+            if diag.severity_nonlocalized == "FATAL" and (conn := heard()) is not None:
+                conn.ended_by = (diag.sqlstate or "", diag.message_primary or "")
+
+        self.add_notice_handler(notice)
 
     @classmethod
     def deadline(cls) -> tuple[float | None, str]:
@@ -116,6 +144,27 @@ class DeadlineConnection(Connection[Any]):
 
     # interval: psycopg's own default (how often a wait wakes to notice Ctrl-C).
     def wait(self, gen: PQGen[RV], interval: float = 0.1, timeout: float | None = None) -> RV:
+        try:
+            return self._wait(gen, interval, timeout)
+        except NoAnswer:
+            raise
+        except OperationalError as exc:
+            if exc.sqlstate or (ended := self.ended_by) is None:
+                raise
+            # The server ended the session while we were not waiting for it (this process was
+            # stopped inside a transaction past idle_in_transaction_session_timeout, an operator
+            # terminated it between statements): libpq took its FATAL for a notice, and the next
+            # round trip only found the socket closed ("server closed the connection
+            # unexpectedly"). Raised as what the server said, SQLSTATE and all, so the answer
+            # names the cause (tasks_app.faults), not "unreachable".
+            sqlstate, message = ended
+            try:
+                said: type[errors.Error] = errors.lookup(sqlstate)
+            except KeyError:  # a SQLSTATE psycopg does not know: the lost connection it is
+                raise exc from None
+            raise said(message or str(exc)) from exc
+
+    def _wait(self, gen: PQGen[RV], interval: float, timeout: float | None) -> RV:
         seconds, setting = self.deadline()
         if timeout is not None or seconds is None:  # a caller's own bound (psycopg's notifies) stands
             return super().wait(gen, interval, timeout)
@@ -125,30 +174,35 @@ class DeadlineConnection(Connection[Any]):
             self.give_up()
             raise NoAnswer(f"the database did not answer within {seconds:g} s ({setting})") from None
 
+    cancel_seconds = CANCEL_SECONDS
+
     def give_up(self) -> None:
-        """Past the deadline, mid-statement: no later statement could use the connection."""
+        """Past the deadline, mid-statement: no later statement could use the connection.
+        Cancelled on the server first, then closed.
+
+        Closing stops the client only. A server that is alive but slow to answer (the
+        statement waits for a lock a migration or an operator holds, or simply runs long)
+        does not notice a closed socket while it waits or runs: the statement went on in its
+        backend, holding its locks and a connection slot, and a write ran once the lock was
+        free, landing unseen long after the request was answered 503 (a cancel the client
+        was told failed, then done; a worker's ledger row for a call never sent, a step
+        committed after the next slice began). A cancel reaches it at once; a frozen server
+        hears neither, and costs cancel_seconds more. What it ran before the cancel is the
+        outcome a dropped connection leaves unknown anyway."""
+        with contextlib.suppress(errors.Error):  # CancellationTimeout: a frozen server
+            self.cancel_safe(timeout=self.cancel_seconds)
         self.close()
 
 
 class WorkerConnection(DeadlineConnection):
     """A worker's connections (runtime_site.postgresql): as DeadlineConnection, within
-    WORKER_QUERY_SECONDS, and a statement given up is cancelled on the server first."""
+    WORKER_QUERY_SECONDS."""
+
+    cancel_seconds = WORKER_CANCEL_SECONDS
 
     @classmethod
     def deadline(cls) -> tuple[float | None, str]:
         return WORKER_QUERY_SECONDS, "RUNTIME_DB_WORKER_QUERY_SECONDS"
-
-    def give_up(self) -> None:
-        # Closing stops the client only. A server that is alive but slow to answer (the
-        # statement waits for a lock a migration or an operator holds) does not notice a
-        # closed socket while it waits: the statement ran once the lock was free, a write
-        # landing unseen long after the worker abandoned its slice (a ledger row for a call
-        # never sent, a step after the next slice began). A cancel reaches it at once; a
-        # frozen server hears neither, and costs CANCEL_SECONDS more. What it ran before
-        # the cancel is the outcome a dropped connection leaves unknown anyway.
-        with contextlib.suppress(errors.Error):  # CancellationTimeout: a frozen server
-            self.cancel_safe(timeout=CANCEL_SECONDS)
-        self.close()
 
 
 class DeadlineAsyncConnection(AsyncConnection[Any]):
@@ -165,6 +219,8 @@ class DeadlineAsyncConnection(AsyncConnection[Any]):
         try:
             return await super().wait(gen, interval, seconds)
         except errors._WaitTimeout:
+            with contextlib.suppress(errors.Error):  # as DeadlineConnection.give_up
+                await self.cancel_safe(timeout=CANCEL_SECONDS)
             await self.close()
             raise NoAnswer(f"the database did not answer within {seconds:g} s ({setting})") from None
 
@@ -210,8 +266,8 @@ class _Preparing(Cursor[Any]):
     must not change result type"), and one the server forgot is missing (DISCARD ALL or
     DEALLOCATE ALL run by the ORM, which psycopg no longer watches), until the connection is
     closed or psycopg forgets its statements on a rollback: a fault of the moment, raised as
-    one (OperationalError), which the web answers with a 503 and a worker with a retry on a
-    new connection."""
+    one (StalePlan, an OperationalError), which the web answers with a 503 and a worker with
+    a retry on a new connection."""
 
     def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
         conn = self.connection
@@ -221,9 +277,9 @@ class _Preparing(Cursor[Any]):
         except errors.FeatureNotSupported as exc:
             if exc.diag.source_function != "RevalidateCachedQuery":  # the message may be translated
                 raise
-            raise OperationalError(f"a statement prepared before a migration: {exc}") from exc
+            raise StalePlan(f"a statement prepared before a migration: {exc}") from exc
         except errors.InvalidSqlStatementName as exc:
-            raise OperationalError(f"a prepared statement the server forgot: {exc}") from exc
+            raise StalePlan(f"a prepared statement the server forgot: {exc}") from exc
         finally:
             conn.prepare_threshold = None
 

@@ -10,7 +10,6 @@ import sys
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db import InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -20,6 +19,7 @@ from common import json_safety
 from tasks_app import access, errors, oauth
 from tasks_app.auth import Principal, challenge, scope_challenge
 from tasks_app.errors import AnswerConflict, CommandRefused, VersionConflict
+from tasks_app.faults import infrastructure_fault
 from tasks_app.selectors import task_snapshot
 
 
@@ -104,15 +104,18 @@ def json_404(request: HttpRequest, exception: Exception | None = None) -> JsonRe
     return JsonResponse(error_body("not_found", f"no such resource: {request.path}"), status=404)
 
 
-# The database is down, restarting or unreachable (a refused or broken connection, a pool
-# that found none in time, a server shutting down): not a bug, and over in seconds.
-DATABASE_UNAVAILABLE = (OperationalError, InterfaceError)
+# A fault of the database (or another part: tasks_app.faults.infrastructure_fault, the one
+# classification the engine retries on too) is not a bug, and over in seconds: down,
+# restarting, unreachable, a session it ended, a statement it timed out or gave up on a lock
+# or a deadlock. Every edge answers it "unavailable, retry", naming the cause: REST and the
+# SSE view a 503 with Retry-After (here), /mcp -32003, an open stream its "unavailable" end.
 RETRY_AFTER_SECONDS = 2
 
 
-def unavailable() -> JsonResponse:
+def unavailable(cause: str) -> JsonResponse:
+    """The 503 of an infrastructure fault; `cause` from infrastructure_fault()."""
     return JsonResponse(
-        error_body("unavailable", "the database is unavailable; retry shortly"),
+        error_body("unavailable", f"{cause}; retry shortly"),
         status=503,
         headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
     )
@@ -121,8 +124,8 @@ def unavailable() -> JsonResponse:
 def json_500(request: HttpRequest) -> JsonResponse:
     # Django calls this inside its except block, for whatever a view or middleware raised.
     exc = sys.exc_info()[1]
-    if isinstance(exc, DATABASE_UNAVAILABLE):
-        return unavailable()
+    if exc is not None and (cause := infrastructure_fault(exc)) is not None:
+        return unavailable(cause)
     if isinstance(exc, DjangoValidationError):
         # A model field refused a value from the request that the view passed on unchecked
         # (the admin's actions query with whatever ids were posted): the caller's mistake.

@@ -366,10 +366,14 @@ def reauthenticate(token: str) -> Principal | None:
     """The credential a long-lived stream was opened with (SSE, an MCP subscriptions/listen or
     blocking tasks/result), asked again every stream.auth_recheck_seconds: who it speaks for
     now, or None once it no longer works (revoked, expired, its user deactivated or out of the
-    tenant, a token whose grant is gone). Not rate limited: the stream's request was."""
+    tenant, a token whose grant is gone). Not rate limited: the stream's request was.
+
+    Raises oauth.IssuerUnavailable when the token's issuer cannot be read now (and the
+    database's error when it cannot answer): no verdict on the token, so the stream ends
+    "unavailable, retry" (tasks_app.faults), never as if the token had been revoked."""
     try:
         return authenticate_token(token)[1]
-    except (exceptions.AuthenticationFailed, exceptions.PermissionDenied, oauth.IssuerUnavailable):
+    except (exceptions.AuthenticationFailed, exceptions.PermissionDenied):
         return None
 
 

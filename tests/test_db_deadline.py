@@ -57,6 +57,85 @@ def test_the_event_loops_connections_keep_the_same_deadline(deadline):
     asyncio.run(run())
 
 
+def statement_running(name: str, statement: str) -> bool:
+    """Whether a session named `name` is running a statement that starts with `statement`."""
+    with psycopg.connect(database_url(), autocommit=True) as look:
+        query = "SELECT 1 FROM pg_stat_activity WHERE application_name = %s AND state = 'active' AND query LIKE %s"
+        return look.execute(query, [name, statement.replace("%", "%%") + "%"]).fetchone() is not None
+
+
+def test_a_statement_the_web_gave_up_at_its_deadline_no_longer_runs_on_the_server(deadline):
+    """Closing the connection at the deadline stopped the client, not the server: a long
+    statement went on in its backend for as long as it took, holding its locks and a
+    connection slot, well after the request was answered 503. It is cancelled first."""
+    name = "web-gave-up"
+    with ConnectionPool(
+        f"{database_url()}?application_name={name}",
+        min_size=1,
+        max_size=1,
+        connection_class=dbpool.DeadlineConnection,
+        timeout=5,
+    ) as pool:
+        with pool.connection() as conn, pytest.raises(psycopg.OperationalError, match="did not answer"):
+            conn.execute("SELECT pg_sleep(60)")
+        # Without the cancel it runs on for a minute; the wait is far shorter than that.
+        wait_until(
+            lambda: not statement_running(name, "SELECT pg_sleep(60)"),
+            timeout=10,
+            what="the given-up statement to stop on the server",
+        )
+
+
+def test_a_write_the_web_gave_up_waiting_for_a_lock_does_not_land_later(deadline):
+    """A cancel answered 503 (its statement waited past the deadline for a row another
+    transaction held) must not land once that lock is free: the client was told it failed."""
+    url, name = database_url(), "web-gave-up-a-write"
+    with psycopg.connect(url, autocommit=True) as setup:
+        setup.execute("CREATE TABLE IF NOT EXISTS deadline_probe_web (x int)")
+        setup.execute("TRUNCATE deadline_probe_web")
+    try:
+        with ConnectionPool(
+            f"{url}?application_name={name}", min_size=1, max_size=1, connection_class=dbpool.DeadlineConnection
+        ) as pool:
+            with psycopg.connect(url) as holder:
+                holder.execute("LOCK TABLE deadline_probe_web IN ACCESS EXCLUSIVE MODE")  # held until its commit
+                with pool.connection() as conn, pytest.raises(psycopg.OperationalError, match="did not answer"):
+                    conn.execute("INSERT INTO deadline_probe_web VALUES (1)")
+                # Cancelled while the lock is still held: not merely waiting for it.
+                assert not statement_running(name, "INSERT INTO deadline_probe_web")
+                holder.commit()  # the lock is free: a statement still waiting for it would run now
+            with psycopg.connect(url, autocommit=True) as look:
+                assert look.execute("SELECT count(*) FROM deadline_probe_web").fetchone() == (0,)
+    finally:
+        with psycopg.connect(url, autocommit=True) as setup:
+            setup.execute("DROP TABLE IF EXISTS deadline_probe_web")
+
+
+def test_the_event_loops_connections_cancel_what_they_gave_up_too(deadline):
+    name = "lean-gave-up"
+
+    async def run() -> None:
+        async with (
+            AsyncConnectionPool(
+                f"{database_url()}?application_name={name}",
+                min_size=1,
+                max_size=1,
+                connection_class=dbpool.DeadlineAsyncConnection,
+                timeout=5,
+            ) as pool,
+            pool.connection() as conn,
+        ):
+            with pytest.raises(psycopg.OperationalError, match="did not answer"):
+                await conn.execute("SELECT pg_sleep(60)")
+
+    asyncio.run(run())
+    wait_until(
+        lambda: not statement_running(name, "SELECT pg_sleep(60)"),
+        timeout=10,
+        what="the given-up statement to stop on the server",
+    )
+
+
 @pytest.mark.parametrize(("value", "seconds"), [(None, 10.0), ("2.5", 2.5), ("off", None), ("0", None)])
 def test_the_deadline_comes_from_the_environment(monkeypatch, value, seconds):
     if value is None:

@@ -378,3 +378,57 @@ def test_a_token_short_of_a_scope_is_told_which_one_to_ask_for(configured, alice
     blind = scoped_keys("operator", "oscar", ["operate"])["operate"]
     refused = Client(headers={"Authorization": f"Bearer {blind}"}).get(f"/runtime/tasks/{task_id}")
     assert refused.status_code == 403 and 'scope="read"' in refused["WWW-Authenticate"], refused.headers
+
+
+def test_a_recheck_that_cannot_read_the_issuer_ends_the_stream_unavailable_never_as_revoked(configured, alice):
+    """A long-lived stream asks again every stream.auth_recheck_seconds whether its token still
+    works. When the issuer's keys cannot be read (the issuer stopped, and this process holds no
+    key the token names), that is no verdict on the token: the SSE stream ends with an
+    "unavailable" event and an /mcp wait with -32003, each naming the issuer, so the client
+    keeps its token and reconnects. It used to end them as revoked (the token thrown away)."""
+    from django.test import RequestFactory
+
+    from mcp_server.views import Recheck
+    from tasks_app.api import sse
+    from tasks_app.auth import authenticate_token
+
+    token = configured.sign(configured.claims(AUDIENCE))  # its issuer never asked yet: no key cached
+    configured.close()  # the issuer stops: its JWKS is refused
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(configured.jwks_uri, timeout=2)
+
+    credential = sse.Credential(token, None, None, alice.tenant.pk)
+    verdict = sse._judge([credential])[credential]
+    assert verdict == ("unavailable", "the token issuer is unreachable"), verdict
+    last = sse.unavailable_event(verdict[1])
+    assert last.startswith("retry: ") and "event: unavailable\n" in last
+    assert "the token issuer is unreachable; retry shortly" in last
+
+    request = RequestFactory().post("/mcp", headers={"Authorization": f"Bearer {token}"})
+    recheck = Recheck(request, authenticate_token(alice.token)[1])
+    recheck.due = 0.0  # the recheck is due now
+    refused = asyncio.run(recheck.refusal())
+    assert refused is not None and refused.code == -32003 and refused.http_status == 503, refused
+    assert "the token issuer is unreachable" in refused.message
+
+
+def test_a_stream_whose_issuer_fails_goes_on_with_the_keys_it_published_last(issuer, alice, processes: Processes):
+    """uvicorn, a JWT's event stream rechecked every second, the keys fetched again at every
+    recheck (jwks_cache_seconds 0): the issuer then fails every fetch. Its keys fetched before
+    go on verifying the token (tasks_app.oauth), so the stream reads on: neither ended as
+    revoked nor cut by an error."""
+    from conftest import SseClient
+    from tasks_app.tests.test_engine import new_task
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/mcp"
+    processes.web(port, **{**issuer.env(url), "OAUTH_JWKS_CACHE_SECONDS": "0", "STREAM_AUTH_RECHECK_SECONDS": "1"})
+    task = new_task(alice, steps=3)  # no worker: the stream only waits
+    stream = SseClient(f"http://127.0.0.1:{port}/runtime/tasks/{task.id}/events", issuer.sign(issuer.claims(url)))
+    wait_until(lambda: stream.events, timeout=20, what="the stream to open with its snapshot")
+    issuer.mode = "error"
+    failed_from = issuer.fetches
+    wait_until(lambda: issuer.fetches >= failed_from + 2, timeout=30, what="two rechecks to ask the failing issuer")
+    assert stream.live and stream.status == 200
+    assert [e["type"] for e in stream.events] == ["task.snapshot"]
+    stream.close()

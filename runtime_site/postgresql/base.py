@@ -6,8 +6,9 @@ deadline on every round trip). A pool's connections are its connection_class's (
 Django's docs name subclassing a backend as the way to change how it connects
 (https://docs.djangoproject.com/en/stable/ref/databases/#subclassing-the-built-in-database-backends).
 Its backend connects with psycopg.connect and takes no connection class but a pool's:
-the connection it made becomes one of the chosen class, which only overrides a method
-(Connection.wait) and adds no state, so nothing it holds is left unset."""
+the connection it made becomes one of the chosen class, which overrides a method
+(Connection.wait) and holds one attribute of its own, a class default until its notice
+handler (hear_fatal, which __init__ would have added) sets it."""
 
 from __future__ import annotations
 
@@ -25,4 +26,5 @@ class DatabaseWrapper(base.DatabaseWrapper):
         if chosen is not None and self.pool is None and type(connection) is not chosen:
             # Before Django's first statement on it (the time zone, the role): bounded too.
             connection.__class__ = chosen
+            connection.hear_fatal()
         return connection

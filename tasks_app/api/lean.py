@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-import psycopg
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from psycopg import sql
@@ -24,7 +23,7 @@ from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.renderers import JSONRenderer
 
 from runtime_site import dbpool, ratelimit
-from runtime_site.errors import error_body, unavailable
+from runtime_site.errors import error_body, infrastructure_fault, unavailable
 from steering_app.models import InputRequest, InputStatus
 from tasks_app.auth import (
     KEY_COLUMNS,
@@ -43,10 +42,6 @@ from tasks_app.models import Role, Task
 from tasks_app.selectors import SNAPSHOT_FIELDS, task_snapshot
 
 logger = logging.getLogger(__name__)
-
-# The database is down or restarting, or the pool found no connection in time: a 503.
-UNAVAILABLE = (psycopg.OperationalError, psycopg.InterfaceError)
-
 
 _task_names, _task_columns = select_list(Task, "t", SNAPSHOT_FIELDS)
 
@@ -94,7 +89,8 @@ def bearer_key(request: HttpRequest) -> tuple[str, str] | None:
 
 async def read_caller(request: HttpRequest, task_id: str | UUID) -> Caller | None:
     """The caller and its task in one query, or None when the full path must answer (no
-    usable key, a key check_key refuses). Raises UNAVAILABLE when the database is."""
+    usable key, a key check_key refuses). Raises the driver's error when the database cannot
+    answer (runtime_site.errors.infrastructure_fault names it)."""
     credential = bearer_key(request)
     if credential is None:
         return None
@@ -174,8 +170,10 @@ async def task_detail(request: HttpRequest, task_id: str) -> HttpResponse | None
         return None
     try:
         caller = await read_caller(request, task_id)
-    except UNAVAILABLE:
-        return unavailable()
+    except Exception as exc:
+        if (cause := infrastructure_fault(exc)) is None:
+            raise
+        return unavailable(cause)
     if caller is None or caller.task is None or not caller.who.has_role(Role.VIEWER):
         return None  # 401, 404, 403: the full path's answers (and its count, made once)
     if (refused := await over_limit(caller.who, "rest")) is not None:

@@ -28,7 +28,13 @@ from django_eventstream.utils import add_default_headers, sse_encode_event
 from rest_framework.exceptions import AuthenticationFailed, PermissionDenied
 
 from common.json_safety import UnsafeInput, check
-from runtime_site.errors import DATABASE_UNAVAILABLE, error_body, unavailable, unsafe_input_body
+from runtime_site.errors import (
+    RETRY_AFTER_SECONDS,
+    error_body,
+    infrastructure_fault,
+    unavailable,
+    unsafe_input_body,
+)
 from runtime_site.lean import LeanStream
 from runtime_site.ratelimit import RateLimited
 from tasks_app import access, oauth
@@ -86,7 +92,7 @@ def allowed_still(credential: Credential) -> bool:
     expired, its user active and a member: auth.reauthenticate, no rate limit), or for a
     dashboard session, the session still signs in its user (not signed out or expired, nor
     made before a password change: auth.get_user), who is active and still a member of the
-    task's tenant. Raises DATABASE_UNAVAILABLE when it cannot tell."""
+    task's tenant. Raises what the database or the token's issuer raised when it cannot tell."""
     if credential.token is not None:
         who = reauthenticate(credential.token)
         return who is not None and who.tenant.pk == credential.tenant_id and who.has_role(Role.VIEWER)
@@ -100,15 +106,24 @@ def allowed_still(credential: Credential) -> bool:
     )
 
 
-def _judge(credentials: list[Credential]) -> dict[Credential, str | None]:
-    """Each credential's verdict: None (still allowed), "forbidden" or "unavailable"."""
-    verdicts: dict[Credential, str | None] = {}
+Verdict = tuple[str, str]  # why a stream ends: ("forbidden", "") or ("unavailable", its cause)
+
+
+def _judge(credentials: list[Credential]) -> dict[Credential, Verdict | None]:
+    """Each credential's verdict: None (still allowed), forbidden, or unavailable when it
+    cannot be told now (an infrastructure fault): the stream ends, its client retries."""
+    verdicts: dict[Credential, Verdict | None] = {}
     try:
         for credential in credentials:
             try:
-                verdicts[credential] = None if allowed_still(credential) else "forbidden"
-            except DATABASE_UNAVAILABLE:
-                verdicts[credential] = "unavailable"
+                verdicts[credential] = None if allowed_still(credential) else ("forbidden", "")
+            except Exception as exc:  # a recheck that raised would end every later one
+                if (cause := infrastructure_fault(exc)) is None:
+                    # A bug: the stream ends all the same (it cannot be let read on unchecked),
+                    # and its reconnect gets the full view's answer.
+                    logger.exception("an event stream's credential could not be checked")
+                    cause = "the stream's credential could not be checked"
+                verdicts[credential] = ("unavailable", cause)
     finally:
         connection.close()  # pitfall 1: a thread of the pool, not a stream's
     return verdicts
@@ -139,10 +154,18 @@ class Rechecks:
             verdicts = await sync_to_async(_judge, thread_sensitive=False)(credentials)
             for sub, credential in list(self.streams.items()):
                 if (verdict := verdicts.get(credential)) is not None:
-                    sub.end(verdict)
+                    sub.end(*verdict)
 
 
 _rechecks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Rechecks] = weakref.WeakKeyDictionary()
+
+
+def unavailable_event(cause: str) -> str:
+    """The last event of a stream ended by an infrastructure fault: its cause, in the error
+    shape of the 503 its reconnect gets meanwhile, and `retry:` (EventSource's pause before
+    it reconnects) set to the Retry-After of that 503."""
+    body = error_body("unavailable", f"{cause}; retry shortly")
+    return f"retry: {RETRY_AFTER_SECONDS * 1000}\n" + sse_encode_event("unavailable", body, json_encode=True)
 
 
 def _snapshot_event(task: Task, channel: str) -> str:
@@ -166,7 +189,8 @@ async def _events(sub: Subscriber, first: str, task_id: UUID, credential: Creden
             # The client reconnects, as SSE does, and gets the 401 that says why.
             logger.info("an event stream ended: its key or user may no longer read it")
         elif end.reason == "unavailable":  # the client reconnects and gets 503 until it is back
-            logger.warning("the stream of task %s ended: the database is unavailable", task_id)
+            logger.warning("the stream of task %s ended: %s", task_id, end.cause)
+            yield unavailable_event(end.cause)
     finally:
         rechecks.forget(sub)
         sub.hub.unsubscribe(sub)
@@ -264,9 +288,11 @@ async def lean_task_events(request: HttpRequest, task_id: str) -> HttpResponseBa
     try:
         try:
             caller = await lean.read_caller(request, uuid)
-        except lean.UNAVAILABLE:
+        except Exception as exc:
+            if (cause := infrastructure_fault(exc)) is None:
+                raise
             hub.unsubscribe(sub)
-            return unavailable()
+            return unavailable(cause)
         if caller is None or caller.task is None:
             hub.unsubscribe(sub)
             return None  # 401, 404: the full view's answers (and its count, made once)

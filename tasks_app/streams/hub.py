@@ -33,6 +33,7 @@ from asgiref.sync import sync_to_async
 from django_eventstream.utils import make_id, sse_encode_event
 from psycopg import sql
 
+from tasks_app import faults
 from tasks_app.streams.publish import TaskEventStorage, task_id_from
 
 logger = logging.getLogger(__name__)
@@ -48,11 +49,12 @@ KEEP_ALIVE_SECONDS = 20.0
 
 class StreamEnded(Exception):
     """The stream must end: `reason` is "forbidden" (its caller may no longer read it) or
-    "unavailable" (the database is down and it cannot catch up)."""
+    "unavailable" (the database or the token issuer cannot be reached: `cause` says which,
+    in words for the client, as tasks_app.faults.infrastructure_fault names it)."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, cause: str = "") -> None:
         super().__init__(reason)
-        self.reason = reason
+        self.reason, self.cause = reason, cause
 
 
 def event_frame(channel: str, event_type: str, data: str, seq: int) -> str:
@@ -100,6 +102,7 @@ class Subscriber:
         self.held: dict[int, str] = {}  # events that came before their predecessors
         self.stale = False  # must catch up from the database
         self.ended: str | None = None
+        self.ended_cause = ""  # why, for a stream that ended "unavailable"
         self.quiet_since = asyncio.get_running_loop().time()  # when it last sent anything
         self.keep_alive = False  # quiet for KEEP_ALIVE_SECONDS: a keep-alive is due
         self._waiter: asyncio.Future[None] | None = None
@@ -146,9 +149,9 @@ class Subscriber:
             else:
                 return
 
-    def end(self, reason: str) -> None:
+    def end(self, reason: str, cause: str = "") -> None:
         if self.ended is None:
-            self.ended = reason
+            self.ended, self.ended_cause = reason, cause
             self.frames.clear()
             self.wake()
             self.started.set()
@@ -164,7 +167,7 @@ class Subscriber:
 
     def take(self) -> str | None:
         if self.ended is not None:
-            raise StreamEnded(self.ended)
+            raise StreamEnded(self.ended, self.ended_cause)
         self.quiet_since = asyncio.get_running_loop().time()
         if not self.frames:
             return None
@@ -271,8 +274,9 @@ class Hub:
                 events = await self.reader(channel, after, READ_LIMIT)
             except Exception as exc:  # noqa: BLE001 (the database is down: these streams end, the next reconnect says 503)
                 logger.warning("the streams of %s ended: they could not catch up (%s)", channel, exc)
+                cause = faults.infrastructure_fault(exc) or "the stream could not catch up"
                 for sub in waiting:
-                    sub.end("unavailable")
+                    sub.end("unavailable", cause)
                 continue
             more = len(events) >= READ_LIMIT
             for sub in waiting:

@@ -290,6 +290,66 @@ def test_only_infrastructure_errors_are_classified_as_such(error, infrastructure
     assert faults.is_infrastructure_error(wrapped) is infrastructure
 
 
+def wrapped_by_django(error: psycopg.Error) -> Exception:
+    """`error` as Django raises it: its DB-API class's wrapper, raised from the driver's."""
+    from django.db import utils
+
+    wrapper = getattr(utils, type(error).__mro__[1].__name__)
+    django_error = wrapper(str(error))
+    django_error.__cause__ = error
+    return django_error
+
+
+@pytest.mark.parametrize(
+    ("sqlstate", "cause"),
+    [
+        ("08006", "the database is unreachable"),
+        ("53300", "out of resources"),
+        ("57014", "statement timed out"),
+        ("57P01", "ended the session"),
+        ("57P03", "starting up or shutting down"),
+        ("25P03", "idle in a transaction"),
+        ("25P04", "transaction timed out"),
+        ("40001", "serialization failure"),
+        ("40P01", "deadlocked"),
+        ("55P03", "lock was not available"),
+        ("58000", "system error"),
+        ("58030", "I/O error"),
+        ("54000", None),  # a statement too complex: the same again on a retry
+        ("55000", None),  # object not in prerequisite state: about the statement
+        ("23505", None),  # a unique violation
+        ("42601", None),  # a syntax error: a bug
+    ],
+)
+def test_database_errors_are_classified_by_their_sqlstate_however_they_are_wrapped(sqlstate, cause):
+    """One classification (faults.infrastructure_fault) for the engine and the web edges: a
+    SQLSTATE of the moment (the connection, resources, an operator, a timeout, a conflict) is
+    a fault to retry, named; one about the statement is not, though Django and psycopg class
+    several of both as OperationalError."""
+    error = psycopg.errors.lookup(sqlstate)("from the server")
+    for raised in (error, wrapped_by_django(error)):
+        found = faults.infrastructure_fault(raised)
+        assert (found is None) if cause is None else (cause in (found or "")), (sqlstate, found)
+        assert faults.is_infrastructure_error(raised) is (cause is not None)
+
+
+def test_connection_errors_without_a_sqlstate_are_faults_named_for_what_failed():
+    from psycopg_pool import PoolTimeout
+
+    from runtime_site.dbpool import NoAnswer, StalePlan
+
+    assert faults.infrastructure_fault(NoAnswer("no answer")) == "the database did not answer in time"
+    assert faults.infrastructure_fault(PoolTimeout("none free")) == "no database connection was free in time"
+    assert "went stale" in (faults.infrastructure_fault(wrapped_by_django(StalePlan("a migration"))) or "")
+    closed = psycopg.OperationalError("the connection is closed")
+    assert faults.infrastructure_fault(wrapped_by_django(closed)) == "the database is unreachable"
+    assert faults.infrastructure_fault(psycopg.ProgrammingError("a bad query")) is None
+    assert faults.infrastructure_fault(redis.exceptions.ConnectionError("refused")) == "Redis is unreachable"
+    from tasks_app.oauth import IssuerUnavailable
+
+    assert faults.infrastructure_fault(IssuerUnavailable()) == "the token issuer is unreachable"
+
+
 def test_the_backoff_grows_with_faults_in_a_row_up_to_a_cap():
     assert [faults.backoff(n) for n in (1, 2, 3, 4, 5, 6, 7, 50)] == [1, 2, 4, 8, 16, 30, 30, 30]
 
