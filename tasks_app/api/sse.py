@@ -28,7 +28,7 @@ from django_eventstream.utils import add_default_headers, sse_encode_event
 from rest_framework.exceptions import AuthenticationFailed, PermissionDenied
 
 from common.json_safety import UnsafeInput, check
-from runtime_site.errors import DATABASE_UNAVAILABLE, error_body, unavailable, unsafe_input_body
+from runtime_site.errors import DATABASE_UNAVAILABLE, allow_methods, error_body, unavailable, unsafe_input_body
 from runtime_site.lean import LeanStream
 from runtime_site.ratelimit import RateLimited
 from tasks_app import access, oauth
@@ -172,6 +172,8 @@ async def _events(sub: Subscriber, first: str, task_id: UUID, credential: Creden
         sub.hub.unsubscribe(sub)
 
 
+# GET only: a HEAD would authenticate, read the task and open a stream to send no body of.
+@allow_methods("GET")
 def task_events(request: HttpRequest, task_id: str) -> HttpResponseBase:
     """GET /runtime/tasks/{id}/events: task.snapshot first, then every event after it."""
     try:
