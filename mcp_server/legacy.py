@@ -5,6 +5,7 @@ are gone."""
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -156,15 +157,18 @@ def legacy_input_response(call: Call) -> bool:
 
 
 def _cursor(raw: Any) -> int:
+    """The offset a nextCursor carries: strict base64 (urlsafe_b64decode drops what is not
+    base64, so ['MQ=='] read as "MQ==") of digits only (int() also takes " 1" and "1_0")."""
     if raw is None:
         return 0
     try:
-        value = int(base64.urlsafe_b64decode(str(raw).encode()).decode())
-    except (ValueError, UnicodeDecodeError):
-        raise RpcError(INVALID_PARAMS, "Invalid params: bad cursor") from None
-    if not 0 <= value <= json_safety.MAX_INT:  # it becomes an OFFSET: PostgreSQL's bigint
+        text = base64.b64decode(raw, altchars=b"-_", validate=True).decode("ascii") if isinstance(raw, str) else ""
+    except ValueError:  # binascii.Error and UnicodeDecodeError are ValueErrors
+        text = ""
+    # it becomes an OFFSET: PostgreSQL's bigint
+    if not re.fullmatch(r"[0-9]{1,19}", text) or int(text) > json_safety.MAX_INT:
         raise RpcError(INVALID_PARAMS, "Invalid params: bad cursor")
-    return value
+    return int(text)
 
 
 def legacy_tasks_list(call: Call) -> dict[str, Any]:

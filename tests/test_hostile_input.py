@@ -131,6 +131,16 @@ def test_rest_query_strings_are_checked(alice, task):
         "?status=working%00": "query.status",
         "?x%00=1": "query",
         "?cursor=garbage": "cursor",
+        # not base64 at all: DRF's lenient decoding dropped every character and read a first page
+        "?cursor=%25%25%25": "cursor",
+        "?cursor=": "cursor",
+        "?cursor=!!!!": "cursor",
+        f"?cursor={cursor('p=2026-01-01T00:00:00')}***": "cursor",
+        # base64 of what no page link carries: another key, a key twice, a direction other than 1
+        f"?cursor={cursor('x=1')}": "cursor",
+        f"?cursor={cursor('o=1&o=2')}": "cursor",
+        f"?cursor={cursor('r=7')}": "cursor",
+        f"?cursor={cursor('')}": "cursor",
         f"?cursor={cursor('p=garbage')}": "cursor",
         f"?cursor={cursor('p=2026-13-45 10:00:00')}": "cursor",
         f"?cursor={cursor('o=1&p=' + chr(0))}": "cursor",
@@ -318,10 +328,11 @@ def test_mcp_refuses_each_hostile_value_echoing_the_request_id(alice, task, mode
 # the MCP view closes its connection, which would end a test transaction
 @pytest.mark.django_db(transaction=True)
 def test_a_legacy_tasks_list_cursor_beyond_bigint_is_invalid_params(alice, task):
-    for offset in ("9" * 30, str(2**63), "-1", "x"):
-        cursor = base64.urlsafe_b64encode(offset.encode()).decode()
+    encoded = [base64.urlsafe_b64encode(o.encode()).decode() for o in ("9" * 30, str(2**63), "-1", "x", " 1", "1_0")]
+    # not base64 (decoded leniently, "%%%" was nothing at all), or not a string
+    for cursor in (*encoded, "%%%", "", "MQ", 1, ["MQ=="], True):
         body = json.dumps({"jsonrpc": "2.0", "id": 3, "method": "tasks/list", "params": {"cursor": cursor}})
-        assert "cursor" in rpc_error(mcp(alice.token, body), -32602, 3)
+        assert "cursor" in rpc_error(mcp(alice.token, body), -32602, 3), cursor
     listed = mcp(alice.token, json.dumps({"jsonrpc": "2.0", "id": 4, "method": "tasks/list", "params": {}}))
     assert [t["taskId"] for t in listed.json()["result"]["tasks"]] == [str(task.id)]
 
