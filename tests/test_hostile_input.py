@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import uuid
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from steering_app.models import InputRequest, SteeringCommand
 from tasks_app.access import console
 from tasks_app.actions import do_create_task
 from tasks_app.models import AuditRecord, Task, TaskEvent
+from tasks_app.streams.publish import channel_for
 
 pytestmark = pytest.mark.django_db
 
@@ -246,14 +248,35 @@ def test_the_event_stream_refuses_malformed_last_event_ids(alice, task):
             f"/runtime/tasks/{task.id}/events{query}", HTTP_AUTHORIZATION=f"Bearer {alice.token}", **headers
         )
 
-    for bad in ("garbage", "a:b:c", "chan:-1", "chan:" + "9" * 30, "chan:1,", ":1", "chan:1" + chr(0)):
+    for bad in ("garbage", "a:b:c", "chan:-1", "chan:" + "9" * 30, "chan:1,", ":1", "chan:1" + chr(0), " "):
         error = refusal(stream(HTTP_LAST_EVENT_ID=bad))
         assert "Last-Event-ID" in error["message"] or "Last-Event-Id" in error["message"], (bad, error)
         assert "lastEventId" in refusal(stream(f"?lastEventId={bad.replace(chr(0), '%00')}"))["message"], bad
     # django-eventstream's own query parameters are not ours to honour (each was a 500)
     for query in ("?es-meta=garbage", "?recover=true", "?link=next"):
         assert stream(query).status_code == 200, query
-    assert stream(HTTP_LAST_EVENT_ID=f"rt.task-{task.id}:3").status_code == 200  # what a browser sends back
+    # Well-formed, but not an id this task's stream sent: another task's, another deployment's,
+    # or beyond the task's last event
+    own, last = channel_for(task.id), Task.objects.get(id=task.id).event_seq
+    for bad, problem in (
+        (f"{channel_for(uuid.uuid4())}:1", "another task"),
+        (f"rt.task-{task.id}:0", "another task"),
+        (f"{own}:0,{channel_for(uuid.uuid4())}:0", "another task"),
+        (f"{own}:{last + 1}", "beyond"),
+        (f"{own}:" + "9" * 18, "beyond"),
+    ):
+        for name, response in (
+            ("Last-Event-ID", stream(HTTP_LAST_EVENT_ID=bad)),
+            ("lastEventId", stream(f"?lastEventId={bad}")),
+        ):
+            error = refusal(response)
+            assert list(error["fields"]) == [name] and problem in error["message"], (bad, error)
+    assert stream(HTTP_LAST_EVENT_ID=f"{own}:{last}").status_code == 200  # what a browser sends back
+    Task.objects.filter(id=task.id).update(event_seq=last + 5)  # five events later
+    for seen in (0, last + 1, last + 5):
+        assert stream(HTTP_LAST_EVENT_ID=f"{own}:{seen}").status_code == 200, seen
+    beyond = refusal(stream(HTTP_LAST_EVENT_ID=f"{own}:{last + 6}"))
+    assert f"beyond this task's last event ({last + 5})" in beyond["message"], beyond
 
 
 # --- /mcp, both wires ----------------------------------------------------------------------
