@@ -61,6 +61,9 @@ def legacy_task(task: Task) -> dict[str, Any]:
 
 def initialize(call: Call) -> dict[str, Any]:
     asked = call.params.get("protocolVersion")
+    if "protocolVersion" in call.params and not isinstance(asked, str):
+        # Answered with our version, it read as if the client had asked for that one.
+        raise RpcError(INVALID_PARAMS, "Invalid params: protocolVersion must be a string")
     return {
         "protocolVersion": asked if asked in LEGACY_VERSIONS else LEGACY_VERSIONS[0],
         "capabilities": {"tools": {}, "tasks": {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}},
@@ -83,8 +86,13 @@ def legacy_tools_call(call: Call) -> dict[str, Any] | Wait:
         raise RpcError(METHOD_NOT_FOUND, f"the tool {name} must be called as a task (params.task)")
     shared.check_capabilities(call, agent)
     ttl_seconds = settings.RUNTIME_MCP_TASK_TTL_SECONDS
-    if augmented and isinstance(call.params["task"].get("ttl"), int) and call.params["task"]["ttl"] > 0:
-        ttl_seconds = max(1, min(call.params["task"]["ttl"] // 1000, 90 * 86400))  # the server may override
+    if augmented and "ttl" in call.params["task"]:
+        ttl = call.params["task"]["ttl"]
+        # A ttl the request got wrong is its error, not a task with the default TTL in its place.
+        if isinstance(ttl, bool) or not isinstance(ttl, int | float) or ttl < 0:
+            raise RpcError(INVALID_PARAMS, "Invalid params: task.ttl must be a number of milliseconds, 0 or more")
+        if ttl > 0:
+            ttl_seconds = max(1, min(int(ttl) // 1000, 90 * 86400))  # the server may override
     task = shared.create(call, agent, arguments, ttl_seconds, waiting=not augmented)
     if isinstance(task, dict):
         return task

@@ -152,6 +152,12 @@ def test_rest_query_strings_are_checked(alice, task):
         "?limit=0": "limit",
         "?limit=-1": "limit",
         "?limit=" + "9" * 5000: "limit",
+        # a parameter given twice: the view read one of them (the last), and the other was ignored
+        "?status=working&status=queued": "query.status",
+        "?status=working&status=working": "query.status",
+        "?limit=1&limit=2": "query.limit",
+        f"?cursor={cursor('o=1')}&cursor={cursor('o=2')}": "query.cursor",
+        "?format=json&format=json": "query.format",
     }
     before = written()
     for query, field in cases.items():
@@ -185,6 +191,56 @@ def test_a_float_out_of_range_is_refused_as_a_number_not_an_integer(alice, task,
             f"a number outside {-(2**63)}..{2**63 - 1}, which every number must keep to (with a fraction or an exponent too)"
         )
     }, error
+
+
+def test_a_parameter_given_twice_is_refused_naming_it_on_every_edge(alice, task):
+    browser = client()
+    browser.force_login(alice.user)
+    for response, name in (
+        (alice.client().get(f"/runtime/tasks/{task.id}/audit?x=1&x=2"), "x"),
+        (alice.client().get(f"/runtime/tasks/{task.id}?limit=1&limit=1"), "limit"),
+        (browser.get("/dashboard/tasks.json?status=queued&status=working"), "status"),
+        (client().get("/runtime/schema?format=json&format=yaml"), "format"),
+        (client().get("/healthz?a=1&a=1"), "a"),
+    ):
+        error = refusal(response)
+        assert list(error["fields"]) == [f"query.{name}"] and "2 times" in error["message"], error
+    assert browser.get("/dashboard/tasks.json?status=queued").status_code == 200
+
+
+def test_a_charset_nobody_knows_is_refused_naming_it(alice, task):
+    """Django drops a charset it cannot look up and reads the body as UTF-8: the task was
+    created as if the header had said nothing."""
+    body = b'{"agent": "noop", "input": {"steps": 1}}'
+    before = written()
+    for charset in ("bogus", "utf-9", "x" * 50):
+        response = client().generic(
+            "POST",
+            "/runtime/tasks",
+            body,
+            content_type=f"application/json; charset={charset}",
+            HTTP_AUTHORIZATION=f"Bearer {alice.token}",
+        )
+        error = refusal(response, 415)
+        assert error["code"] == "unsupported_media_type" and repr(charset) in error["message"], error
+    assert written() == before
+    for charset in ("utf-8", "UTF-8"):
+        response = client().generic(
+            "POST",
+            "/runtime/tasks",
+            body,
+            content_type=f"application/json; charset={charset}",
+            HTTP_AUTHORIZATION=f"Bearer {alice.token}",
+        )
+        assert response.status_code == 201, response.content
+
+
+def test_a_negative_or_zero_ttl_is_refused_naming_it(alice):
+    for ttl in (-1, 0, -(2**40)):
+        body = json.dumps({"agent": "noop", "input": {"steps": 1}, "ttlSeconds": ttl})
+        error = refusal(post_json("/runtime/tasks", body, alice.token))
+        assert list(error["fields"]) == ["ttlSeconds"], error
+    assert Task.objects.count() == 0
 
 
 def test_paths_and_headers_carrying_nul_or_malformed_keys_are_refused(alice, task):
