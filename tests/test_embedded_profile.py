@@ -3,6 +3,7 @@ or Redis, with real uvicorn, worker and beat processes and a real HTTP client.""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -117,3 +118,48 @@ def test_a_file_that_is_no_whole_message_neither_stops_the_worker_nor_the_work(e
     assert set_aside == sorted(
         [*(f"{name}.unreadable" for name in junk), "00000000000000000006_folder.steps.msg.unreadable"]
     )
+
+
+def bin_run(processes: Processes, tmp_path: Path, port: int, **env: str) -> subprocess.Popen[bytes]:
+    """bin/run as a person starts it: the embedded default, in a data folder of its own."""
+    return processes.start(
+        "bin-run",
+        [str(ROOT / "bin" / "run")],
+        DATABASE_URL=None,
+        REDIS_URL=None,
+        DJANGO_SECRET_KEY=None,
+        RUNTIME_DATA_DIR=str(tmp_path / "data"),
+        RUNTIME_VENV=sys.prefix,
+        PORT=str(port),
+        **env,
+    )
+
+
+def said(proc: subprocess.Popen[bytes]) -> str:
+    return Path(proc.log_path).read_text(errors="replace")  # type: ignore[attr-defined]
+
+
+def test_bin_run_says_the_runtime_is_up_only_once_it_answers(processes: Processes, tmp_path: Path):
+    port = free_port()
+    run = bin_run(processes, tmp_path, port)
+    wait_until(
+        lambda: "Runtime is up" in said(run) or run.poll() is not None, timeout=240, what=lambda: said(run)[-2000:]
+    )
+    assert "Runtime is up" in said(run), said(run)[-2000:]
+    # Asked once, right after it said so: it used to say so before uvicorn listened.
+    assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=10).status_code == 200
+
+
+def test_bin_run_that_never_comes_up_says_why_and_stops(processes: Processes, tmp_path: Path):
+    with socket.socket() as taken:  # the port is someone else's: uvicorn cannot listen there
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        run = bin_run(processes, tmp_path, taken.getsockname()[1])
+        assert run.wait(timeout=240) != 0, said(run)[-2000:]
+    assert "Runtime is up" not in said(run)
+    assert "error: the web process exited without answering" in said(run) and "/healthz" in said(run), said(run)[-2000:]
+    # and within its bound: a web process that lives but does not answer yet
+    run = bin_run(processes, tmp_path, free_port(), RUNTIME_START_SECONDS="0")
+    assert run.wait(timeout=240) != 0, said(run)[-2000:]
+    assert "Runtime is up" not in said(run)
+    assert "error: the web process did not answer" in said(run) and "within 0 s" in said(run), said(run)[-2000:]
