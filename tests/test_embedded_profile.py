@@ -3,6 +3,8 @@ or Redis, with real uvicorn, worker and beat processes and a real HTTP client.""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -163,3 +165,31 @@ def test_bin_run_that_never_comes_up_says_why_and_stops(processes: Processes, tm
     assert run.wait(timeout=240) != 0, said(run)[-2000:]
     assert "Runtime is up" not in said(run)
     assert "error: the web process did not answer" in said(run) and "within 0 s" in said(run), said(run)[-2000:]
+
+
+def test_a_worker_told_to_stop_takes_no_more_messages_and_its_task_waits_for_the_next(embedded, processes: Processes):
+    """The embedded broker has no socket, so Celery's loop polls it (2 s at a time) and looked
+    at a SIGTERM only between polls, then polled once more: an idle worker began its warm
+    shutdown 2-4 s after the signal and took whatever came meanwhile (the beat's scans, a new
+    task's first slice) into a pool that was closing."""
+    client, _, data, _, _, stopping = embedded
+    wait_until(lambda: " ready." in said(stopping), timeout=120, what="the worker to be ready")
+    os.kill(stopping.pid, signal.SIGTERM)  # the main process, as docker stop and Kubernetes do
+    task_id = client.post("/runtime/tasks", json={"agent": "noop", "input": {"steps": 3}}).json()["taskId"]
+    assert stopping.wait(timeout=60) == 0  # a warm shutdown that completed
+    # (its first slice's message, sent after the signal; a beat's scan may be in hand as it comes)
+    after_signal = said(stopping).partition("Warm shutdown")[2]
+    assert "tasks.run_task_slice" not in after_signal, after_signal[-3000:]
+    assert client.get(f"/runtime/tasks/{task_id}").json()["status"] == "working"  # queued, not lost
+    processes.worker(
+        concurrency=1,
+        DATABASE_URL=None,
+        REDIS_URL=None,
+        DJANGO_SECRET_KEY=None,
+        RUNTIME_DATA_DIR=str(data),
+    )
+    wait_until(
+        lambda: client.get(f"/runtime/tasks/{task_id}").json()["status"] == "completed",
+        timeout=90,
+        what="the next worker to run the task",
+    )
