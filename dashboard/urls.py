@@ -2,6 +2,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from dashboard import views
+from runtime_site.errors import allow_methods
 
 app_name = "dashboard"
 
@@ -15,6 +16,10 @@ urlpatterns = [
     path("tasks/<uuid:task_id>/steer", views.steer, name="steer"),
     path("tasks/<uuid:task_id>/artifacts/<str:name>", views.artifact, name="artifact"),
     path("tasks/<uuid:task_id>/inputs/<str:key>", views.answer, name="answer"),
-    path("login/", auth_views.LoginView.as_view(template_name="dashboard/login.html"), name="login"),
-    path("logout/", auth_views.LogoutView.as_view(next_page="/dashboard/login/"), name="logout"),
+    path(
+        "login/",
+        allow_methods("GET", "POST")(auth_views.LoginView.as_view(template_name="dashboard/login.html")),
+        name="login",
+    ),
+    path("logout/", allow_methods("POST")(auth_views.LogoutView.as_view(next_page="/dashboard/login/")), name="logout"),
 ]

@@ -28,12 +28,11 @@ from django.shortcuts import render, resolve_url
 from django.urls import Resolver404, resolve, reverse
 from django.utils.html import format_html
 from django.views.csrf import csrf_failure as django_csrf_failure
-from django.views.decorators.http import require_GET, require_POST
 
 from checkpoints_app.models import Checkpoint
 from dashboard import access
 from dashboard.forms import AnswerForm, StartReviewForm, SteerForm
-from runtime_site.errors import error_body
+from runtime_site.errors import allow_methods, error_body
 from steering_app.actions import acceptable, do_answer_input, do_enqueue_command
 from steering_app.models import InputRequest, InputStatus, SteeringCommand
 from tasks_app import artifacts, errors
@@ -109,8 +108,10 @@ def _tasks(request: HttpRequest) -> list[Task]:
     return list(tasks[:100])
 
 
+# allow_methods outermost on every view: a method a URL never takes is its 405, before
+# CSRF, the session and the task are looked at.
+@allow_methods("GET")
 @login_required
-@require_GET
 def task_list(request: HttpRequest) -> HttpResponse:
     rows = [list_row(t) for t in _tasks(request)]
     return render(
@@ -126,7 +127,7 @@ def task_list(request: HttpRequest) -> HttpResponse:
     )
 
 
-@require_GET
+@allow_methods("GET")
 def task_list_json(request: HttpRequest) -> HttpResponse:
     """What the list page polls: the same rows it renders."""
     if not request.user.is_authenticated:
@@ -145,6 +146,7 @@ def _start_tenants(request: HttpRequest) -> list[tuple[str, str]]:
 START_RETRY = "dashboard.start.retry"  # session key: a refused start form, shown again after the redirect
 
 
+@allow_methods("GET", "POST")
 @login_required
 def start_task(request: HttpRequest) -> HttpResponse:
     tenants = _start_tenants(request)
@@ -254,27 +256,27 @@ def risk_chart(result: dict[str, Any] | None) -> list[dict[str, Any]]:
     ]
 
 
+@allow_methods("GET")
 @with_task
-@require_GET
 def task_page(request: HttpRequest, task: Task) -> HttpResponse:
     return render(request, "dashboard/task.html", task_context(request, task))
 
 
+@allow_methods("GET")
 @with_task(for_script=True)
-@require_GET
 def task_panels(request: HttpRequest, task: Task) -> HttpResponse:
     """The parts of the task page that change with control state, re-read on such events."""
     return render(request, "dashboard/_panels.html", task_context(request, task))
 
 
+@allow_methods("GET")
 @with_task
-@require_GET
 def artifact(request: HttpRequest, task: Task, name: str) -> HttpResponse:
     return artifacts.response(task, name, download=request.GET.get("download") in ("1", "true"))
 
 
+@allow_methods("GET")
 @with_task(for_script=True)
-@require_GET
 def task_snapshot_json(request: HttpRequest, task: Task) -> JsonResponse:
     """For a client that saw a gap in seq: the state now (docs/streaming.md), and the log
     tail, which the snapshot does not carry and the missed events may have."""
@@ -292,8 +294,8 @@ def _refused(request: HttpRequest, task: Task, message: str) -> HttpResponse:
     return see_other("dashboard:task", task_id=task.id)
 
 
+@allow_methods("POST")
 @with_task
-@require_POST
 def steer(request: HttpRequest, task: Task) -> HttpResponse:
     form = SteerForm(request.POST)
     if not form.is_valid():
@@ -336,8 +338,8 @@ def steer(request: HttpRequest, task: Task) -> HttpResponse:
     return see_other("dashboard:task", task_id=task.id)
 
 
+@allow_methods("POST")
 @with_task
-@require_POST
 def answer(request: HttpRequest, task: Task, key: str) -> HttpResponse:
     form = AnswerForm(request.POST)
     if not form.is_valid():

@@ -5,6 +5,7 @@ are gone."""
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -60,6 +61,9 @@ def legacy_task(task: Task) -> dict[str, Any]:
 
 def initialize(call: Call) -> dict[str, Any]:
     asked = call.params.get("protocolVersion")
+    if "protocolVersion" in call.params and not isinstance(asked, str):
+        # Answered with our version, it read as if the client had asked for that one.
+        raise RpcError(INVALID_PARAMS, "Invalid params: protocolVersion must be a string")
     return {
         "protocolVersion": asked if asked in LEGACY_VERSIONS else LEGACY_VERSIONS[0],
         "capabilities": {"tools": {}, "tasks": {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}},
@@ -82,8 +86,13 @@ def legacy_tools_call(call: Call) -> dict[str, Any] | Wait:
         raise RpcError(METHOD_NOT_FOUND, f"the tool {name} must be called as a task (params.task)")
     shared.check_capabilities(call, agent)
     ttl_seconds = settings.RUNTIME_MCP_TASK_TTL_SECONDS
-    if augmented and isinstance(call.params["task"].get("ttl"), int) and call.params["task"]["ttl"] > 0:
-        ttl_seconds = max(1, min(call.params["task"]["ttl"] // 1000, 90 * 86400))  # the server may override
+    if augmented and "ttl" in call.params["task"]:
+        ttl = call.params["task"]["ttl"]
+        # A ttl the request got wrong is its error, not a task with the default TTL in its place.
+        if isinstance(ttl, bool) or not isinstance(ttl, int | float) or ttl < 0:
+            raise RpcError(INVALID_PARAMS, "Invalid params: task.ttl must be a number of milliseconds, 0 or more")
+        if ttl > 0:
+            ttl_seconds = max(1, min(int(ttl) // 1000, 90 * 86400))  # the server may override
     task = shared.create(call, agent, arguments, ttl_seconds, waiting=not augmented)
     if isinstance(task, dict):
         return task
@@ -156,15 +165,18 @@ def legacy_input_response(call: Call) -> bool:
 
 
 def _cursor(raw: Any) -> int:
+    """The offset a nextCursor carries: strict base64 (urlsafe_b64decode drops what is not
+    base64, so ['MQ=='] read as "MQ==") of digits only (int() also takes " 1" and "1_0")."""
     if raw is None:
         return 0
     try:
-        value = int(base64.urlsafe_b64decode(str(raw).encode()).decode())
-    except (ValueError, UnicodeDecodeError):
-        raise RpcError(INVALID_PARAMS, "Invalid params: bad cursor") from None
-    if not 0 <= value <= json_safety.MAX_INT:  # it becomes an OFFSET: PostgreSQL's bigint
+        text = base64.b64decode(raw, altchars=b"-_", validate=True).decode("ascii") if isinstance(raw, str) else ""
+    except ValueError:  # binascii.Error and UnicodeDecodeError are ValueErrors
+        text = ""
+    # it becomes an OFFSET: PostgreSQL's bigint
+    if not re.fullmatch(r"[0-9]{1,19}", text) or int(text) > json_safety.MAX_INT:
         raise RpcError(INVALID_PARAMS, "Invalid params: bad cursor")
-    return value
+    return int(text)
 
 
 def legacy_tasks_list(call: Call) -> dict[str, Any]:

@@ -204,6 +204,9 @@ def validate_modern(message: Message, headers: dict[str, str]) -> None:
     meta = message.params.get("_meta")
     if not header_version:
         raise RpcError(HEADER_MISMATCH, "Header mismatch: MCP-Protocol-Version header is required")
+    if isinstance(meta, dict) and META_VERSION in meta and not isinstance(meta[META_VERSION], str):
+        # The body's shape, not a header's disagreement with it (no header value is a number).
+        raise RpcError(INVALID_PARAMS, f"Invalid params: _meta.{META_VERSION} must be a string")
     if isinstance(meta, dict) and META_VERSION in meta and meta[META_VERSION] != header_version:
         raise RpcError(
             HEADER_MISMATCH,

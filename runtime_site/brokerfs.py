@@ -48,6 +48,7 @@ from importlib.metadata import version
 from queue import Empty
 from typing import IO, Any
 
+from celery.worker import state as worker_state
 from kombu.exceptions import ChannelError
 from kombu.transport import filesystem, virtual
 from kombu.utils.encoding import str_to_bytes
@@ -58,8 +59,8 @@ from runtime_site.patches.kombu import Unreadable, checked_payload
 WRITTEN_FOR = "5.7.0"
 if version("kombu") != WRITTEN_FOR:
     raise RuntimeError(
-        f"runtime_site/brokerfs.py replaces kombu {WRITTEN_FOR}'s filesystem Channel._put and _get, but "
-        f"{version('kombu')} is installed: check both against its source, then update WRITTEN_FOR"
+        f"runtime_site/brokerfs.py replaces kombu {WRITTEN_FOR}'s filesystem Channel._put and _get and virtual drain_events, but "
+        f"{version('kombu')} is installed: check each against its source, then update WRITTEN_FOR"
     )
 
 logger = logging.getLogger(__name__)
@@ -292,5 +293,33 @@ class Channel(filesystem.Channel):
             raise Unreadable(f"{len(payload)} bytes: {exc}") from None
 
 
+def _worker_stopping() -> bool:
+    """Whether this process is a Celery worker told to stop (SIGTERM, SIGQUIT, SIGINT)."""
+    return worker_state.should_stop is not None or worker_state.should_terminate is not None
+
+
 class Transport(filesystem.Transport):
     Channel = Channel
+
+    # kombu's stubs give drain_events two signatures (the base's and the virtual's): the latter's.
+    def drain_events(self, connection: Any, timeout: float | None = None) -> None:  # type: ignore[override]
+        """kombu's virtual transport polls for up to `timeout` (Celery's loop for a transport
+        without sockets, loops.synloop, asks for 2 s) and the loop looks at a stop request
+        only between polls, then polls once more (the `finally` after maybe_shutdown): an
+        idle embedded worker began its warm shutdown 2-4 s after SIGTERM, and took messages
+        while it did. Here a worker told to stop takes no more messages, and its poll ends
+        at the next polling interval."""
+        interval = (
+            float(self.polling_interval or 0) if timeout is None else min(float(self.polling_interval or 0), timeout)
+        )
+        assert self.cycle is not None  # set up with the connection, before any drain
+        started = time.monotonic()
+        while not _worker_stopping():
+            try:
+                self.cycle.get(self._deliver, timeout=timeout)
+                return
+            except Empty:
+                if timeout is not None and time.monotonic() - started >= timeout:
+                    break
+                time.sleep(interval)
+        raise TimeoutError  # socket.timeout, which Celery's loop catches

@@ -7,10 +7,14 @@ Domain exceptions are mapped to HTTP here, by the one table every edge reads
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from functools import wraps
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404, HttpRequest, JsonResponse
+from django.http.response import HttpResponseBase
+from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
@@ -25,6 +29,41 @@ from tasks_app.selectors import task_snapshot
 
 def error_body(code: str, message: str, **extra: Any) -> dict[str, Any]:
     return {"error": {"code": code, "message": message, **extra}}
+
+
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
+View = Callable[..., HttpResponseBase]
+
+
+def method_not_allowed(request: HttpRequest, allow: str) -> JsonResponse:
+    return JsonResponse(
+        error_body("method_not_allowed", f"{request.method} is not allowed here; this URL takes {allow}"),
+        status=405,
+        headers={"Allow": allow},
+    )
+
+
+def allow_methods(*methods: str) -> Callable[[View], View]:
+    """A view that is no DRF view takes only `methods`; any other is a JSON 405 with Allow.
+
+    The method is checked before CSRF: the view is exempt from CsrfViewMiddleware and, when
+    it takes an unsafe method, CSRF-checked here after the method instead. A POST to a URL
+    that never takes one was CSRF's HTML 403 for every client without a CSRF token (and
+    logged as an attack), or Django's require_* answer: an empty text/html 405."""
+    allow = ", ".join(methods)
+
+    def decorate(view: View) -> View:
+        checked = csrf_protect(view) if set(methods) - SAFE_METHODS else view
+
+        @wraps(view)
+        def only(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+            if request.method not in methods:
+                return method_not_allowed(request, allow)
+            return checked(request, *args, **kwargs)
+
+        return csrf_exempt(only)
+
+    return decorate
 
 
 def unsafe_input_body(exc: json_safety.UnsafeInput) -> dict[str, Any]:

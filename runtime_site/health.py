@@ -20,11 +20,9 @@ from typing import Any
 from django.conf import settings
 from django.db import connections
 from django.http import HttpRequest, JsonResponse
-from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_safe
 
 from runtime_site import dbpool
-from runtime_site.errors import error_body
+from runtime_site.errors import allow_methods, error_body
 from runtime_site.lean import lean
 
 TIMEOUT = 3  # seconds per check: a probe must answer before the orchestrator gives up on it
@@ -32,9 +30,9 @@ MIGRATIONS = "SELECT app, name FROM django_migrations"
 
 
 def read_only(view: Any) -> Any:
-    """A probe answers GET and HEAD; anything else is a 405 (not CSRF's 403, logged as an
-    attack, nor an OPTIONS that runs the whole check)."""
-    return csrf_exempt(require_safe(view))
+    """A probe answers GET and HEAD; anything else is a JSON 405 (not CSRF's 403, logged as
+    an attack, nor an OPTIONS that runs the whole check)."""
+    return allow_methods("GET", "HEAD")(view)
 
 
 def scrapers_only(view: Callable[[HttpRequest], Any]) -> Callable[[HttpRequest], Any]:

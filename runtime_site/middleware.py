@@ -1,11 +1,14 @@
 from __future__ import annotations
 
+import codecs
 import json
 from collections.abc import Callable
+from functools import cache
 from typing import Any
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.urls import reverse
 
 from common import json_safety
 from runtime_site.errors import error_body, unsafe_input_body
@@ -45,11 +48,46 @@ def request_texts(request: HttpRequest) -> dict[str, Any]:
     }
 
 
+def repeated_parameter(request: HttpRequest) -> json_safety.UnsafeInput | None:
+    """A query parameter given more than once: every view reads one value of each (the last),
+    so ?status=a&status=b or ?limit=1&limit=2 was answered for one of them, the other
+    ignored. The admin's own filters take several values of one parameter; not ours to judge."""
+    if request.path.startswith(_admin_prefix()):
+        return None
+    for name in request.GET:
+        if (count := len(request.GET.getlist(name))) > 1:
+            return json_safety.UnsafeInput(f"query.{name}", f"given {count} times; give it once")
+    return None
+
+
+@cache
+def _admin_prefix() -> str:
+    return reverse("admin:index")
+
+
+def unknown_charset(request: HttpRequest) -> str | None:
+    """The charset a body's Content-Type names when no codec has that name. Django drops such
+    a charset and reads the body as UTF-8, so the request went on as if it had said nothing."""
+    charset = (request.content_params or {}).get("charset")
+    if charset is None:
+        return None
+    try:
+        codecs.lookup(charset)
+    except LookupError:
+        return charset
+    return None
+
+
+def charset_refusal(charset: str) -> str:
+    return f"Content-Type: charset {charset[:100]!r} is not a character set this server knows; send UTF-8"
+
+
 class UnsafeTextMiddleware:
     """A NUL in the path, a query parameter or a header is a 400 naming where, before any
     view or middleware queries with it (PostgreSQL refuses it wherever it lands: a session
-    cookie, an input key in the URL, a status filter). The body is the parsers' to check.
-    /mcp answers in JSON-RPC, with the request's id, so it checks request_texts() itself."""
+    cookie, an input key in the URL, a status filter); so is a query parameter given twice,
+    and a body's charset nobody knows is a 415. The body is the parsers' to check. /mcp
+    answers in JSON-RPC, with the request's id, so it checks request_texts() itself."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
@@ -65,6 +103,10 @@ class UnsafeTextMiddleware:
                 json_safety.check(request_texts(request))
             except json_safety.UnsafeInput as exc:
                 return JsonResponse(unsafe_input_body(exc), status=400)
+            if (repeated := repeated_parameter(request)) is not None:
+                return JsonResponse(unsafe_input_body(repeated), status=400)
+            if (charset := unknown_charset(request)) is not None:
+                return JsonResponse(error_body("unsupported_media_type", charset_refusal(charset)), status=415)
         return None
 
 

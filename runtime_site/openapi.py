@@ -22,7 +22,11 @@ from drf_spectacular.utils import (
     extend_schema_view,
     inline_serializer,
 )
+from drf_spectacular.views import SpectacularAPIView
 from rest_framework import serializers
+from rest_framework.renderers import JSONRenderer
+from rest_framework.request import Request
+from rest_framework.response import Response
 
 from common import json_safety
 from tasks_app.models import Role, Scope
@@ -692,3 +696,14 @@ def postprocess(result: dict[str, Any], generator: Any, request: Any, public: bo
         1  # allow_empty=False, which drf-spectacular drops
     )
     return result
+
+
+class SchemaApi(SpectacularAPIView):
+    """GET /runtime/schema (YAML, or JSON with ?format=json or Accept). Its refusals are the
+    API's one JSON error shape: DRF renders an error with the renderer it negotiated, and
+    here that was the YAML one (a 405 or 406 came back as an OpenAPI document's media type)."""
+
+    def finalize_response(self, request: Request, response: Response, *args: Any, **kwargs: Any) -> Response:
+        if response.status_code >= 400:
+            request.accepted_renderer, request.accepted_media_type = JSONRenderer(), "application/json"
+        return super().finalize_response(request, response, *args, **kwargs)

@@ -1,14 +1,17 @@
 """DRF's JSON parser on common.json_safety, so every REST body is checked before a view sees it,
-and request fields that take only the JSON type they are documented with."""
+request fields that take only the JSON type they are documented with, and content negotiation
+that names a ?format= it cannot serve."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from rest_framework import serializers
 from rest_framework.exceptions import ValidationError
+from rest_framework.negotiation import DefaultContentNegotiation
+from rest_framework.renderers import BaseRenderer
 
 if TYPE_CHECKING:
     from rest_framework.request import Request
@@ -62,3 +65,17 @@ def refuse_paging(request: Request, listing: str) -> None:
     for name in ("limit", "cursor"):
         if name in request.query_params:
             raise ValidationError({name: f"{listing} is not paged: it answers every record at once; leave out {name}"})
+
+
+class NamedFormatNegotiation(DefaultContentNegotiation):
+    """?format= with a format no renderer of the view has is a 400 naming it. DRF raises
+    Http404 there, which reads as "no such task" (runtime_site.errors) on a URL that is
+    there, and on the schema came back as YAML."""
+
+    def filter_renderers(self, renderers: Iterable[BaseRenderer], format: str) -> list[BaseRenderer]:
+        renderers = list(renderers)
+        kept = [renderer for renderer in renderers if renderer.format == format]
+        if not kept:
+            served = ", ".join(sorted({str(renderer.format) for renderer in renderers}))
+            raise ValidationError({"format": f"{format!r} is not a format this URL answers in; one of {served}"})
+        return kept

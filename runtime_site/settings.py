@@ -441,6 +441,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["runtime_site.parsers.SafeJSONParser"],
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "runtime_site.parsers.NamedFormatNegotiation",
     "EXCEPTION_HANDLER": "runtime_site.errors.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,

@@ -2,16 +2,16 @@ from django.contrib import admin
 from django.templatetags.static import static
 from django.urls import include, path
 from django.views.generic import RedirectView
-from drf_spectacular.views import SpectacularAPIView
 
 from mcp_server.views import mcp_endpoint, protected_resource_metadata
-from runtime_site import openapi  # noqa: F401 (registers the API's schema extensions)
+from runtime_site import openapi  # (also registers the API's schema extensions)
+from runtime_site.errors import allow_methods
 from runtime_site.health import healthz, read_only, readyz, scrapers_only
 from runtime_site.metrics import metrics_view
 
 urlpatterns = [
     path("runtime/", include("tasks_app.api.urls")),
-    path("runtime/schema", SpectacularAPIView.as_view(permission_classes=[], authentication_classes=[]), name="schema"),
+    path("runtime/schema", openapi.SchemaApi.as_view(permission_classes=[], authentication_classes=[]), name="schema"),
     path("admin/", admin.site.urls),
     path("healthz", healthz),
     path("readyz", readyz),
@@ -22,8 +22,11 @@ urlpatterns = [
     path(".well-known/oauth-protected-resource/mcp", protected_resource_metadata),
     path("dashboard/", include("dashboard.urls")),
     # Browsers ask every site for one; a JSON 404 shows as a console error on every first page load.
-    path("favicon.ico", RedirectView.as_view(url=static("dashboard/favicon.svg"), permanent=True)),
-    path("", RedirectView.as_view(url="/dashboard/", permanent=False)),
+    path(
+        "favicon.ico",
+        allow_methods("GET", "HEAD")(RedirectView.as_view(url=static("dashboard/favicon.svg"), permanent=True)),
+    ),
+    path("", allow_methods("GET", "HEAD")(RedirectView.as_view(url="/dashboard/", permanent=False))),
 ]
 
 handler400 = "runtime_site.errors.json_400"

@@ -12,6 +12,7 @@ from xml.etree import ElementTree
 import httpx
 import pytest
 from django.core.management import call_command
+from django.test import Client
 
 from conftest import ROOT, Processes, free_port, make_persona
 
@@ -167,3 +168,20 @@ def test_a_field_of_another_json_type_is_refused_not_coerced(alice, path, body, 
     response = client.post(f"/runtime/tasks/{created.json()['taskId']}/{path}", body, format="json")
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "invalid_request" and field in response.json()["error"]["fields"]
+
+
+def test_a_format_the_schema_or_the_api_does_not_serve_is_a_400_naming_it(alice):
+    """?format= chooses a renderer; one nobody has was DRF's Http404 (\"no such task\", in
+    YAML on the schema), and an Accept the schema cannot meet a YAML 406."""
+    client = Client(raise_request_exception=False)
+    for path, headers in (("/runtime/schema", {}), ("/runtime/tasks", {"HTTP_AUTHORIZATION": f"Bearer {alice.token}"})):
+        for wanted in ("xml", "openapi", "YAML"):
+            response = client.get(f"{path}?format={wanted}", **headers)
+            assert (response.status_code, response["Content-Type"]) == (400, "application/json"), response.content
+            error = response.json()["error"]
+            assert list(error["fields"]) == ["format"] and repr(wanted) in error["message"], error
+        assert client.get(f"{path}?format=json", **headers).status_code == 200
+    assert client.get("/runtime/schema?format=yaml").status_code == 200
+    refused = client.get("/runtime/schema", HTTP_ACCEPT="application/xml")
+    assert (refused.status_code, refused["Content-Type"]) == (406, "application/json"), refused.content
+    assert "Accept" in refused.json()["error"]["message"]

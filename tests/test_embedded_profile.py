@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -202,4 +205,77 @@ def test_a_message_whose_worker_was_killed_mid_run_is_run_by_another_worker(embe
         lambda: not any(p.name.startswith(".taken-") for p in queue.iterdir()),
         timeout=30,
         what="no message left taken",
+    )
+
+
+def bin_run(processes: Processes, tmp_path: Path, port: int, **env: str) -> subprocess.Popen[bytes]:
+    """bin/run as a person starts it: the embedded default, in a data folder of its own."""
+    return processes.start(
+        "bin-run",
+        [str(ROOT / "bin" / "run")],
+        DATABASE_URL=None,
+        REDIS_URL=None,
+        DJANGO_SECRET_KEY=None,
+        RUNTIME_DATA_DIR=str(tmp_path / "data"),
+        RUNTIME_VENV=sys.prefix,
+        PORT=str(port),
+        **env,
+    )
+
+
+def said(proc: subprocess.Popen[bytes]) -> str:
+    return Path(proc.log_path).read_text(errors="replace")  # type: ignore[attr-defined]
+
+
+def test_bin_run_says_the_runtime_is_up_only_once_it_answers(processes: Processes, tmp_path: Path):
+    port = free_port()
+    run = bin_run(processes, tmp_path, port)
+    wait_until(
+        lambda: "Runtime is up" in said(run) or run.poll() is not None, timeout=240, what=lambda: said(run)[-2000:]
+    )
+    assert "Runtime is up" in said(run), said(run)[-2000:]
+    # Asked once, right after it said so: it used to say so before uvicorn listened.
+    assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=10).status_code == 200
+
+
+def test_bin_run_that_never_comes_up_says_why_and_stops(processes: Processes, tmp_path: Path):
+    with socket.socket() as taken:  # the port is someone else's: uvicorn cannot listen there
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        run = bin_run(processes, tmp_path, taken.getsockname()[1])
+        assert run.wait(timeout=240) != 0, said(run)[-2000:]
+    assert "Runtime is up" not in said(run)
+    assert "error: the web process exited without answering" in said(run) and "/healthz" in said(run), said(run)[-2000:]
+    # and within its bound: a web process that lives but does not answer yet
+    run = bin_run(processes, tmp_path, free_port(), RUNTIME_START_SECONDS="0")
+    assert run.wait(timeout=240) != 0, said(run)[-2000:]
+    assert "Runtime is up" not in said(run)
+    assert "error: the web process did not answer" in said(run) and "within 0 s" in said(run), said(run)[-2000:]
+
+
+def test_a_worker_told_to_stop_takes_no_more_messages_and_its_task_waits_for_the_next(embedded, processes: Processes):
+    """The embedded broker has no socket, so Celery's loop polls it (2 s at a time) and looked
+    at a SIGTERM only between polls, then polled once more: an idle worker began its warm
+    shutdown 2-4 s after the signal and took whatever came meanwhile (the beat's scans, a new
+    task's first slice) into a pool that was closing."""
+    client, _, data, _, _, stopping = embedded
+    wait_until(lambda: " ready." in said(stopping), timeout=120, what="the worker to be ready")
+    os.kill(stopping.pid, signal.SIGTERM)  # the main process, as docker stop and Kubernetes do
+    task_id = client.post("/runtime/tasks", json={"agent": "noop", "input": {"steps": 3}}).json()["taskId"]
+    assert stopping.wait(timeout=60) == 0  # a warm shutdown that completed
+    # (its first slice's message, sent after the signal; a beat's scan may be in hand as it comes)
+    after_signal = said(stopping).partition("Warm shutdown")[2]
+    assert "tasks.run_task_slice" not in after_signal, after_signal[-3000:]
+    assert client.get(f"/runtime/tasks/{task_id}").json()["status"] == "working"  # queued, not lost
+    processes.worker(
+        concurrency=1,
+        DATABASE_URL=None,
+        REDIS_URL=None,
+        DJANGO_SECRET_KEY=None,
+        RUNTIME_DATA_DIR=str(data),
+    )
+    wait_until(
+        lambda: client.get(f"/runtime/tasks/{task_id}").json()["status"] == "completed",
+        timeout=90,
+        what="the next worker to run the task",
     )

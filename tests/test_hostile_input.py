@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import uuid
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from steering_app.models import InputRequest, SteeringCommand
 from tasks_app.access import console
 from tasks_app.actions import do_create_task
 from tasks_app.models import AuditRecord, Task, TaskEvent
+from tasks_app.streams.publish import channel_for
 
 pytestmark = pytest.mark.django_db
 
@@ -131,6 +133,16 @@ def test_rest_query_strings_are_checked(alice, task):
         "?status=working%00": "query.status",
         "?x%00=1": "query",
         "?cursor=garbage": "cursor",
+        # not base64 at all: DRF's lenient decoding dropped every character and read a first page
+        "?cursor=%25%25%25": "cursor",
+        "?cursor=": "cursor",
+        "?cursor=!!!!": "cursor",
+        f"?cursor={cursor('p=2026-01-01T00:00:00')}***": "cursor",
+        # base64 of what no page link carries: another key, a key twice, a direction other than 1
+        f"?cursor={cursor('x=1')}": "cursor",
+        f"?cursor={cursor('o=1&o=2')}": "cursor",
+        f"?cursor={cursor('r=7')}": "cursor",
+        f"?cursor={cursor('')}": "cursor",
         f"?cursor={cursor('p=garbage')}": "cursor",
         f"?cursor={cursor('p=2026-13-45 10:00:00')}": "cursor",
         f"?cursor={cursor('o=1&p=' + chr(0))}": "cursor",
@@ -140,6 +152,12 @@ def test_rest_query_strings_are_checked(alice, task):
         "?limit=0": "limit",
         "?limit=-1": "limit",
         "?limit=" + "9" * 5000: "limit",
+        # a parameter given twice: the view read one of them (the last), and the other was ignored
+        "?status=working&status=queued": "query.status",
+        "?status=working&status=working": "query.status",
+        "?limit=1&limit=2": "query.limit",
+        f"?cursor={cursor('o=1')}&cursor={cursor('o=2')}": "query.cursor",
+        "?format=json&format=json": "query.format",
     }
     before = written()
     for query, field in cases.items():
@@ -173,6 +191,56 @@ def test_a_float_out_of_range_is_refused_as_a_number_not_an_integer(alice, task,
             f"a number outside {-(2**63)}..{2**63 - 1}, which every number must keep to (with a fraction or an exponent too)"
         )
     }, error
+
+
+def test_a_parameter_given_twice_is_refused_naming_it_on_every_edge(alice, task):
+    browser = client()
+    browser.force_login(alice.user)
+    for response, name in (
+        (alice.client().get(f"/runtime/tasks/{task.id}/audit?x=1&x=2"), "x"),
+        (alice.client().get(f"/runtime/tasks/{task.id}?limit=1&limit=1"), "limit"),
+        (browser.get("/dashboard/tasks.json?status=queued&status=working"), "status"),
+        (client().get("/runtime/schema?format=json&format=yaml"), "format"),
+        (client().get("/healthz?a=1&a=1"), "a"),
+    ):
+        error = refusal(response)
+        assert list(error["fields"]) == [f"query.{name}"] and "2 times" in error["message"], error
+    assert browser.get("/dashboard/tasks.json?status=queued").status_code == 200
+
+
+def test_a_charset_nobody_knows_is_refused_naming_it(alice, task):
+    """Django drops a charset it cannot look up and reads the body as UTF-8: the task was
+    created as if the header had said nothing."""
+    body = b'{"agent": "noop", "input": {"steps": 1}}'
+    before = written()
+    for charset in ("bogus", "utf-9", "x" * 50):
+        response = client().generic(
+            "POST",
+            "/runtime/tasks",
+            body,
+            content_type=f"application/json; charset={charset}",
+            HTTP_AUTHORIZATION=f"Bearer {alice.token}",
+        )
+        error = refusal(response, 415)
+        assert error["code"] == "unsupported_media_type" and repr(charset) in error["message"], error
+    assert written() == before
+    for charset in ("utf-8", "UTF-8"):
+        response = client().generic(
+            "POST",
+            "/runtime/tasks",
+            body,
+            content_type=f"application/json; charset={charset}",
+            HTTP_AUTHORIZATION=f"Bearer {alice.token}",
+        )
+        assert response.status_code == 201, response.content
+
+
+def test_a_negative_or_zero_ttl_is_refused_naming_it(alice):
+    for ttl in (-1, 0, -(2**40)):
+        body = json.dumps({"agent": "noop", "input": {"steps": 1}, "ttlSeconds": ttl})
+        error = refusal(post_json("/runtime/tasks", body, alice.token))
+        assert list(error["fields"]) == ["ttlSeconds"], error
+    assert Task.objects.count() == 0
 
 
 def test_paths_and_headers_carrying_nul_or_malformed_keys_are_refused(alice, task):
@@ -236,14 +304,35 @@ def test_the_event_stream_refuses_malformed_last_event_ids(alice, task):
             f"/runtime/tasks/{task.id}/events{query}", HTTP_AUTHORIZATION=f"Bearer {alice.token}", **headers
         )
 
-    for bad in ("garbage", "a:b:c", "chan:-1", "chan:" + "9" * 30, "chan:1,", ":1", "chan:1" + chr(0)):
+    for bad in ("garbage", "a:b:c", "chan:-1", "chan:" + "9" * 30, "chan:1,", ":1", "chan:1" + chr(0), " "):
         error = refusal(stream(HTTP_LAST_EVENT_ID=bad))
         assert "Last-Event-ID" in error["message"] or "Last-Event-Id" in error["message"], (bad, error)
         assert "lastEventId" in refusal(stream(f"?lastEventId={bad.replace(chr(0), '%00')}"))["message"], bad
     # django-eventstream's own query parameters are not ours to honour (each was a 500)
     for query in ("?es-meta=garbage", "?recover=true", "?link=next"):
         assert stream(query).status_code == 200, query
-    assert stream(HTTP_LAST_EVENT_ID=f"rt.task-{task.id}:3").status_code == 200  # what a browser sends back
+    # Well-formed, but not an id this task's stream sent: another task's, another deployment's,
+    # or beyond the task's last event
+    own, last = channel_for(task.id), Task.objects.get(id=task.id).event_seq
+    for bad, problem in (
+        (f"{channel_for(uuid.uuid4())}:1", "another task"),
+        (f"rt.task-{task.id}:0", "another task"),
+        (f"{own}:0,{channel_for(uuid.uuid4())}:0", "another task"),
+        (f"{own}:{last + 1}", "beyond"),
+        (f"{own}:" + "9" * 18, "beyond"),
+    ):
+        for name, response in (
+            ("Last-Event-ID", stream(HTTP_LAST_EVENT_ID=bad)),
+            ("lastEventId", stream(f"?lastEventId={bad}")),
+        ):
+            error = refusal(response)
+            assert list(error["fields"]) == [name] and problem in error["message"], (bad, error)
+    assert stream(HTTP_LAST_EVENT_ID=f"{own}:{last}").status_code == 200  # what a browser sends back
+    Task.objects.filter(id=task.id).update(event_seq=last + 5)  # five events later
+    for seen in (0, last + 1, last + 5):
+        assert stream(HTTP_LAST_EVENT_ID=f"{own}:{seen}").status_code == 200, seen
+    beyond = refusal(stream(HTTP_LAST_EVENT_ID=f"{own}:{last + 6}"))
+    assert f"beyond this task's last event ({last + 5})" in beyond["message"], beyond
 
 
 # --- /mcp, both wires ----------------------------------------------------------------------
@@ -318,10 +407,11 @@ def test_mcp_refuses_each_hostile_value_echoing_the_request_id(alice, task, mode
 # the MCP view closes its connection, which would end a test transaction
 @pytest.mark.django_db(transaction=True)
 def test_a_legacy_tasks_list_cursor_beyond_bigint_is_invalid_params(alice, task):
-    for offset in ("9" * 30, str(2**63), "-1", "x"):
-        cursor = base64.urlsafe_b64encode(offset.encode()).decode()
+    encoded = [base64.urlsafe_b64encode(o.encode()).decode() for o in ("9" * 30, str(2**63), "-1", "x", " 1", "1_0")]
+    # not base64 (decoded leniently, "%%%" was nothing at all), or not a string
+    for cursor in (*encoded, "%%%", "", "MQ", 1, ["MQ=="], True):
         body = json.dumps({"jsonrpc": "2.0", "id": 3, "method": "tasks/list", "params": {"cursor": cursor}})
-        assert "cursor" in rpc_error(mcp(alice.token, body), -32602, 3)
+        assert "cursor" in rpc_error(mcp(alice.token, body), -32602, 3), cursor
     listed = mcp(alice.token, json.dumps({"jsonrpc": "2.0", "id": 4, "method": "tasks/list", "params": {}}))
     assert [t["taskId"] for t in listed.json()["result"]["tasks"]] == [str(task.id)]
 

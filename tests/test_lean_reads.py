@@ -6,6 +6,7 @@ whatever the lean path does not answer itself, the full path does."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
@@ -24,6 +25,7 @@ from tasks_app.auth import issue_api_key, revoke_api_key
 from tasks_app.models import ApiKey, Task
 from tasks_app.selectors import SNAPSHOT_FIELDS, task_snapshot, with_snapshot
 from tasks_app.streams.hub import loop_hub
+from tasks_app.streams.publish import channel_for
 from tasks_app.tests.test_engine import new_task
 
 # The lean reads use connections of their own, which see only committed rows.
@@ -291,3 +293,16 @@ def test_an_event_stream_opens_on_the_event_loop_as_the_full_path_opens_it_and_c
     seq = Task.objects.get(id=task.id).event_seq
     assert b"event: log\n" in event and f":{seq}\n".encode() in event
     assert open_after == 0  # the client went: its stream left the hub
+
+
+def test_an_event_id_of_another_stream_or_beyond_the_last_event_is_the_full_paths_400(alice, monkeypatch):
+    """A well-formed Last-Event-ID this task's stream never sent: the lean path leaves it to
+    the full view, whose 400 names it (it used to open the stream as if it fitted)."""
+    task = new_task(alice)
+    own = channel_for(task.id)
+    url = f"/runtime/tasks/{task.id}/events"
+    hops = Hops(monkeypatch)
+    for last_event_id in (f"{channel_for(uuid.uuid4())}:0", f"{own}:{task.event_seq + 1}"):
+        answer, made, full = lean_and_full(url, {**bearer(alice.token), "Last-Event-ID": last_event_id}, hops)
+        assert answer[0] == 400 and made > 0, (last_event_id, answer)
+        assert answer == full and b"Last-Event-ID" in answer[2], answer

@@ -11,6 +11,7 @@ import pytest
 from django.test import Client
 
 from mcp_server.protocol import MODERN, TASKS_EXT
+from tasks_app.models import Task
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -175,3 +176,58 @@ def test_unknown_tool_and_bad_arguments(alice):
         alice.token, "tools/call", {"name": "slow_compute", "arguments": {"seconds": -1}}, name="slow_compute"
     ).json()["result"]
     assert bad["isError"] is True and bad["resultType"] == "complete"
+
+
+def test_a_protocol_version_that_is_not_a_string_is_invalid_params(alice):
+    """initialize's protocolVersion (2025 wire) and _meta's (2026 wire) are strings; 5, null
+    or a list was answered with the server's own version as if none had been asked for."""
+    for version in (5, None, ["2025-11-25"], {"v": 1}):
+        params = {"protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "c", "version": "1"}}
+        answer = post(alice.token, {"jsonrpc": "2.0", "id": 3, "method": "initialize", "params": params}).json()
+        assert (answer["id"], answer["error"]["code"]) == (3, -32602), (version, answer)
+        assert "protocolVersion" in answer["error"]["message"], answer
+        meta = {**META, "io.modelcontextprotocol/protocolVersion": version}
+        body = {"jsonrpc": "2.0", "id": 4, "method": "tools/list", "params": {"_meta": meta}}
+        response = post(alice.token, body, **{"MCP-Protocol-Version": MODERN, "Mcp-Method": "tools/list"})
+        assert (response.status_code, error_of(response)) == (400, -32602), (version, response.content)
+        assert "protocolVersion" in response.json()["error"]["message"]
+    params = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "c", "version": "1"}}
+    answer = post(alice.token, {"jsonrpc": "2.0", "id": 5, "method": "initialize", "params": params}).json()
+    assert answer["result"]["protocolVersion"] == "2025-11-25"
+
+
+def test_a_task_ttl_that_is_negative_or_no_number_is_invalid_params(alice):
+    """The 2025 wire's task.ttl (ms) was ignored when it was not a positive integer: the task
+    started with the default TTL, as if the request had been fine."""
+    for ttl in (-1, -60000, "60000", None, True):
+        params = {"name": "tool_calls", "arguments": {"calls": []}, "task": {"ttl": ttl}}
+        answer = post(alice.token, {"jsonrpc": "2.0", "id": 8, "method": "tools/call", "params": params}).json()
+        assert (answer["id"], answer["error"]["code"]) == (8, -32602), (ttl, answer)
+        assert "task.ttl" in answer["error"]["message"], answer
+    assert Task.objects.count() == 0
+    params = {"name": "tool_calls", "arguments": {"calls": []}, "task": {"ttl": 60000}}
+    assert "result" in post(alice.token, {"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": params}).json()
+
+
+def test_a_charset_nobody_knows_is_refused_naming_it(alice):
+    """Django drops a charset it cannot look up and reads the body as UTF-8: the request went
+    on as if the header had said nothing."""
+    body = json.dumps({"jsonrpc": "2.0", "id": 6, "method": "tools/list"}).encode()
+    response = Client().generic(
+        "POST",
+        "/mcp",
+        body,
+        content_type="application/json; charset=bogus",
+        headers={"Accept": "application/json, text/event-stream", "Authorization": f"Bearer {alice.token}"},
+    )
+    assert response.status_code == 415, response.content
+    assert response.json()["id"] == 6 and "bogus" in response.json()["error"]["message"], response.content
+    for charset in ("utf-8", "UTF-8", "utf8"):
+        ok = Client().generic(
+            "POST",
+            "/mcp",
+            body,
+            content_type=f"application/json; charset={charset}",
+            headers={"Accept": "application/json, text/event-stream", "Authorization": f"Bearer {alice.token}"},
+        )
+        assert ok.status_code == 200, (charset, ok.content)

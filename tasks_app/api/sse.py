@@ -30,6 +30,7 @@ from rest_framework.exceptions import AuthenticationFailed, PermissionDenied
 from common.json_safety import UnsafeInput, check
 from runtime_site.errors import (
     RETRY_AFTER_SECONDS,
+    allow_methods,
     error_body,
     infrastructure_fault,
     unavailable,
@@ -66,15 +67,34 @@ STREAM_OPEN = ":" + " " * 2048 + "\n\nevent: stream-open\ndata:\n\n"
 KEEP_ALIVE = "event: keep-alive\ndata:\n\n"
 
 
+def _last_event_ids(request: HttpRequest) -> list[tuple[str, str]]:
+    given = [("Last-Event-ID", request.headers.get("Last-Event-ID", ""))]
+    return given + [("lastEventId", value) for value in request.GET.getlist("lastEventId")]
+
+
 def check_last_event_id(request: HttpRequest) -> None:
     """A reconnecting client's Last-Event-ID (or ?lastEventId=) must be one we sent. It is
     only checked: a stream always restarts from a fresh snapshot (pitfall 3)."""
-    given = [("Last-Event-ID", request.headers.get("Last-Event-ID", ""))]
-    given += [("lastEventId", value) for value in request.GET.getlist("lastEventId")]
-    for name, value in given:
+    for name, value in _last_event_ids(request):
         check(value, name)
         if value and not LAST_EVENT_ID.fullmatch(value):
             raise UnsafeInput(name, "not an event id this stream sent (<channel>:<seq>)")
+
+
+def check_last_event_id_of(request: HttpRequest, task: Task) -> None:
+    """And one this task's stream sent (check_last_event_id first): of its channel, and no
+    later than its last event. Another task's id is a client that mixed up its streams, and
+    one beyond the last event was never sent (events go out after their commit, which moved
+    event_seq): told so, rather than streamed as if it fitted. Checked once the caller may
+    read the task, so the refusal tells nobody else anything of it."""
+    channel = channel_for(task.id)
+    for name, value in _last_event_ids(request):
+        for given in filter(None, value.split(",")):
+            given_channel, _, seq = given.rpartition(":")
+            if given_channel != channel:
+                raise UnsafeInput(name, f"an id of another task's stream (this task's ids are {channel}:<seq>)")
+            if int(seq) > task.event_seq:
+                raise UnsafeInput(name, f"beyond this task's last event ({task.event_seq}); its stream never sent it")
 
 
 class Credential(NamedTuple):
@@ -196,6 +216,8 @@ async def _events(sub: Subscriber, first: str, task_id: UUID, credential: Creden
         sub.hub.unsubscribe(sub)
 
 
+# GET only: a HEAD would authenticate, read the task and open a stream to send no body of.
+@allow_methods("GET")
 def task_events(request: HttpRequest, task_id: str) -> HttpResponseBase:
     """GET /runtime/tasks/{id}/events: task.snapshot first, then every event after it."""
     try:
@@ -243,6 +265,10 @@ def task_events(request: HttpRequest, task_id: str) -> HttpResponseBase:
         task = access.task_for(who, task_id)
     except TaskNotFound as exc:  # another tenant's task: the same answer as no task at all
         return JsonResponse(error_body("not_found", str(exc)), status=404)
+    try:
+        check_last_event_id_of(request, task)
+    except UnsafeInput as exc:
+        return JsonResponse(unsafe_input_body(exc), status=400)
 
     channel = channel_for(task.id)
     first = _snapshot_event(task, channel)
@@ -296,6 +322,11 @@ async def lean_task_events(request: HttpRequest, task_id: str) -> HttpResponseBa
         if caller is None or caller.task is None:
             hub.unsubscribe(sub)
             return None  # 401, 404: the full view's answers (and its count, made once)
+        try:
+            check_last_event_id_of(request, caller.task)
+        except UnsafeInput:
+            hub.unsubscribe(sub)
+            return None  # the full view's 400, as for a malformed id
         if (refused := await lean.over_limit(caller.who, "sse")) is not None:
             hub.unsubscribe(sub)
             return _throttled(refused)

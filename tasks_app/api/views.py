@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import re
+from base64 import b64decode
 from datetime import UTC
 from typing import Any
+from urllib import parse
 
 from django.utils.dateparse import parse_datetime
 from drf_spectacular.utils import extend_schema
@@ -44,18 +46,36 @@ class CreatedAtCursor(pagination.CursorPagination):
         return min(int(raw), self.max_page_size)
 
     def decode_cursor(self, request: Request) -> pagination.Cursor | None:
+        encoded = request.query_params.get(self.cursor_query_param)
+        if encoded is None:
+            return None
         try:
-            cursor = super().decode_cursor(request)
+            cursor = super().decode_cursor(request) if _link_cursor(encoded) else None
         except NotFound:
             cursor = None
-        else:
-            if cursor is None or cursor.position is None:
+        if cursor is not None:
+            if cursor.position is None:
                 return cursor
             # DRF's stubs type the position as int; decode_cursor gives the query string's text.
             if (position := _created_at(cursor.position)) is not None:  # type: ignore[arg-type]
                 return cursor._replace(position=position)  # type: ignore[arg-type]
-        # Its position lands in a created_at comparison, which a non-date would turn into a 500.
+        # A position that is no date would land in a created_at comparison: a 500.
         raise ValidationError({"cursor": "not a cursor this API gave out; follow a page's next or previous link"})
+
+
+def _link_cursor(encoded: str) -> bool:
+    """Whether `encoded` has the form of a cursor a page's link carries: base64 of o=, r=1
+    and p= (each at most once, at least one). DRF decodes leniently, dropping whatever is
+    not base64: ?cursor=%%% (or a cursor cut short, or with junk after it) was no cursor at
+    all, and answered the first page as if it had been followed."""
+    try:
+        pairs = parse.parse_qsl(b64decode(encoded, validate=True).decode("ascii"), keep_blank_values=True)
+    except ValueError:  # binascii.Error and UnicodeDecodeError are ValueErrors
+        return False
+    keys = [key for key, _ in pairs]
+    return (
+        bool(keys) and len(set(keys)) == len(keys) and set(keys) <= {"o", "r", "p"} and dict(pairs).get("r", "1") == "1"
+    )
 
 
 def _created_at(text: str) -> str | None:
