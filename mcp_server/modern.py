@@ -15,7 +15,7 @@ from mcp_server import shared, tools
 from mcp_server.protocol import INVALID_PARAMS, MISSING_CAPABILITY, MODERN, TASKS_EXT, RpcError, missing_extension
 from mcp_server.shared import Call, Wait
 from steering_app.actions import do_cancel_task
-from tasks_app import access
+from tasks_app import access, selectors
 from tasks_app.agents import base as agents
 from tasks_app.errors import IllegalTransition
 from tasks_app.models import Task
@@ -34,9 +34,13 @@ class Listen:
     acknowledged: dict[str, Any]
 
     def tasks(self) -> list[dict[str, Any]]:
-        """Each task's DetailedTask now, as tasks/get would answer (a purged task drops out)."""
-        rows = Task.objects.for_tenant(self.tenant_id).filter(id__in=self.task_ids).order_by("created_at", "id")
-        return [modern_task(task) for task in rows]
+        """Each task's DetailedTask now, as tasks/get would answer (a purged task drops out).
+        One snapshot for the rows and their open questions: read apart, an answer landing
+        between them showed an input_required task with no question, which the listen
+        pushed as one more change."""
+        with selectors.one_snapshot():
+            rows = Task.objects.for_tenant(self.tenant_id).filter(id__in=self.task_ids).order_by("created_at", "id")
+            return [modern_task(task) for task in rows]
 
 
 def modern_task(task: Task) -> dict[str, Any]:
@@ -163,7 +167,8 @@ def _require_extension(call: Call) -> None:
 
 def modern_tasks_get(call: Call) -> dict[str, Any]:
     _require_extension(call)
-    return {"resultType": "complete", **modern_task(shared.find_task(call))}
+    with selectors.one_snapshot():  # the status and its open questions of one moment (Listen.tasks)
+        return {"resultType": "complete", **modern_task(shared.find_task(call))}
 
 
 def modern_tasks_update(call: Call) -> dict[str, Any]:

@@ -2,11 +2,33 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
+from django.db import transaction
 from django.db.models import Exists, OuterRef, Prefetch, QuerySet, Subquery
 
 from tasks_app.models import Task
+
+
+@contextmanager
+def one_snapshot() -> Iterator[None]:
+    """The reads inside see the database as of one moment. Out of a transaction each query
+    sees what was committed when it started: a task read input_required, then its open
+    questions read after an answer committed in between, showed input_required with none.
+    On PostgreSQL a REPEATABLE READ, READ ONLY transaction (its snapshot is taken at its
+    first query); on SQLite any transaction reads one snapshot. Inside a transaction already
+    it adds nothing: that one decides."""
+    conn = transaction.get_connection()
+    if conn.in_atomic_block:
+        yield
+        return
+    with transaction.atomic():
+        if conn.vendor == "postgresql":
+            with conn.cursor() as cursor:  # before any query, or PostgreSQL refuses it
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        yield
 
 
 def task_urls(task: Task) -> dict[str, str]:

@@ -9,13 +9,17 @@ from itertools import pairwise
 
 import httpx
 import jsonschema
+import psycopg
 import pytest
 from asgiref.sync import sync_to_async
-from django.db import connection
+from django.db import connection, transaction
+from django.db.models import F
 from django.http import HttpRequest
+from django.utils import timezone
 from mcp.shared.exceptions import MCPError
 
-from conftest import Processes, free_port, wait_until
+from conftest import Processes, database_url, free_port, wait_until
+from steering_app.models import InputRequest, InputStatus
 from tasks_app.access import console
 from tasks_app.agents import get_agent
 from tasks_app.models import Task
@@ -257,6 +261,15 @@ def test_fixture_agents_are_registered_with_valid_schemas():
         jsonschema.Draft202012Validator.check_schema(agent.output_schema)
 
 
+def rpc(url: str, token: str, method: str, params: dict, name: str | None = None) -> dict:
+    """One JSON-RPC request over plain httpx, answered with a JSON result."""
+    answer = httpx.post(
+        url, json=modern_body(1, method, params), headers=modern_headers(token, method, name), timeout=30
+    )
+    assert answer.status_code == 200, answer.content
+    return answer.json()["result"]
+
+
 def modern_headers(token: str, method: str, name: str | None = None) -> dict[str, str]:
     return {
         "Authorization": f"Bearer {token}",
@@ -279,11 +292,7 @@ def test_listen_pushes_each_status_change_of_the_callers_tasks(live, alice, mall
     DetailedTask on each change, until every subscribed task is terminal."""
 
     def call(method: str, params: dict, name: str | None = None) -> dict:
-        answer = httpx.post(
-            live, json=modern_body(1, method, params), headers=modern_headers(alice.token, method, name), timeout=30
-        )
-        assert answer.status_code == 200, answer.content
-        return answer.json()["result"]
+        return rpc(live, alice.token, method, params, name)
 
     task_id = call("tools/call", {"name": "confirm_delete", "arguments": {"filename": "l.txt"}}, "confirm_delete")[
         "taskId"
@@ -333,6 +342,64 @@ def test_listen_pushes_each_status_change_of_the_callers_tasks(live, alice, mall
     assert final["id"] == 41 and final["result"]["resultType"] == "complete"
     assert final["result"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == 41
     assert set(stream.methods()) == {"notifications/subscriptions/acknowledged", "notifications/tasks"}
+
+
+def test_listen_reads_a_task_and_its_open_questions_at_one_moment(live, alice):
+    """A listen's look read the task rows, then each input_required task's open questions,
+    each query seeing what was committed when it started: an answer committing between the
+    two (the question answered and the task working, in one transaction) showed the task
+    input_required with no question, pushed as one more input_required change (what the
+    listen test above met once on a loaded machine). Made to happen every time: another
+    session holds the questions' table until the look, its task rows read, waits for it,
+    and commits the answer there."""
+    task_id = rpc(
+        live,
+        alice.token,
+        "tools/call",
+        {"name": "confirm_delete", "arguments": {"filename": "m.txt"}},
+        "confirm_delete",
+    )["taskId"]
+    stream = PostStream(
+        live,
+        modern_body(42, "subscriptions/listen", {"notifications": {"taskIds": [task_id]}}),
+        modern_headers(alice.token, "subscriptions/listen"),
+    )
+
+    def pushed() -> list[dict]:
+        return [m["params"] for m in stream.messages if m.get("method") == "notifications/tasks"]
+
+    wait_until(lambda: any(t["status"] == "input_required" for t in pushed()), timeout=30, what="the question pushed")
+    questions = InputRequest._meta.db_table
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(f"LOCK TABLE {questions} IN ACCESS EXCLUSIVE MODE")  # until the commit below
+        wait_until(
+            lambda: waiting_to_read(questions), timeout=30, what="the listen's next look to wait for the questions"
+        )
+        # What do_answer_input commits for a task no worker holds (steering's apply_command).
+        InputRequest.objects.filter(task_id=task_id, key="confirm").update(
+            status=InputStatus.ANSWERED, answer={"confirm": True}, answered_by="user:test", answered_at=timezone.now()
+        )
+        Task.objects.filter(id=task_id).update(
+            status="working", status_message="", state_version=F("state_version") + 1
+        )
+    wait_until(lambda: pushed()[-1]["status"] == "working", timeout=30, what="the answered task pushed as working")
+    seen = [(t["status"], sorted(t.get("inputRequests", {}))) for t in pushed()]
+    assert seen[-2:] == [("input_required", ["confirm"]), ("working", [])], seen  # not input_required with none
+    assert all(a[0] != b[0] for a, b in pairwise(seen)), seen  # one notification per change
+    rpc(live, alice.token, "tasks/cancel", {"taskId": task_id}, task_id)  # nothing runs it on: no slice was queued
+    wait_until(lambda: stream.closed, timeout=30, what="the listen stream to end once the task is terminal")
+
+
+def waiting_to_read(table: str) -> bool:
+    """Whether a session of the test database waits for a lock to read `table` (a SELECT)."""
+    with psycopg.connect(database_url(), autocommit=True) as probe:
+        row = probe.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND wait_event_type = 'Lock' AND query ILIKE 'SELECT%%' AND query LIKE %s",
+            [f"%{table}%"],
+        ).fetchone()
+    return bool(row and row[0])
 
 
 def test_listen_for_tasks_needs_the_extension(live, alice):
