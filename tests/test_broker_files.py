@@ -260,3 +260,49 @@ def test_a_consumer_that_acknowledges_nothing_holds_nothing(tmp_path):
         queue.put({"n": 3})
         assert queue.get(block=True, timeout=10).payload == {"n": 3}
         assert not list((tmp_path / "queue").iterdir())
+
+
+def test_entries_that_are_no_message_files_are_set_aside_and_the_messages_behind_them_delivered(tmp_path):
+    """A named pipe in the queue folder failed to open with an OSError, read as "this reader
+    cannot take any": its queue was held up for good. A symbolic link to /dev/zero, or a
+    file of a terabyte, was read whole into memory, and the MemoryError ended the worker.
+    Each is set aside unread. The reader runs with its memory capped, so that a regression
+    fails here instead of taking the machine's memory."""
+    folder = options(tmp_path)
+    queue_folder = tmp_path / "queue"
+    os.mkfifo(queue_folder / "00000000000000000001_pipe.steps.msg")
+    (queue_folder / "00000000000000000002_link.steps.msg").symlink_to("/dev/zero")
+    with open(queue_folder / "00000000000000000003_huge.steps.msg", "wb") as f:
+        f.truncate(1 << 40)  # sparse: no disk used
+    with Connection("filesystem://", transport="runtime_site.brokerfs:Transport", transport_options=folder) as conn:
+        conn.SimpleQueue("steps").put({"n": 4})
+    reader = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
+                import resource
+                from kombu import Connection
+                resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+                with Connection("filesystem://", transport="runtime_site.brokerfs:Transport",
+                                transport_options={folder!r}) as conn:
+                    message = conn.SimpleQueue("steps").get(block=True, timeout=10)
+                    message.ack()
+                    print(message.payload["n"])
+            """),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert reader.stdout.strip() == "4", reader.stderr
+    assert not list(queue_folder.iterdir())
+    assert sorted(p.name for p in (tmp_path / "processed").iterdir()) == [
+        f"00000000000000000001_pipe.steps.msg{brokerfs.UNREADABLE}",
+        f"00000000000000000002_link.steps.msg{brokerfs.UNREADABLE}",
+        f"00000000000000000003_huge.steps.msg{brokerfs.UNREADABLE}",
+    ]
+    for reason in ("not a regular file", "a symbolic link", "more than any message"):
+        assert reason in reader.stderr, reader.stderr
