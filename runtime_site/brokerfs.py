@@ -253,6 +253,15 @@ class Channel(filesystem.Channel):
                 self._set_aside_file(taken, filename, str(exc))
                 _release(taken, into=None)
                 continue
+            if message["properties"]["delivery_tag"] in self._taken:
+                # A copy of a message this channel holds (the same message put twice, a file
+                # set aside and put back by hand twice): taken too, it replaced the first
+                # in _taken, whose file then stayed locked, unacknowledged, for the life of
+                # the process, and ran again after. It waits in its queue for the first.
+                with contextlib.suppress(OSError):
+                    os.rename(taken, path)
+                f.close()
+                continue
             HOLDING[taken] = f
             self._taken[message["properties"]["delivery_tag"]] = taken
             if queue in self._unacknowledged:

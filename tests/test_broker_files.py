@@ -306,3 +306,25 @@ def test_entries_that_are_no_message_files_are_set_aside_and_the_messages_behind
     ]
     for reason in ("not a regular file", "a symbolic link", "more than any message"):
         assert reason in reader.stderr, reader.stderr
+
+
+def test_a_copy_of_a_message_being_run_waits_for_it_instead_of_leaving_it_held(tmp_path):
+    """Two files with one delivery tag (a message put twice, a set-aside file put back by
+    hand twice): the copy, taken while the first was unacknowledged, replaced it in the
+    channel's books; acknowledging both left the first's file taken and locked for the life
+    of the reader, to run again after it."""
+    folder = options(tmp_path)
+    queue_folder = tmp_path / "queue"
+    with Connection("filesystem://", transport="runtime_site.brokerfs:Transport", transport_options=folder) as conn:
+        queue = conn.SimpleQueue("steps")
+        queue.put({"n": 5})
+        [original] = queue_folder.iterdir()
+        shutil.copy(original, queue_folder / original.name.replace("_", "_copy-", 1))
+        first = queue.get(block=True, timeout=10)
+        with pytest.raises(queue.Empty):
+            queue.get(block=False)  # the copy waits for the first
+        first.ack()
+        copy = queue.get(block=True, timeout=10)
+        assert copy.payload == first.payload == {"n": 5}
+        copy.ack()
+        assert not list(queue_folder.iterdir())
