@@ -215,11 +215,19 @@ class Channel(filesystem.Channel):
 
     def _get(self, queue: str, timeout: float | None = None) -> Any:
         folder = self.data_folder_in
-        if time.monotonic() - _swept_at.get(folder, -SWEEP_SECONDS) >= SWEEP_SECONDS:
-            _swept_at[folder] = time.monotonic()
-            sweep(folder)
+        try:
+            if time.monotonic() - _swept_at.get(folder, -SWEEP_SECONDS) >= SWEEP_SECONDS:
+                _swept_at[folder] = time.monotonic()
+                sweep(folder)
+            names = sorted(os.listdir(folder))
+        except OSError as exc:
+            # The queue folder itself is gone or closed to us (removed by hand, or by a
+            # cleaner of old files under /tmp): the FileNotFoundError ended the worker. It
+            # says so once a minute and takes messages again once the folder is back.
+            self._cannot_take(f"any {queue} message", exc)
+            raise Empty() from None
         wanted = f"{queue}.msg"
-        for filename in sorted(os.listdir(folder)):
+        for filename in names:
             if filename.partition(".")[2] != wanted:
                 continue
             path = os.path.join(folder, filename)

@@ -328,3 +328,22 @@ def test_a_copy_of_a_message_being_run_waits_for_it_instead_of_leaving_it_held(t
         assert copy.payload == first.payload == {"n": 5}
         copy.ack()
         assert not list(queue_folder.iterdir())
+
+
+def test_a_reader_whose_queue_folder_is_gone_says_so_and_reads_again_once_it_is_back(tmp_path, caplog):
+    """The queue folder removed under a running worker (by hand, or by a cleaner of old files
+    under /tmp): the FileNotFoundError out of the listing ended the worker."""
+    folder = options(tmp_path)
+    with Connection("filesystem://", transport="runtime_site.brokerfs:Transport", transport_options=folder) as conn:
+        queue = conn.SimpleQueue("steps")
+        shutil.rmtree(tmp_path / "queue")
+        for _ in range(3):
+            with pytest.raises(queue.Empty):
+                queue.get(block=False)
+        said = [r.getMessage() for r in caplog.records if "cannot take" in r.getMessage()]
+        assert len(said) == 1 and "No such file or directory" in said[0], said  # once, not at every poll
+        (tmp_path / "queue").mkdir()
+        queue.put({"n": 6})
+        message = queue.get(block=True, timeout=10)
+        assert message.payload == {"n": 6}
+        message.ack()
