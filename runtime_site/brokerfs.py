@@ -316,9 +316,15 @@ class Channel(filesystem.Channel):
     def set_aside(self, queue: str, raw: bytes, reason: str) -> None:
         """A message the consumer cannot run (runtime_site/patches/consumer.py): a copy goes to
         the processed folder, as a file that is no message is set aside there."""
-        name = f"{time.monotonic_ns():020d}_{uuid.uuid4()}.{queue}.msg{UNREADABLE}"
-        with open(os.path.join(self.processed_folder, name), "wb") as f:
-            f.write(raw)
+        name = f"{time.monotonic_ns():020d}_{uuid.uuid4()}.{queue.replace(os.sep, '_')}.msg{UNREADABLE}"
+        try:
+            with open(os.path.join(self.processed_folder, name), "wb") as f:
+                f.write(raw)
+        except OSError as exc:
+            # No copy (the processed folder removed by hand, a full disk), but the message
+            # is done with all the same: the OSError ended the worker, its taken file went
+            # back at the next sweep, and ended the next worker, and the next.
+            logger.warning("broker: no copy of the unreadable message on %s kept: %s", queue, exc)
 
     _said_at: float | None = None  # when _cannot_take last logged (monotonic)
 
@@ -331,9 +337,9 @@ class Channel(filesystem.Channel):
     def _set_aside_file(self, path: str, name: str, reason: str) -> None:
         try:
             shutil.move(path, os.path.join(self.processed_folder, name + UNREADABLE))
-        except FileNotFoundError:
-            return  # gone: another reader set it aside or took it first
         except OSError as exc:
+            if not os.path.lexists(path):
+                return  # gone: another reader set it aside or took it first
             # Said once a minute, not for each file at each poll (a folder we may not write to).
             self._cannot_take(name, exc)
             return

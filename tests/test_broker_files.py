@@ -347,3 +347,24 @@ def test_a_reader_whose_queue_folder_is_gone_says_so_and_reads_again_once_it_is_
         message = queue.get(block=True, timeout=10)
         assert message.payload == {"n": 6}
         message.ack()
+
+
+def test_a_message_set_aside_without_a_processed_folder_is_said_and_done_with(tmp_path, caplog):
+    """The processed folder removed by hand (clearing the set-aside files), or a full disk:
+    the OSError out of keeping the copy of a message the consumer cannot run (an unknown
+    task) ended the worker; its taken file went back at the next sweep and ended the next
+    worker. Here the copy is not kept, and that is said; its file in the queue folder goes
+    the same way."""
+    folder = options(tmp_path)
+    (tmp_path / "queue" / "00000000000000000001_junk.steps.msg").write_bytes(b"not JSON")
+    with Connection("filesystem://", transport="runtime_site.brokerfs:Transport", transport_options=folder) as conn:
+        queue = conn.SimpleQueue("steps")
+        shutil.rmtree(tmp_path / "processed")
+        queue.channel.set_aside("steps", b'{"headers": {"task": "tasks.no_such_task"}}', "no task")
+        assert "no copy of the unreadable message on steps kept" in caplog.text
+        queue.put({"n": 7})
+        message = queue.get(block=True, timeout=10)
+        assert message.payload == {"n": 7}
+        message.ack()
+    assert "00000000000000000001_junk.steps.msg" in caplog.text
+    assert not list((tmp_path / "queue").iterdir())
