@@ -57,6 +57,21 @@ def garbage(message: dict) -> dict[str, tuple[bytes, str]]:
             "no task 'tasks.no_such_task'",
         ),
         "a JSON list": (b"[1, 2]", "not a message"),
+        # Headers of the wrong type, which Celery reads only after it has reserved the task
+        # or in its event loop: the first ended the worker, the second left it taking
+        # messages and running none, the third made it reconnect and take it again.
+        "a time limit that is no number": (
+            spoilt(message, headers={**message["headers"], "timelimit": ["a", "b"]}),
+            "a time limit",
+        ),
+        "stamps that are no list": (
+            spoilt(message, headers={**message["headers"], "stamps": 5, "stamped_headers": 7}),
+            "stamped headers",
+        ),
+        "no task id": (
+            spoilt(message, headers={k: v for k, v in message["headers"].items() if k != "id"}),
+            "no task id",
+        ),
         "huge": (b"{" + b"x" * (3 * UNREADABLE_ENTRY_BYTES), "not JSON"),
     }
 
