@@ -37,10 +37,12 @@ file drops all of the process's locks on it. So a process never opens a file it 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
 import shutil
+import stat
 import threading
 import time
 import uuid
@@ -70,6 +72,7 @@ TAKEN = ".taken-"  # ".taken-<pid>-<name>": taken by the reader <pid>, held unti
 CANNOT_TAKE_LOG_SECONDS = 60.0
 SWEEP_SECONDS = 5.0
 PART_MAX_SECONDS = 300.0  # a send writes its file in far less; one this old lost its sender
+MESSAGE_MAX_BYTES = 64 << 20  # our messages are a task id and a few numbers; a file larger is not one
 
 # The taken files this process holds: path -> the open file holding its lock.
 HOLDING: dict[str, IO[bytes]] = {}
@@ -112,6 +115,39 @@ def _put_back_if_free(folder: str, name: str) -> None:
         logger.warning("broker: %s was taken by reader %s, which is gone; put back", original, reader)
     finally:
         f.close()
+
+
+class NotAMessageFile(Exception):
+    """A queue's entry that no sender wrote (its text says what it is): set aside unread."""
+
+
+def _open_message(path: str) -> IO[bytes]:
+    """The message file at `path`, open for reading and writing (lockf's exclusive lock
+    needs a file open for writing), or NotAMessageFile.
+
+    Only a regular file no larger than MESSAGE_MAX_BYTES: a named pipe raised an OSError
+    that read as "this reader cannot take any", so it held up its queue for good; a
+    symbolic link to /dev/zero, or a file of gigabytes, was read whole into memory and the
+    MemoryError ended the worker. O_NONBLOCK: opening a named pipe does not wait for a
+    writer."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except IsADirectoryError:
+        raise NotAMessageFile("a folder, not a file") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # what O_NOFOLLOW answers for a symbolic link
+            raise NotAMessageFile("a symbolic link, not a file") from None
+        raise
+    try:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            raise NotAMessageFile("not a regular file")
+        if status.st_size > MESSAGE_MAX_BYTES:
+            raise NotAMessageFile(f"{status.st_size} bytes, more than any message ({MESSAGE_MAX_BYTES})")
+        return os.fdopen(fd, "r+b")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _release(path: str, *, into: str | None) -> None:
@@ -180,21 +216,35 @@ class Channel(filesystem.Channel):
 
     def _get(self, queue: str, timeout: float | None = None) -> Any:
         folder = self.data_folder_in
-        if time.monotonic() - _swept_at.get(folder, -SWEEP_SECONDS) >= SWEEP_SECONDS:
-            _swept_at[folder] = time.monotonic()
-            sweep(folder)
+        try:
+            if time.monotonic() - _swept_at.get(folder, -SWEEP_SECONDS) >= SWEEP_SECONDS:
+                _swept_at[folder] = time.monotonic()
+                sweep(folder)
+            names = sorted(os.listdir(folder))
+        except OSError as exc:
+            # The queue folder itself is gone or closed to us (removed by hand, or by a
+            # cleaner of old files under /tmp): the FileNotFoundError ended the worker. It
+            # says so once a minute and takes messages again once the folder is back.
+            self._cannot_take(f"any {queue} message", exc)
+            raise Empty() from None
         wanted = f"{queue}.msg"
-        for filename in sorted(os.listdir(folder)):
+        for filename in names:
             if filename.partition(".")[2] != wanted:
                 continue
             path = os.path.join(folder, filename)
             try:
-                # Read and write: lockf's exclusive lock needs a file open for writing.
-                f = open(path, "r+b")  # noqa: SIM115 (held open until the message is acknowledged)
+                f = _open_message(path)
             except FileNotFoundError:
                 continue  # another reader took it first
-            except IsADirectoryError:
-                self._set_aside_file(path, filename, "a folder, not a file")
+            except NotAMessageFile as exc:
+                self._set_aside_file(path, filename, str(exc))
+                continue
+            except PermissionError as exc:
+                # This file only (another user's, written by root with mode 0644: the
+                # worker may not write it, so may not lock it): it held up every message
+                # behind it, for good. Set aside, it lets them through; a rename needs
+                # only the folder's permission.
+                self._set_aside_file(path, filename, f"cannot be opened for reading and writing: {exc.strerror}")
                 continue
             except OSError as exc:
                 # Not taken by another: this reader cannot take any (a folder the kernel
@@ -211,6 +261,15 @@ class Channel(filesystem.Channel):
                 HOLDING[taken] = f
                 self._set_aside_file(taken, filename, str(exc))
                 _release(taken, into=None)
+                continue
+            if message["properties"]["delivery_tag"] in self._taken:
+                # A copy of a message this channel holds (the same message put twice, a file
+                # set aside and put back by hand twice): taken too, it replaced the first
+                # in _taken, whose file then stayed locked, unacknowledged, for the life of
+                # the process, and ran again after. It waits in its queue for the first.
+                with contextlib.suppress(OSError):
+                    os.rename(taken, path)
+                f.close()
                 continue
             HOLDING[taken] = f
             self._taken[message["properties"]["delivery_tag"]] = taken
@@ -258,9 +317,15 @@ class Channel(filesystem.Channel):
     def set_aside(self, queue: str, raw: bytes, reason: str) -> None:
         """A message the consumer cannot run (runtime_site/patches/consumer.py): a copy goes to
         the processed folder, as a file that is no message is set aside there."""
-        name = f"{time.monotonic_ns():020d}_{uuid.uuid4()}.{queue}.msg{UNREADABLE}"
-        with open(os.path.join(self.processed_folder, name), "wb") as f:
-            f.write(raw)
+        name = f"{time.monotonic_ns():020d}_{uuid.uuid4()}.{queue.replace(os.sep, '_')}.msg{UNREADABLE}"
+        try:
+            with open(os.path.join(self.processed_folder, name), "wb") as f:
+                f.write(raw)
+        except OSError as exc:
+            # No copy (the processed folder removed by hand, a full disk), but the message
+            # is done with all the same: the OSError ended the worker, its taken file went
+            # back at the next sweep, and ended the next worker, and the next.
+            logger.warning("broker: no copy of the unreadable message on %s kept: %s", queue, exc)
 
     _said_at: float | None = None  # when _cannot_take last logged (monotonic)
 
@@ -271,9 +336,15 @@ class Channel(filesystem.Channel):
             logger.warning("broker: cannot take %s from %s: %s", name, self.data_folder_in, exc)
 
     def _set_aside_file(self, path: str, name: str, reason: str) -> None:
-        logger.warning("broker: %s is no whole message (%s); set aside", name, reason)
-        with contextlib.suppress(OSError):  # gone: another reader set it aside first
+        try:
             shutil.move(path, os.path.join(self.processed_folder, name + UNREADABLE))
+        except OSError as exc:
+            if not os.path.lexists(path):
+                return  # gone: another reader set it aside or took it first
+            # Said once a minute, not for each file at each poll (a folder we may not write to).
+            self._cannot_take(name, exc)
+            return
+        logger.warning("broker: %s is no whole message (%s); set aside", name, reason)
 
     def _read(self, f: IO[bytes], name: str) -> Any:
         """The message in the taken file `f` (`name` in the queue), or Unreadable.

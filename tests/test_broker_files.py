@@ -260,3 +260,111 @@ def test_a_consumer_that_acknowledges_nothing_holds_nothing(tmp_path):
         queue.put({"n": 3})
         assert queue.get(block=True, timeout=10).payload == {"n": 3}
         assert not list((tmp_path / "queue").iterdir())
+
+
+def test_entries_that_are_no_message_files_are_set_aside_and_the_messages_behind_them_delivered(tmp_path):
+    """A named pipe in the queue folder failed to open with an OSError, read as "this reader
+    cannot take any": its queue was held up for good. A symbolic link to /dev/zero, or a
+    file of a terabyte, was read whole into memory, and the MemoryError ended the worker.
+    Each is set aside unread. The reader runs with its memory capped, so that a regression
+    fails here instead of taking the machine's memory."""
+    folder = options(tmp_path)
+    queue_folder = tmp_path / "queue"
+    os.mkfifo(queue_folder / "00000000000000000001_pipe.steps.msg")
+    (queue_folder / "00000000000000000002_link.steps.msg").symlink_to("/dev/zero")
+    with open(queue_folder / "00000000000000000003_huge.steps.msg", "wb") as f:
+        f.truncate(1 << 40)  # sparse: no disk used
+    with Connection("filesystem://", transport="runtime_site.brokerfs:Transport", transport_options=folder) as conn:
+        conn.SimpleQueue("steps").put({"n": 4})
+    reader = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
+                import resource
+                from kombu import Connection
+                resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+                with Connection("filesystem://", transport="runtime_site.brokerfs:Transport",
+                                transport_options={folder!r}) as conn:
+                    message = conn.SimpleQueue("steps").get(block=True, timeout=10)
+                    message.ack()
+                    print(message.payload["n"])
+            """),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert reader.stdout.strip() == "4", reader.stderr
+    assert not list(queue_folder.iterdir())
+    assert sorted(p.name for p in (tmp_path / "processed").iterdir()) == [
+        f"00000000000000000001_pipe.steps.msg{brokerfs.UNREADABLE}",
+        f"00000000000000000002_link.steps.msg{brokerfs.UNREADABLE}",
+        f"00000000000000000003_huge.steps.msg{brokerfs.UNREADABLE}",
+    ]
+    for reason in ("not a regular file", "a symbolic link", "more than any message"):
+        assert reason in reader.stderr, reader.stderr
+
+
+def test_a_copy_of_a_message_being_run_waits_for_it_instead_of_leaving_it_held(tmp_path):
+    """Two files with one delivery tag (a message put twice, a set-aside file put back by
+    hand twice): the copy, taken while the first was unacknowledged, replaced it in the
+    channel's books; acknowledging both left the first's file taken and locked for the life
+    of the reader, to run again after it."""
+    folder = options(tmp_path)
+    queue_folder = tmp_path / "queue"
+    with Connection("filesystem://", transport="runtime_site.brokerfs:Transport", transport_options=folder) as conn:
+        queue = conn.SimpleQueue("steps")
+        queue.put({"n": 5})
+        [original] = queue_folder.iterdir()
+        shutil.copy(original, queue_folder / original.name.replace("_", "_copy-", 1))
+        first = queue.get(block=True, timeout=10)
+        with pytest.raises(queue.Empty):
+            queue.get(block=False)  # the copy waits for the first
+        first.ack()
+        copy = queue.get(block=True, timeout=10)
+        assert copy.payload == first.payload == {"n": 5}
+        copy.ack()
+        assert not list(queue_folder.iterdir())
+
+
+def test_a_reader_whose_queue_folder_is_gone_says_so_and_reads_again_once_it_is_back(tmp_path, caplog):
+    """The queue folder removed under a running worker (by hand, or by a cleaner of old files
+    under /tmp): the FileNotFoundError out of the listing ended the worker."""
+    folder = options(tmp_path)
+    with Connection("filesystem://", transport="runtime_site.brokerfs:Transport", transport_options=folder) as conn:
+        queue = conn.SimpleQueue("steps")
+        shutil.rmtree(tmp_path / "queue")
+        for _ in range(3):
+            with pytest.raises(queue.Empty):
+                queue.get(block=False)
+        said = [r.getMessage() for r in caplog.records if "cannot take" in r.getMessage()]
+        assert len(said) == 1 and "No such file or directory" in said[0], said  # once, not at every poll
+        (tmp_path / "queue").mkdir()
+        queue.put({"n": 6})
+        message = queue.get(block=True, timeout=10)
+        assert message.payload == {"n": 6}
+        message.ack()
+
+
+def test_a_message_set_aside_without_a_processed_folder_is_said_and_done_with(tmp_path, caplog):
+    """The processed folder removed by hand (clearing the set-aside files), or a full disk:
+    the OSError out of keeping the copy of a message the consumer cannot run (an unknown
+    task) ended the worker; its taken file went back at the next sweep and ended the next
+    worker. Here the copy is not kept, and that is said; its file in the queue folder goes
+    the same way."""
+    folder = options(tmp_path)
+    (tmp_path / "queue" / "00000000000000000001_junk.steps.msg").write_bytes(b"not JSON")
+    with Connection("filesystem://", transport="runtime_site.brokerfs:Transport", transport_options=folder) as conn:
+        queue = conn.SimpleQueue("steps")
+        shutil.rmtree(tmp_path / "processed")
+        queue.channel.set_aside("steps", b'{"headers": {"task": "tasks.no_such_task"}}', "no task")
+        assert "no copy of the unreadable message on steps kept" in caplog.text
+        queue.put({"n": 7})
+        message = queue.get(block=True, timeout=10)
+        assert message.payload == {"n": 7}
+        message.ack()
+    assert "00000000000000000001_junk.steps.msg" in caplog.text
+    assert not list((tmp_path / "queue").iterdir())

@@ -57,6 +57,21 @@ def garbage(message: dict) -> dict[str, tuple[bytes, str]]:
             "no task 'tasks.no_such_task'",
         ),
         "a JSON list": (b"[1, 2]", "not a message"),
+        # Headers of the wrong type, which Celery reads only after it has reserved the task
+        # or in its event loop: the first ended the worker, the second left it taking
+        # messages and running none, the third made it reconnect and take it again.
+        "a time limit that is no number": (
+            spoilt(message, headers={**message["headers"], "timelimit": ["a", "b"]}),
+            "a time limit",
+        ),
+        "stamps that are no list": (
+            spoilt(message, headers={**message["headers"], "stamps": 5, "stamped_headers": 7}),
+            "stamped headers",
+        ),
+        "no task id": (
+            spoilt(message, headers={k: v for k, v in message["headers"].items() if k != "id"}),
+            "no task id",
+        ),
         "huge": (b"{" + b"x" * (3 * UNREADABLE_ENTRY_BYTES), "not JSON"),
     }
 
@@ -107,3 +122,34 @@ def test_unreadable_messages_are_set_aside_and_the_worker_runs_the_tasks_around_
     assert log.count("set aside") == len(pushed), log[-4000:]  # each said once
     # Nothing of the garbage is left unacknowledged, to come back at the visibility timeout.
     wait_until(lambda: r.hlen(f"{deployment}:unacked") == 0, timeout=30, what="no message left unacknowledged")
+
+
+def test_a_broadcast_that_is_no_message_is_set_aside_and_every_worker_lives(alice, processes: Processes):
+    """Celery's remote control reaches each worker by a Redis PUBLISH, not a queue: one junk
+    broadcast ("[1, 2]") ended every worker of the deployment at once ("Unrecoverable error:
+    TypeError"), and "{}" made each drop its broker connection and put back its running
+    slices."""
+    r = redis.Redis.from_url(settings.REDIS_URL)
+    deployment = settings.RUNTIME_DEPLOYMENT
+    unreadable = f"{deployment}:unreadable"
+    r.delete(unreadable)
+    worker = processes.worker(ready=True, **FAST_LEASES)
+    template = a_real_message(r, "00000000-0000-0000-0000-000000000000")
+    junk = [b"[1, 2]", b"{}", spoilt(template, body="not base64!"), spoilt(template, properties={})]
+    log = Path(worker.log_path)  # type: ignore[attr-defined]
+    # The worker subscribes to its remote control once it is ready; a PUBLISH counts who got it.
+    wait_until(lambda: r.publish(f"{deployment}:/0.celery.pidbox", junk[0]) == 1, timeout=30, what="a subscriber")
+    for message in junk[1:]:
+        assert r.publish(f"{deployment}:/0.celery.pidbox", message) == 1
+
+    wait_until(lambda: r.llen(unreadable) >= len(junk), timeout=30, what="the broadcasts set aside")
+    operator = console(alice.tenant, "user:test")
+    task, _ = do_create_task(operator, agent="noop", input={"steps": 3})
+    wait_until(lambda: Task.objects.get(id=task.id).status == "completed", timeout=60, what="the task after them")
+    assert current_app.control.ping(timeout=30, limit=1), "the remote control no longer answers"
+    assert worker.poll() is None, log.read_text(errors="replace")[-4000:]
+    text = log.read_text(errors="replace")
+    assert "Connection to broker lost" not in text, text[-4000:]
+    abouts = [json.loads(entry.partition(b"\n")[0]) for entry in r.lrange(unreadable, 0, -1)]
+    assert all(about["queue"].endswith(".celery.pidbox") for about in abouts), abouts
+    assert {about["bytes"] for about in abouts} == {len(message) for message in junk}

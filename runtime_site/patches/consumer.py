@@ -58,6 +58,12 @@ def install() -> None:
                 return _set_aside_and_ack(self, message, reason)
             try:
                 return on_task_received(message)
+            except KeyError as exc:
+                # kombu's Redis transport counts KeyError among its connection errors, but
+                # here it is about the message (a header it lacks): raised, it made the
+                # consumer reconnect and put back every unacknowledged message, this one too,
+                # to come round and do it again.
+                return _set_aside_and_ack(self, message, f"the consumer failed on it: KeyError: {exc}")
             except self.connection_errors:
                 raise
             except Exception as exc:  # noqa: BLE001 (the worker died of it; the lease scanner re-finds the work)
@@ -96,6 +102,10 @@ def unrunnable(message: Any, strategies: Any, accept: Any) -> str | None:
         return "no task name"
     if name not in strategies:
         return f"no task {name[:200]!r} in this worker"
+    if not isinstance(headers.get("id"), str):
+        return "no task id"
+    if (wrong := _wrong_header(headers)) is not None:
+        return wrong
     try:
         body = loads(message.body, message.content_type, message.content_encoding, accept=accept)
     except Exception as exc:  # noqa: BLE001 (ContentDisallowed, DecodeError: whatever it raises is about the body)
@@ -108,6 +118,38 @@ def unrunnable(message: Any, strategies: Any, accept: Any) -> str | None:
         and isinstance(body[2], dict | None)
     ):
         return "a body that is not [args, kwargs, embed]"
+    return None
+
+
+# Headers Celery reads once it has reserved the task (its concurrency slot taken, the request
+# counted as reserved) or later, in the worker's event loop, with no handler of ours around:
+# one of the wrong type left a worker that took messages and ran none of them ("stamps": 5,
+# a TypeError after the reservation), or ended it ("timelimit": ["a", "b"], a ValueError
+# once the pool started the task).
+TEXT_HEADERS = ("lang", "root_id", "parent_id", "group", "shadow", "origin", "argsrepr", "kwargsrepr", "eta", "expires")
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _wrong_header(headers: dict[str, Any]) -> str | None:
+    """What is wrong with a task message's headers, for Celery to run it (None: nothing)."""
+    for name in TEXT_HEADERS:
+        if not isinstance(headers.get(name), str | None):
+            return f"a {name!r} header that is not text"
+    limits = headers.get("timelimit")
+    if limits is not None and not (
+        isinstance(limits, list | tuple) and len(limits) == 2 and all(x is None or _number(x) for x in limits)
+    ):
+        return "a time limit that is not [soft, hard] in seconds"
+    if not isinstance(headers.get("retries"), int | None) or isinstance(headers.get("retries"), bool):
+        return "a retry count that is not a whole number"
+    stamped = headers.get("stamped_headers")
+    if stamped is not None and not (isinstance(stamped, list) and all(isinstance(x, str) for x in stamped)):
+        return "stamped headers that are not a list of names"
+    if not isinstance(headers.get("stamps"), dict | None):
+        return "stamps that are no object"
     return None
 
 

@@ -1,8 +1,8 @@
 """Our patches to kombu's Redis transport (install() and set_aside_unreadable() say what and why).
 
 Written against kombu 5.7.0: they replace library internals (QoS.restore_unacked,
-Message.ack_log_error, Channel._brpop_read and _get), so another release must be read
-against them before it is let in.
+Message.ack_log_error, Channel._brpop_read, _get and _deliver_fanout_message), so another
+release must be read against them before it is let in.
 """
 
 from __future__ import annotations
@@ -89,6 +89,12 @@ def checked_payload(channel: Any, item: bytes) -> dict[str, Any]:
         payload = loads(bytes_to_str(item))
     except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError alike
         raise Unreadable(f"not JSON: {type(exc).__name__}: {exc}") from None
+    return checked_envelope(channel, payload)
+
+
+def checked_envelope(channel: Any, payload: Any) -> dict[str, Any]:
+    """`payload`, decoded JSON, if kombu can make a message of it (checked_payload says
+    what is checked), else Unreadable."""
     if not isinstance(payload, dict):
         raise Unreadable(f"not a message: a JSON {type(payload).__name__}")
     properties = payload.get("properties")
@@ -131,9 +137,9 @@ def set_aside_unreadable() -> None:
     """A message on a queue that kombu cannot make a message of (not JSON, bad base64, no
     envelope, truncated, NUL bytes) raised out of Channel._brpop_read, popped already and
     in no unacked set: the worker died ("Unrecoverable error: JSONDecodeError") and the
-    message was gone. Now it goes to the list "<deployment>:unreadable" with its queue and
-    why (runtime_site/patches/consumer.py does the same for what Celery cannot run), and
-    the worker goes on with the next message. The list keeps the newest UNREADABLE_KEEP."""
+    message was gone; a broadcast of the same ended every worker at once. Now it goes to
+    the list "<deployment>:unreadable" with its queue and why (runtime_site/patches/consumer.py
+    does the same for what Celery cannot run), and the worker goes on with the next message. The list keeps the newest UNREADABLE_KEEP."""
 
     def keep_in_redis(self: Any, queue: str, raw: bytes, reason: str) -> None:
         # A client of our own on the channel's pool: kombu's prefixes some commands' keys
@@ -185,6 +191,25 @@ def set_aside_unreadable() -> None:
             self._maybe_update_queues_expire(client, queue)
             raise Empty()
 
+    redis_channel: Any = kombu_redis.Channel  # internals the type stubs do not show
+    deliver_fanout = redis_channel._deliver_fanout_message
+
+    def deliver_fanout_checked(self: Any, message: Any, exchange: str) -> bool:
+        """kombu 5.7.0's Channel._deliver_fanout_message, with the message checked first. A
+        broadcast (Celery's remote control: PUBLISH on "<deployment>:/0.celery.pidbox") is
+        delivered to every worker at once, so one that was JSON but no message (a list, no
+        properties, bad base64) ended them all ("Unrecoverable error: TypeError"), or made
+        each drop its connection and put back its running slices."""
+        queue = self._fanout_to_queue.get(exchange)
+        try:
+            if queue is None:
+                raise Unreadable(f"no queue is bound to the exchange {exchange[:200]!r}")
+            checked_envelope(self, message)
+        except Unreadable as exc:
+            set_aside(self, queue or exchange, json.dumps(message).encode(), str(exc))
+            return True
+        return bool(deliver_fanout(self, message, exchange))
+
     deliver = virtual.Transport._deliver
 
     def deliver_saying_from_where(self: Any, message: Any, queue: str) -> Any:
@@ -200,3 +225,4 @@ def set_aside_unreadable() -> None:
     channel.set_aside = keep_in_redis
     channel._brpop_read = brpop_read
     channel._get = get
+    channel._deliver_fanout_message = deliver_fanout_checked
