@@ -21,10 +21,11 @@ import contextlib
 import math
 import os
 import select
+import time
 import weakref
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -114,9 +115,41 @@ class StalePlan(OperationalError):
     the moment, gone on a new connection."""
 
 
+# The last connection this process could not make, and when (time.monotonic()); empty since
+# one was made. A pool connects in threads (or tasks) of its own and answers a request that
+# waited only PoolTimeout, "none free in time", the same whether every connection was busy or
+# the server refused each new one (max_connections reached, a restart): the refusal is the
+# cause, and the 503 names it (tasks_app.faults). A connection made clears it, so a pool
+# that is merely busy after an outage is named busy.
+_refused: list[tuple[float, OperationalError]] = []  # at most one; a list, so threads replace it without `global`
+REFUSED_RECENTLY_SECONDS = 10.0  # past the pools' reconnect_timeout (5 s): the outage's own attempts
+
+
+def _connected(refusal: OperationalError | None) -> None:
+    _refused[:] = [] if refusal is None else [(time.monotonic(), refusal)]
+
+
+def recent_refusal() -> OperationalError | None:
+    """Why the last connection attempt of this process failed, if it failed lately and none succeeded since."""
+    for when, refusal in _refused[:]:  # a copy: another thread may replace it meanwhile
+        if time.monotonic() - when <= REFUSED_RECENTLY_SECONDS:
+            return refusal
+    return None
+
+
 class DeadlineConnection(Connection[Any]):
     """The sync pool's connections (Django's): every round trip waits at most QUERY_SECONDS,
     and a session the server ended says why (ended_by)."""
+
+    @classmethod
+    def connect(cls, conninfo: str = "", **kwargs: Any) -> Self:
+        try:
+            conn = super().connect(conninfo, **kwargs)
+        except OperationalError as exc:
+            _connected(exc)
+            raise
+        _connected(None)
+        return conn
 
     # The server's FATAL heard between round trips: its SQLSTATE and message, read at once
     # (a Diagnostic reads them from a result libpq frees after the handler).
@@ -207,6 +240,16 @@ class WorkerConnection(DeadlineConnection):
 
 class DeadlineAsyncConnection(AsyncConnection[Any]):
     """The event loop's pool's connections: as DeadlineConnection."""
+
+    @classmethod
+    async def connect(cls, conninfo: str = "", **kwargs: Any) -> Self:
+        try:
+            conn = await super().connect(conninfo, **kwargs)
+        except OperationalError as exc:
+            _connected(exc)
+            raise
+        _connected(None)
+        return conn
 
     @classmethod
     def deadline(cls) -> tuple[float | None, str]:

@@ -53,6 +53,13 @@ _SQLSTATES = {
     "58030": "the database server had an I/O error",
 }
 UNREACHABLE = "the database is unreachable"
+NO_SLOT = "the database has no connection slot free (max_connections, or a role's or database's CONNECTION LIMIT)"
+# A connection the server refuses carries no SQLSTATE (libpq keeps none from a failed start),
+# only the server's words: 53300's, as PostgreSQL words them ("sorry, too many clients
+# already", "remaining connection slots are reserved ...", "too many connections for role
+# ..."/"for database ..."). A server whose lc_messages is not English words them otherwise,
+# and is named unreachable, as before.
+_NO_SLOT_WORDS = ("too many clients", "connection slots are reserved", "too many connections for")
 ISSUER_UNREACHABLE = "the token issuer is unreachable"
 
 # Connectivity, not content, in the other parts: the same request may well succeed a moment later.
@@ -78,7 +85,11 @@ def _driver_fault(exc: psycopg.Error) -> str | None:
     if isinstance(exc, dbpool.StalePlan):
         return "a prepared database statement went stale (a migration)"
     if isinstance(exc, psycopg_pool.PoolTimeout):
-        return "no database connection was free in time"
+        # None free in time: every connection busy, or none could be made (dbpool.recent_refusal).
+        refusal = dbpool.recent_refusal()
+        return (refusal is not None and _driver_fault(refusal)) or "no database connection was free in time"
+    if isinstance(exc, psycopg.OperationalError) and any(words in str(exc) for words in _NO_SLOT_WORDS):
+        return NO_SLOT
     if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
         return UNREACHABLE
     return None

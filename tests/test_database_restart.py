@@ -546,3 +546,47 @@ def test_readyz_is_a_503_within_its_deadline_when_the_database_freezes_after_it_
     wait_until(
         lambda: httpx.get(f"{base}/readyz", timeout=30).status_code == 200, timeout=30, what="/readyz ready again"
     )
+
+
+def test_while_the_database_has_no_connection_slot_free_every_endpoint_is_a_503_that_says_so(alice, processes):
+    """max_connections reached (53300): the server refuses each new connection, and the web's
+    pools, connecting in threads of their own, told a request only that none was free in time,
+    as if it were merely busy. The 503 names the refusal, and once a slot is free, normal again.
+
+    A login role's CONNECTION LIMIT is refused with the same SQLSTATE, as the shared server's
+    max_connections would be, without filling a server others use (superusers are exempt:
+    the web connects as a role of its own)."""
+    session = session_for(alice)
+    role = f"web_{uuid.uuid4().hex[:12]}"
+    with connection.cursor() as cursor:
+        cursor.execute(f"CREATE ROLE {role} LOGIN")
+        cursor.execute(f"GRANT USAGE ON SCHEMA public TO {role}")
+        cursor.execute(f"GRANT ALL ON ALL TABLES IN SCHEMA public TO {role}")
+        cursor.execute(f"GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {role}")
+    try:
+        port = free_port()
+        url = database_url().replace("postgres://postgres@", f"postgres://{role}@", 1)
+        assert role in url
+        web = processes.web(port, DATABASE_URL=url, RUNTIME_DB_POOL_TIMEOUT="2")
+        base = f"http://127.0.0.1:{port}"
+        calls = requests(base, alice, start_task(base, alice), session)
+        assert statuses(probe(calls)) == UP
+
+        with connection.cursor() as cursor:  # no slot for it, and its sessions ended: each new one is refused
+            cursor.execute(f"ALTER ROLE {role} CONNECTION LIMIT 0")
+            cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", [role])
+        answers = probe(calls)
+        assert_unavailable(answers)
+        for name, response in answers.items():
+            if name != "healthz":
+                assert "no connection slot free" in response.text, (name, response.text)
+
+        with connection.cursor() as cursor:
+            cursor.execute(f"ALTER ROLE {role} CONNECTION LIMIT -1")
+        normal_again(calls, "a slot was free")
+        assert web.poll() is None
+    finally:
+        processes.stop_all()
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP OWNED BY {role}")
+            cursor.execute(f"DROP ROLE {role}")

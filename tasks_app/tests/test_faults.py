@@ -490,3 +490,61 @@ def test_an_agent_output_the_database_cannot_store_fails_the_step_with_a_diagnos
     assert task.error["code"] == "step_failed" and task.error["step"] == "read-1", task.error
     assert "cannot be stored" in task.error["message"], task.error
     assert verify_chain(task) is None
+
+
+@pytest.fixture
+def role_without_a_slot() -> Any:
+    """A login role PostgreSQL refuses every connection for want of a slot (CONNECTION LIMIT
+    0: SQLSTATE 53300, as max_connections reached is), on the shared server without filling
+    it; its connection string. Superusers are exempt from the limit, so it is none."""
+    import uuid
+
+    from django.db import connection as default
+
+    name = f"noslot_{uuid.uuid4().hex[:12]}"
+    with default.cursor() as cursor:
+        cursor.execute(f"CREATE ROLE {name} LOGIN CONNECTION LIMIT 0")
+    db = default.settings_dict
+    try:
+        yield f"host={db['HOST'] or '127.0.0.1'} port={db['PORT'] or 5432} dbname={db['NAME']} user={name}"
+    finally:
+        with default.cursor() as cursor:
+            cursor.execute(f"DROP ROLE {name}")
+
+
+@pytest.mark.django_db(transaction=True)  # the role is the server's, made and dropped outside a test transaction
+def test_a_connection_refused_for_want_of_a_slot_is_named_so_not_unreachable(role_without_a_slot):
+    # libpq gives a refused connection no SQLSTATE: the server's words are all there is. An
+    # operator told "unreachable" looks at the network; the cause is max_connections.
+    with pytest.raises(psycopg.OperationalError) as refused:
+        psycopg.connect(role_without_a_slot)
+    assert refused.value.sqlstate is None
+    found = faults.infrastructure_fault(refused.value)
+    assert found is not None and "no connection slot free" in found, found
+    assert faults.infrastructure_fault(wrapped_by_django(refused.value)) == found
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_pool_that_cannot_connect_for_want_of_a_slot_names_that_not_a_busy_pool(role_without_a_slot):
+    # The pool connects in its own threads and answers the request only "none free in time":
+    # the cause is the connection it could not make, which the 503 names.
+    from psycopg_pool import ConnectionPool, PoolTimeout
+
+    from runtime_site.dbpool import DeadlineConnection
+
+    pool = ConnectionPool(
+        role_without_a_slot, connection_class=DeadlineConnection, min_size=1, open=False, reconnect_timeout=5
+    )
+    pool.open(wait=False)
+    try:
+        with pytest.raises(PoolTimeout) as timed_out:
+            pool.getconn(timeout=1.5)
+    finally:
+        pool.close()
+    found = faults.infrastructure_fault(timed_out.value)
+    assert found is not None and "no connection slot free" in found, found
+    # A connection made since: a pool timing out now is merely busy, and says so.
+    from django.db import connection as default
+
+    DeadlineConnection.connect(**default.get_connection_params()).close()
+    assert faults.infrastructure_fault(PoolTimeout("none free")) == "no database connection was free in time"
