@@ -86,7 +86,8 @@ def parse(data: bytes | str, *, encoding: str = "utf-8") -> Any:
     if isinstance(data, bytes):
         try:
             data = data.decode(encoding)
-        except (UnicodeDecodeError, LookupError):
+        # UnicodeError, not only UnicodeDecodeError: punycode and idna raise the bare one.
+        except (UnicodeError, LookupError):
             raise NotJson("", f"the body is not valid {encoding}") from None
     try:
         return _DECODER.decode(data)

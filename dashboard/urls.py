@@ -18,7 +18,7 @@ urlpatterns = [
     path("tasks/<uuid:task_id>/inputs/<str:key>", views.answer, name="answer"),
     path(
         "login/",
-        allow_methods("GET", "POST")(auth_views.LoginView.as_view(template_name="dashboard/login.html")),
+        allow_methods("GET", "HEAD", "POST")(auth_views.LoginView.as_view(template_name="dashboard/login.html")),
         name="login",
     ),
     path("logout/", allow_methods("POST")(auth_views.LogoutView.as_view(next_page="/dashboard/login/")), name="logout"),

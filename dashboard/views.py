@@ -109,8 +109,9 @@ def _tasks(request: HttpRequest) -> list[Task]:
 
 
 # allow_methods outermost on every view: a method a URL never takes is its 405, before
-# CSRF, the session and the task are looked at.
-@allow_methods("GET")
+# CSRF, the session and the task are looked at. HEAD wherever GET: a link checker or an
+# uptime monitor asks HEAD, and Django (unlike DRF) answers it only when told to.
+@allow_methods("GET", "HEAD")
 @login_required
 def task_list(request: HttpRequest) -> HttpResponse:
     rows = [list_row(t) for t in _tasks(request)]
@@ -127,7 +128,7 @@ def task_list(request: HttpRequest) -> HttpResponse:
     )
 
 
-@allow_methods("GET")
+@allow_methods("GET", "HEAD")
 def task_list_json(request: HttpRequest) -> HttpResponse:
     """What the list page polls: the same rows it renders."""
     if not request.user.is_authenticated:
@@ -146,7 +147,7 @@ def _start_tenants(request: HttpRequest) -> list[tuple[str, str]]:
 START_RETRY = "dashboard.start.retry"  # session key: a refused start form, shown again after the redirect
 
 
-@allow_methods("GET", "POST")
+@allow_methods("GET", "HEAD", "POST")
 @login_required
 def start_task(request: HttpRequest) -> HttpResponse:
     tenants = _start_tenants(request)
@@ -256,26 +257,26 @@ def risk_chart(result: dict[str, Any] | None) -> list[dict[str, Any]]:
     ]
 
 
-@allow_methods("GET")
+@allow_methods("GET", "HEAD")
 @with_task
 def task_page(request: HttpRequest, task: Task) -> HttpResponse:
     return render(request, "dashboard/task.html", task_context(request, task))
 
 
-@allow_methods("GET")
+@allow_methods("GET", "HEAD")
 @with_task(for_script=True)
 def task_panels(request: HttpRequest, task: Task) -> HttpResponse:
     """The parts of the task page that change with control state, re-read on such events."""
     return render(request, "dashboard/_panels.html", task_context(request, task))
 
 
-@allow_methods("GET")
+@allow_methods("GET", "HEAD")
 @with_task
 def artifact(request: HttpRequest, task: Task, name: str) -> HttpResponse:
     return artifacts.response(task, name, download=request.GET.get("download") in ("1", "true"))
 
 
-@allow_methods("GET")
+@allow_methods("GET", "HEAD")
 @with_task(for_script=True)
 def task_snapshot_json(request: HttpRequest, task: Task) -> JsonResponse:
     """For a client that saw a gap in seq: the state now (docs/streaming.md), and the log

@@ -12,7 +12,7 @@ from functools import wraps
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.http import Http404, HttpRequest, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from rest_framework import exceptions, status
@@ -49,14 +49,19 @@ def allow_methods(*methods: str) -> Callable[[View], View]:
     The method is checked before CSRF: the view is exempt from CsrfViewMiddleware and, when
     it takes an unsafe method, CSRF-checked here after the method instead. A POST to a URL
     that never takes one was CSRF's HTML 403 for every client without a CSRF token (and
-    logged as an attack), or Django's require_* answer: an empty text/html 405."""
-    allow = ", ".join(methods)
+    logged as an attack), or Django's require_* answer: an empty text/html 405.
+
+    OPTIONS is answered here, with Allow and no body, without running the view (a probe's
+    checks, a stream): a 405 to OPTIONS whose Allow left OPTIONS out told a client nothing."""
+    allow = ", ".join((*methods, "OPTIONS"))
 
     def decorate(view: View) -> View:
         checked = csrf_protect(view) if set(methods) - SAFE_METHODS else view
 
         @wraps(view)
         def only(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+            if request.method == "OPTIONS":
+                return HttpResponse(status=200, headers={"Allow": allow})
             if request.method not in methods:
                 return method_not_allowed(request, allow)
             return checked(request, *args, **kwargs)

@@ -279,3 +279,16 @@ def test_a_worker_told_to_stop_takes_no_more_messages_and_its_task_waits_for_the
         timeout=90,
         what="the next worker to run the task",
     )
+
+
+def test_bin_run_behind_a_proxy_whose_host_is_the_only_one_allowed_comes_up(processes: Processes, tmp_path: Path):
+    """Its wait asks /healthz with Host 127.0.0.1, which DJANGO_ALLOWED_HOSTS then leaves out:
+    Django's 400 for the host, and bin/run waited for a 200 until its bound and stopped it all."""
+    port = free_port()
+    run = bin_run(processes, tmp_path, port, DJANGO_ALLOWED_HOSTS="runtime.example.com", RUNTIME_START_SECONDS="120")
+    wait_until(
+        lambda: "Runtime is up" in said(run) or run.poll() is not None, timeout=240, what=lambda: said(run)[-2000:]
+    )
+    assert "Runtime is up" in said(run), said(run)[-2000:]
+    answer = httpx.get(f"http://127.0.0.1:{port}/healthz", headers={"Host": "runtime.example.com"}, timeout=10)
+    assert answer.status_code == 200, answer.text

@@ -235,6 +235,23 @@ def test_a_charset_nobody_knows_is_refused_naming_it(alice, task):
         assert response.status_code == 201, response.content
 
 
+def test_a_body_its_charset_cannot_decode_is_a_400_naming_the_charset(alice):
+    """punycode (or idna) is a codec Python knows, but decoding fails with a UnicodeError that
+    is no UnicodeDecodeError: it was a 500."""
+    body = b'{"agent": "noop", "input": {"steps": 1}}'
+    for charset in ("punycode", "idna"):
+        response = client().generic(
+            "POST",
+            "/runtime/tasks",
+            body if charset == "punycode" else b"\xff" + body,
+            content_type=f"application/json; charset={charset}",
+            HTTP_AUTHORIZATION=f"Bearer {alice.token}",
+        )
+        error = refusal(response)
+        assert error["code"] == "invalid_json" and charset in error["message"], error
+    assert Task.objects.count() == 0
+
+
 def test_a_negative_or_zero_ttl_is_refused_naming_it(alice):
     for ttl in (-1, 0, -(2**40)):
         body = json.dumps({"agent": "noop", "input": {"steps": 1}, "ttlSeconds": ttl})

@@ -31,24 +31,24 @@ def edges(task: Task) -> dict[str, str]:
     """path → the methods it takes (its Allow)."""
     page = f"/dashboard/tasks/{task.id}"
     return {
-        f"/runtime/tasks/{task.id}/events": "GET",
-        "/healthz": "GET, HEAD",
-        "/readyz": "GET, HEAD",
-        "/metrics": "GET, HEAD",
+        f"/runtime/tasks/{task.id}/events": "GET, OPTIONS",
+        "/healthz": "GET, HEAD, OPTIONS",
+        "/readyz": "GET, HEAD, OPTIONS",
+        "/metrics": "GET, HEAD, OPTIONS",
         "/runtime/schema": "GET, HEAD, OPTIONS",
-        "/favicon.ico": "GET, HEAD",
-        "/": "GET, HEAD",
-        "/dashboard/": "GET",
-        "/dashboard/tasks.json": "GET",
-        "/dashboard/tasks/new": "GET, POST",
-        f"{page}/": "GET",
-        f"{page}/panels": "GET",
-        f"{page}/snapshot": "GET",
-        f"{page}/artifacts/report.md": "GET",
-        f"{page}/steer": "POST",
-        f"{page}/inputs/q": "POST",
-        "/dashboard/login/": "GET, POST",
-        "/dashboard/logout/": "POST",
+        "/favicon.ico": "GET, HEAD, OPTIONS",
+        "/": "GET, HEAD, OPTIONS",
+        "/dashboard/": "GET, HEAD, OPTIONS",
+        "/dashboard/tasks.json": "GET, HEAD, OPTIONS",
+        "/dashboard/tasks/new": "GET, HEAD, POST, OPTIONS",
+        f"{page}/": "GET, HEAD, OPTIONS",
+        f"{page}/panels": "GET, HEAD, OPTIONS",
+        f"{page}/snapshot": "GET, HEAD, OPTIONS",
+        f"{page}/artifacts/report.md": "GET, HEAD, OPTIONS",
+        f"{page}/steer": "POST, OPTIONS",
+        f"{page}/inputs/q": "POST, OPTIONS",
+        "/dashboard/login/": "GET, HEAD, POST, OPTIONS",
+        "/dashboard/logout/": "POST, OPTIONS",
     }
 
 
@@ -85,3 +85,20 @@ def test_a_dashboard_form_still_needs_its_csrf_token(alice, task):
     assert Task.objects.get(id=task.id).state_version == before
     assert strict.post("/dashboard/tasks/new", {}).status_code == 303
     assert Task.objects.count() == 1
+
+
+def test_every_edge_answers_options_with_its_allow_and_a_dashboard_page_answers_head(alice, task):
+    """OPTIONS was a 405 whose Allow left OPTIONS out; HEAD on a dashboard page (a link
+    checker, an uptime monitor) was a 405 although GET is served. Neither runs a probe's
+    checks nor opens a stream."""
+    strict = Client(enforce_csrf_checks=True, raise_request_exception=False)
+    strict.force_login(alice.user)
+    for path, allow in edges(task).items():
+        response = strict.options(path)
+        assert response.status_code == 200, (path, response.status_code, response.content[:200])
+        assert response["Allow"] == allow, (path, response["Allow"])
+    for path in ("/dashboard/", "/dashboard/tasks.json", "/dashboard/tasks/new", f"/dashboard/tasks/{task.id}/"):
+        head, get = strict.head(path), strict.get(path)
+        assert head.status_code == get.status_code == 200, (path, head.status_code, get.status_code)
+        assert head["Content-Type"] == get["Content-Type"] and head.content == b"", path
+    assert strict.head(f"/runtime/tasks/{task.id}/events").status_code == 405  # a stream has no head to send
