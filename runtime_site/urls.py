@@ -5,7 +5,6 @@ from django.views.generic import RedirectView
 
 from mcp_server.views import mcp_endpoint, protected_resource_metadata
 from runtime_site import openapi  # (also registers the API's schema extensions)
-from runtime_site.errors import allow_methods
 from runtime_site.health import healthz, read_only, readyz, scrapers_only
 from runtime_site.metrics import metrics_view
 
@@ -22,11 +21,8 @@ urlpatterns = [
     path(".well-known/oauth-protected-resource/mcp", protected_resource_metadata),
     path("dashboard/", include("dashboard.urls")),
     # Browsers ask every site for one; a JSON 404 shows as a console error on every first page load.
-    path(
-        "favicon.ico",
-        allow_methods("GET", "HEAD")(RedirectView.as_view(url=static("dashboard/favicon.svg"), permanent=True)),
-    ),
-    path("", allow_methods("GET", "HEAD")(RedirectView.as_view(url="/dashboard/", permanent=False))),
+    path("favicon.ico", read_only(RedirectView.as_view(url=static("dashboard/favicon.svg"), permanent=True))),
+    path("", read_only(RedirectView.as_view(url="/dashboard/", permanent=False))),
 ]
 
 handler400 = "runtime_site.errors.json_400"
