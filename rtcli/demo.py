@@ -231,7 +231,7 @@ def story(client: Client, stack: Stack, data: Path, args: argparse.Namespace) ->
             bar.say(f"   checkpoint #{data_['checkpoint']} ({data_['reason']})")
         elif event.type == "recovering":
             state["status"] = "recovering"
-            bar.say(f"   {data_['reason']}: the lease scanner hands the task on")
+            bar.say(f"   {data_['reason']}: recovered, handed on to a surviving worker")
         elif event.type == "input_required":
             state["status"] = "input_required"
             chapter("7. Approve the publish step")

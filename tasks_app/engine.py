@@ -114,6 +114,10 @@ def run_slice_report(task_id: UUID, *, worker_id: str) -> SliceReport:
         leases.wait_for_turn(task_id)
         return SliceReport(SliceOutcome.AT_CAPACITY)
     if claimed is None:
+        # Held, ended, or left by a holder whose lease ran out (lost, or frozen): the
+        # message a lost worker held comes back (at least once). Taking its task over is a
+        # recovery, counted as the reaper counts it, which enqueues its next slice.
+        operators.do_mark_recovering(task_id, actor=f"worker:{worker_id}")
         return SliceReport(SliceOutcome.DROPPED)
     lease, task, read = claimed
     with (

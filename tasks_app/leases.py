@@ -62,8 +62,15 @@ def deadline(seconds: float) -> ExpressionWrapper:
 
 
 def claim(task_id: UUID, *, worker_id: str, ttl: float) -> Lease | None:
-    """Take the lease if it is free or expired. None: held by another, not runnable, or done.
-    AtCapacity: its tenant is at runtime.max_concurrent_tasks (0: no limit)."""
+    """Take the lease if nobody holds it. None: held (live or lost), not runnable, or done.
+    AtCapacity: its tenant is at runtime.max_concurrent_tasks (0: no limit).
+
+    A lease that expired in its holder's hands is never taken here: its holder is lost
+    (or frozen), and only a recovery (operators.do_mark_recovering, the reaper's, or the
+    engine's on a message its lost holder left) hands the task on, counted. A claim that
+    took it over unseen let a step that kills every worker running it run for ever: an
+    at-least-once broker gives the dead worker's message to the next one, whose claim
+    counted nothing, so max_recoveries was never reached."""
     claimed = claim_task(task_id, worker_id=worker_id, ttl=ttl)
     return claimed[0] if claimed else None
 
@@ -141,7 +148,7 @@ def _claim_in_one_round_trip(
     table = conn.ops.quote_name(Task._meta.db_table)
     fields = Task._meta.concrete_fields
     back = ", ".join(conn.ops.quote_name(f.column) for f in fields)
-    claimable = "status = ANY(%s) AND (lease_expires_at IS NULL OR lease_expires_at < STATEMENT_TIMESTAMP())"
+    claimable = "status = ANY(%s) AND lease_owner IS NULL"  # as _claimable()
     statuses = [str(s) for s in CLAIMABLE]
     params: list[Any] = []
     sql = []
@@ -225,9 +232,9 @@ def _claim_within_capacity(task_id: UUID, limit: int, values: dict[str, Any]) ->
 
 
 def _claimable() -> TaskQuerySet:
-    return Task.objects.filter(status__in=CLAIMABLE).filter(
-        Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=Now())
-    )
+    """Runnable and held by nobody (no owner, no expiry: Task.drop_lease clears both). An
+    expired lease still has its owner: a recovery's to hand on (claim)."""
+    return Task.objects.filter(status__in=CLAIMABLE, lease_owner__isnull=True)
 
 
 def wait_for_turn(task_id: UUID) -> None:

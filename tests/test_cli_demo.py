@@ -41,7 +41,7 @@ def test_the_demo_runs_the_whole_story_on_the_embedded_default(tmp_path):
         "8. completed",
     ):
         assert f"== {chapter}" in out, chapter
-    assert "paused at a safe point" in out and "the lease scanner hands the task on" in out
+    assert "paused at a safe point" in out and "recovered, handed on to a surviving worker" in out
     assert "back to work on the surviving worker from checkpoint" in out
     assert (data / "runtime.sqlite3").exists()  # the embedded database, not the test's PostgreSQL
     # The dashboard it points people to is styled: its web process serves <data>/static (whitenoise).

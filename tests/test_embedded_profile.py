@@ -184,14 +184,9 @@ def test_a_message_whose_worker_was_killed_mid_run_is_run_by_another_worker(embe
 
     db = sqlite3.connect(data / "runtime.sqlite3", timeout=20)
     row_id = uuid.UUID(task_id).hex  # Django keeps a UUID as 32 hex digits in SQLite
-
-    def lease_expired() -> bool:
-        (expires,) = db.execute("SELECT lease_expires_at FROM tasks_app_task WHERE id = ?", [row_id]).fetchone()
-        return expires is None or datetime.fromisoformat(expires).replace(tzinfo=UTC) < datetime.now(UTC)
-
     # Only then the second worker: a run of the message while the dead worker's lease
     # still held would be dropped by the claim, and nothing (no beat) would ring again.
-    wait_until(lease_expired, timeout=30, what="the killed worker's lease to expire")
+    wait_until(lambda: lease_expired(db, row_id), timeout=30, what="the killed worker's lease to expire")
     second = processes.worker(**env)
     wait_until(
         lambda: client.get(f"/runtime/tasks/{task_id}").json()["status"] == "completed",
@@ -199,8 +194,11 @@ def test_a_message_whose_worker_was_killed_mid_run_is_run_by_another_worker(embe
         what="the task to complete from the message its killed worker held",
     )
     assert client.get(f"/runtime/tasks/{task_id}/result").json()["result"] == {"steps": 60}
+    # Taking the task over from its dead worker was a recovery, counted by the second worker.
+    assert client.get(f"/runtime/tasks/{task_id}").json()["recoveries"] == 1
     log = Path(second.log_path).read_text(errors="replace")  # type: ignore[attr-defined]
     assert f"{held.split('-', 2)[2]} was taken by reader {first.pid}, which is gone; put back" in log, log[-4000:]
+    assert f"task {task_id}: worker lost (lease of " in log, log[-4000:]
     steps = db.execute("SELECT sequence, attempt FROM tasks_app_step WHERE task_id = ?", [row_id]).fetchall()
     runs = Counter(sequence for sequence, _ in steps)
     assert sorted(runs) == list(range(1, 61))
@@ -212,6 +210,44 @@ def test_a_message_whose_worker_was_killed_mid_run_is_run_by_another_worker(embe
         timeout=30,
         what="no message left taken",
     )
+
+
+def lease_expired(db: sqlite3.Connection, row_id: str) -> bool:
+    (expires,) = db.execute("SELECT lease_expires_at FROM tasks_app_task WHERE id = ?", [row_id]).fetchone()
+    return expires is None or datetime.fromisoformat(expires).replace(tzinfo=UTC) < datetime.now(UTC)
+
+
+def test_a_step_that_kills_every_worker_running_it_is_held_after_max_recoveries(
+    embedded_site, processes: Processes, tmp_path: Path
+):
+    """The filesystem broker puts the message a killed worker held back, and the next worker's
+    claim took the task over from the dead worker's expired lease without counting a
+    recovery: a step that kills every worker running it (an OOM kill, say) ran for ever, and
+    max_recoveries was never reached. Each takeover is now a recovery, counted, and after the
+    (max_recoveries + 1)th in a row the task is held for an operator. No beat: only the
+    message each dead worker left hands the task on. The runs are counted by the step itself,
+    in a file, before it kills its worker."""
+    client, _, data, _, _, env = embedded_site
+    runs = tmp_path / "runs"
+    env = {**env, "RUNTIME_MAX_RECOVERIES": "1", "RUNTIME_TEST_WORKER_KILLS": str(runs)}
+    task_id = client.post("/runtime/tasks", json={"agent": "kills_its_worker", "input": {}}).json()["taskId"]
+    db = sqlite3.connect(data / "runtime.sqlite3", timeout=20)
+    row_id = uuid.UUID(task_id).hex
+    for death in (1, 2):
+        worker = processes.worker(**env)
+        wait_until(lambda worker=worker: worker.poll() is not None, timeout=60, what=f"the step to kill worker {death}")
+        wait_until(lambda: lease_expired(db, row_id), timeout=30, what=f"the lease of dead worker {death} to expire")
+    last = processes.worker(**env)  # takes the message the second dead worker held
+    wait_until(
+        lambda: client.get(f"/runtime/tasks/{task_id}").json()["runtimeStatus"] not in ("working", "recovering"),
+        timeout=60,
+        what="the task to be held or end",
+    )
+    task = client.get(f"/runtime/tasks/{task_id}").json()
+    assert task["runtimeStatus"] == "dead_lettered" and task["recoveries"] == 2, task
+    assert task["error"]["code"] == "max_recoveries_exceeded", task
+    assert len(runs.read_text().split()) == 2  # one run per worker killed: the last ran no step
+    assert last.poll() is None
 
 
 def bin_run(processes: Processes, tmp_path: Path, port: int, **env: str) -> subprocess.Popen[bytes]:

@@ -17,7 +17,7 @@ from django.utils import timezone
 from checkpoints_app.models import Checkpoint
 from conftest import wait_until
 from steering_app.actions import do_cancel_task
-from tasks_app import engine, leases
+from tasks_app import engine, leases, operators
 from tasks_app.access import console
 from tasks_app.actions import do_create_task
 from tasks_app.agents.base import Agent, StepContext, register
@@ -130,14 +130,19 @@ def test_exactly_one_of_two_racing_claims_wins(alice):
     assert len(winners) == 1 and winners[0].epoch == 1
 
 
-def test_a_live_lease_cannot_be_claimed_and_an_expired_one_moves_the_epoch(alice):
+def test_a_held_lease_is_claimed_only_once_a_recovery_has_counted_its_holder_lost(alice):
     task = new_task(alice)
     first = leases.claim(task.id, worker_id="a", ttl=30)
     assert first is not None
     assert leases.claim(task.id, worker_id="b", ttl=30) is None
     expire_lease(task)
+    # Expired, its holder lost: not claimable until a recovery has counted it and let go.
+    assert leases.claim(task.id, worker_id="b", ttl=30) is None
+    assert Task.objects.get(id=task.id).recoveries == 0
+    assert operators.do_mark_recovering(task.id, actor="system:reaper") is not None
     second = leases.claim(task.id, worker_id="b", ttl=30)
-    assert second is not None and second.epoch == first.epoch + 1
+    assert second is not None and second.epoch == first.epoch + 2  # the recovery's fence, then the claim
+    assert Task.objects.get(id=task.id).recoveries == 1
     assert not leases.renew(first, ttl=30)  # the zombie's heartbeat fails ...
     with pytest.raises(leases.LeaseLost), transaction.atomic():
         leases.fenced(first)  # ... and so does any write it attempts
@@ -150,6 +155,7 @@ def test_a_zombie_slice_commits_nothing_after_a_takeover(alice, settings):
     zombie = leases.claim(task.id, worker_id="zombie", ttl=30)
     run = engine._load(zombie)
     expire_lease(task)
+    assert operators.do_mark_recovering(task.id, actor="system:reaper") is not None
     assert leases.claim(task.id, worker_id="new", ttl=30) is not None
     steps_before = Step.objects.filter(task=task).count()
     with pytest.raises(leases.LeaseLost):
@@ -259,10 +265,11 @@ def test_cancel_requested_under_a_live_lease_lands_at_the_next_safe_point(alice,
     task = do_cancel_task(task.id, who=console(alice.tenant, "user:test"), reason="wrong corpus")
     assert task.status == "working" and task.cancel_requested  # asked, not yet applied
     assert held is not None
-    expire_lease(task)
-    assert engine.run_slice(task.id, worker_id="w2") is engine.SliceOutcome.DONE
+    expire_lease(task)  # the busy worker is lost: w2's message finds its lease run out
+    assert engine.run_slice(task.id, worker_id="w2") is engine.SliceOutcome.DROPPED
     task.refresh_from_db()
-    assert task.status == "cancelled" and task.steps_done == 4
+    # w2 recovered it, as the reaper would, and the cancel asked for won: no step re-ran.
+    assert task.status == "cancelled" and task.steps_done == 4 and task.lease_owner is None
     assert AuditRecord.objects.filter(task=task, to_status="cancelled", reason="wrong corpus").exists()
     assert verify_chain(task) is None
 
