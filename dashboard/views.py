@@ -12,6 +12,7 @@ the person lands on never sends a command again.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from collections.abc import Callable
@@ -40,7 +41,7 @@ from tasks_app.access import as_member, principal_for, task_for, visible_tasks
 from tasks_app.actions import do_create_task
 from tasks_app.errors import DomainError, Forbidden, IdempotencyConflict, TaskNotFound, VersionConflict
 from tasks_app.models import ROLE_RANK, Role, Task, TaskEvent
-from tasks_app.selectors import task_snapshot
+from tasks_app.selectors import one_snapshot, task_snapshot
 from tasks_app.states import Status
 
 LOG_TAIL = 30
@@ -72,11 +73,16 @@ def with_task(view: Callable[..., HttpResponse] | None = None, *, for_script: bo
         def wrapper(request: HttpRequest, task_id: UUID, *args: Any, **kwargs: Any) -> HttpResponse:
             if not request.user.is_authenticated:
                 return signed_out(back_to=reverse("dashboard:task", args=[task_id]), for_script=for_script)
-            try:
-                task = task_for(access.person(request), task_id)
-            except TaskNotFound:
-                return render(request, "dashboard/not_found.html", status=404)
-            return view(request, task, *args, **kwargs)
+            # A read sees the task and what hangs off it (its open questions, commands,
+            # checkpoints) as of one moment: read apart, an answer committed in between
+            # showed input_required with no question (selectors.one_snapshot).
+            reading = request.method in ("GET", "HEAD")
+            with one_snapshot() if reading else contextlib.nullcontext():
+                try:
+                    task = task_for(access.person(request), task_id)
+                except TaskNotFound:
+                    return render(request, "dashboard/not_found.html", status=404)
+                return view(request, task, *args, **kwargs)
 
         return wrapper
 

@@ -50,7 +50,7 @@ from tasks_app.auth import (
 )
 from tasks_app.errors import Forbidden, TaskNotFound
 from tasks_app.models import Role, Task
-from tasks_app.selectors import task_snapshot
+from tasks_app.selectors import one_snapshot, task_snapshot
 from tasks_app.streams.hub import StreamEnded, Subscriber
 from tasks_app.streams.publish import channel_for
 from tasks_app.streams.wakeups import get_hub
@@ -261,17 +261,17 @@ def task_events(request: HttpRequest, task_id: str) -> HttpResponseBase:
             status=401,
             headers={"WWW-Authenticate": challenge(request)},
         )
-    try:
-        task = access.task_for(who, task_id)
-    except TaskNotFound as exc:  # another tenant's task: the same answer as no task at all
-        return JsonResponse(error_body("not_found", str(exc)), status=404)
-    try:
-        check_last_event_id_of(request, task)
-    except UnsafeInput as exc:
-        return JsonResponse(unsafe_input_body(exc), status=400)
-
-    channel = channel_for(task.id)
-    first = _snapshot_event(task, channel)
+    with one_snapshot():  # the row and its open questions, read apart, of one moment
+        try:
+            task = access.task_for(who, task_id)
+        except TaskNotFound as exc:  # another tenant's task: the same answer as no task at all
+            return JsonResponse(error_body("not_found", str(exc)), status=404)
+        try:
+            check_last_event_id_of(request, task)
+        except UnsafeInput as exc:
+            return JsonResponse(unsafe_input_body(exc), status=400)
+        channel = channel_for(task.id)
+        first = _snapshot_event(task, channel)
     token = bearer_token(request)
     credential = Credential(
         token, None if token else request.session.session_key, None if token else request.user.pk, task.tenant_id

@@ -24,7 +24,7 @@ from tasks_app import access
 from tasks_app.actions import do_create_task
 from tasks_app.auth import IsPrincipal, principal, require_role
 from tasks_app.models import AuditRecord, Role, Task
-from tasks_app.selectors import task_ack, task_snapshot, task_urls, with_snapshot
+from tasks_app.selectors import one_snapshot, task_ack, task_snapshot, task_urls, with_snapshot
 from tasks_app.states import Status
 
 
@@ -114,7 +114,8 @@ class TaskListCreateApi(APIView):
                 raise ValidationError({"status": f"unknown status {bad[0]!r}; one of {', '.join(Status.values)}"})
             tasks = tasks.filter(status__in=statuses)
         paginator = CreatedAtCursor()
-        page = paginator.paginate_queryset(tasks, request, view=self)
+        with one_snapshot():  # the page's rows and their open questions (prefetched apart) of one moment
+            page = paginator.paginate_queryset(tasks, request, view=self)
         return paginator.get_paginated_response([task_snapshot(t) for t in page or []])
 
     @extend_schema(request=InputSerializer)
@@ -145,7 +146,11 @@ class TaskDetailApi(APIView):
     permission_classes = [require_role(Role.VIEWER)]
 
     def get(self, request: Request, task_id: str) -> Response:
-        return Response(task_snapshot(access.task_for(principal(request), task_id, with_snapshot(Task.objects.all()))))
+        # The row, then its open questions if it has any: read apart, an answer committed in
+        # between showed input_required with no question.
+        with one_snapshot():
+            task = access.task_for(principal(request), task_id, with_snapshot(Task.objects.all()))
+            return Response(task_snapshot(task))
 
 
 class TaskCancelApi(APIView):
