@@ -24,12 +24,12 @@ from common.schema import SchemaError, validate
 from ledger_app.actions import settle_interrupted
 from ledger_app.models import EffectStatus, LedgerEntry
 from steering_app.models import CommandStatus, CommandType, InputRequest, InputStatus, SteeringCommand
-from tasks_app import access, events, kills
+from tasks_app import access, events, kills, leases
 from tasks_app.access import answer_refusal, check_role
 from tasks_app.actions import TRANSITION_FIELDS, transition
 from tasks_app.agents import base as agents
 from tasks_app.agents.questions import Answers
-from tasks_app.audit import record_audit
+from tasks_app.audit import next_record
 from tasks_app.auth import Principal
 from tasks_app.errors import (
     AnswerConflict,
@@ -308,7 +308,8 @@ def _accept(
         requested_by=requested_by,
         version=task.state_version,
     )
-    record_audit(
+    # Chained now, written with the row at the end (one statement for both).
+    accepted = next_record(
         task,
         actor=requested_by,
         action="steering_accepted",
@@ -320,17 +321,19 @@ def _accept(
     if _idle(task):
         # At a safe point now: what a worker left pending (a pause accepted just before its
         # slice ended) applies too, in accepted order, then this command.
-        command.save()
         if pending is None:
+            command.save()
             enqueue = apply_pending(task, actor=requested_by, by_worker=False)
             command.refresh_from_db(fields=["status", "outcome", "applied_at"])  # applied as its own row
         else:  # applied as this very object, unless a command before it ended the task
+            if pending:  # such an end settles the commands it finds as rows: this one must be one
+                command.save()
+            # (else it is inserted as it is settled, _settle: one INSERT, not an INSERT and an UPDATE)
             enqueue = apply_pending(task, actor=requested_by, by_worker=False, pending=[*pending, command])
             if command.status == CommandStatus.PENDING:  # that end rejected it, as its own row
                 command.refresh_from_db(fields=["status", "outcome", "applied_at"])
     elif type == CommandType.SET_PRIORITY:  # no business change: it may apply mid-step
-        command.save()
-        enqueue = apply_command(task, command, actor=requested_by)
+        enqueue = apply_command(task, command, actor=requested_by)  # inserted as it is settled (_settle)
     elif type == CommandType.KILL:  # the emergency stop does not wait for the safe point
         command.save()
         _kill_running(task, command, actor=requested_by)
@@ -349,7 +352,13 @@ def _accept(
         command.version = task.state_version
         SteeringCommand.objects.filter(id=command.id).update(version=command.version)
     task.steering_head = task.state_version
-    task.save(update_fields=STEERING_FIELDS)
+    task.updated_at = timezone.now()  # as the save's auto_now would
+    # The row's steering fields, the accepted record and the chain's head: one statement,
+    # where task.save() and record_audit() were two (issue 14).
+    fields = {name: getattr(task, name) for name in STEERING_FIELDS}
+    leases.held_write(
+        task, {**fields, "audit_seq": task.audit_seq, "audit_head": task.audit_head}, rows=[leases.Row(accepted)]
+    )
     if enqueue:
         enqueue_slice_on_commit(task.id, task.priority)
     return command, True
@@ -592,9 +601,12 @@ def withdraw_cancel(task: Task, *, actor: str) -> list[str]:
 
 def _settle(task: Task, command: SteeringCommand, status: str, outcome: str, actor: str, before: int) -> None:
     command.status, command.outcome, command.applied_at = status, outcome, timezone.now()
-    command.save(update_fields=["status", "outcome", "applied_at"])
+    if command._state.adding:  # accepted and settled at once (_accept): inserted settled
+        command.save(force_insert=True)
+    else:
+        command.save(update_fields=["status", "outcome", "applied_at"])
     applied = status == CommandStatus.APPLIED
-    record_audit(
+    record = next_record(
         task,
         actor=actor,
         action="steering_applied" if applied else "steering_rejected",
@@ -613,6 +625,7 @@ def _settle(task: Task, command: SteeringCommand, status: str, outcome: str, act
             "runtimeStatus": task.status,
             "outcome": outcome,
         },
+        audit=record,  # the record and the event in one statement
     )
 
 

@@ -12,7 +12,7 @@ from django.db import connection, transaction
 from django.db.models import F
 
 from tasks_app import leases
-from tasks_app.models import Task, TaskEvent
+from tasks_app.models import AuditRecord, Task, TaskEvent
 from tasks_app.redaction import redact
 from tasks_app.streams import publish
 
@@ -33,18 +33,27 @@ EVENT_TYPES = frozenset(
 )
 
 
-def emit(task: Task, event_type: str, data: dict[str, Any]) -> TaskEvent:
-    """In-transaction helper: allocate the next seq and store the event with the change."""
+def emit(task: Task, event_type: str, data: dict[str, Any], *, audit: AuditRecord | None = None) -> TaskEvent:
+    """In-transaction helper: allocate the next seq and store the event with the change.
+    `audit`: the change's audit record (tasks_app.audit.next_record, not saved), written with
+    the event and the chain's new head in the same statement, as record_audit would alone."""
     assert transaction.get_connection().in_atomic_block, "emit inside the change's transaction"
     [row] = prepare(task, [(event_type, data)])
-    if leases.one_statement_writes():  # the seq and the row in one statement
+    chain = {"audit_seq": audit.seq, "audit_head": audit.hash} if audit is not None else {}
+    audited = [leases.Row(audit)] if audit is not None else []
+    if leases.one_statement_writes():  # the seq and the row (and the record) in one statement
         computed = numbered_in_sql(row, f"{leases.FENCE}.event_seq")
         written = leases.held_write(
-            task, {"event_seq": leases.Add(1)}, returning=("event_seq",), rows=[leases.Row(row, computed=computed)]
+            task,
+            {"event_seq": leases.Add(1), **chain},
+            returning=("event_seq",),
+            rows=[*audited, leases.Row(row, computed=computed)],
         )
         task.event_seq = written["event_seq"]
         publish_on_commit(task.id, numbered([row], task.event_seq))
         return row
+    if audit is not None:
+        leases.held_write(task, chain, rows=audited)
     ((seq,),) = Task.objects.filter(id=task.id).update_returning(["event_seq"], event_seq=F("event_seq") + 1)
     task.event_seq = seq
     return store(task, seq, [(event_type, data)])[0]
