@@ -47,7 +47,7 @@ from mcp_server.protocol import (
 )
 from mcp_server.shared import Call, Wait, ping, rpc_error
 from runtime_site.errors import RETRY_AFTER_SECONDS, error_body, infrastructure_fault
-from runtime_site.middleware import charset_refusal, request_texts, unknown_charset
+from runtime_site.middleware import not_utf8, request_texts
 from runtime_site.ratelimit import RateLimited
 from tasks_app import oauth
 from tasks_app.auth import (
@@ -483,8 +483,9 @@ async def _endpoint(request: HttpRequest) -> HttpResponseBase:
         json_safety.check(request_texts(request))
     except json_safety.UnsafeInput as exc:
         return _error(RpcError(INVALID_REQUEST, f"Invalid Request: {exc}"), message.id, status=400)
-    if (charset := unknown_charset(request)) is not None:
-        return _error(RpcError(INVALID_REQUEST, f"Invalid Request: {charset_refusal(charset)}"), message.id, status=415)
+    if (charset := not_utf8(request)) is not None:
+        said = f"Content-Type: charset {charset[:100]!r}: /mcp reads UTF-8 only; send UTF-8"
+        return _error(RpcError(INVALID_REQUEST, f"Invalid Request: {said}"), message.id, status=415)
     if message.is_response:  # the answer to an elicitation/create sent on a tasks/result stream
         try:
             known = await sync_to_async(_answer)(principal, message)

@@ -78,6 +78,19 @@ def unknown_charset(request: HttpRequest) -> str | None:
     return None
 
 
+def not_utf8(request: HttpRequest) -> str | None:
+    """The charset a body's Content-Type names unless it is UTF-8. /mcp reads its JSON-RPC
+    as UTF-8 (JSON between systems is UTF-8: RFC 8259 §8.1), whatever the header said: a
+    body said to be rot13, punycode or Latin-1 was read as UTF-8 all the same."""
+    charset = (request.content_params or {}).get("charset")
+    if charset is None:
+        return None
+    try:
+        return None if codecs.lookup(charset).name == "utf-8" else charset
+    except LookupError:
+        return charset
+
+
 def charset_refusal(charset: str) -> str:
     return f"Content-Type: charset {charset[:100]!r} is not a character set this server knows; send UTF-8"
 

@@ -209,19 +209,22 @@ def test_a_task_ttl_that_is_negative_or_no_number_is_invalid_params(alice):
     assert "result" in post(alice.token, {"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": params}).json()
 
 
-def test_a_charset_nobody_knows_is_refused_naming_it(alice):
+def test_a_charset_other_than_utf8_is_refused_naming_it(alice):
     """Django drops a charset it cannot look up and reads the body as UTF-8: the request went
-    on as if the header had said nothing."""
+    on as if the header had said nothing. /mcp reads UTF-8 only, so a charset it could look
+    up (rot13, punycode, Latin-1) was read as UTF-8 all the same: refused too."""
     body = json.dumps({"jsonrpc": "2.0", "id": 6, "method": "tools/list"}).encode()
-    response = Client().generic(
-        "POST",
-        "/mcp",
-        body,
-        content_type="application/json; charset=bogus",
-        headers={"Accept": "application/json, text/event-stream", "Authorization": f"Bearer {alice.token}"},
-    )
-    assert response.status_code == 415, response.content
-    assert response.json()["id"] == 6 and "bogus" in response.json()["error"]["message"], response.content
+    for charset in ("bogus", "rot13", "punycode", "latin-1", "utf-16", "utf-8-sig"):
+        response = Client().generic(
+            "POST",
+            "/mcp",
+            body,
+            content_type=f"application/json; charset={charset}",
+            headers={"Accept": "application/json, text/event-stream", "Authorization": f"Bearer {alice.token}"},
+        )
+        assert response.status_code == 415, (charset, response.content)
+        error = response.json()["error"]
+        assert response.json()["id"] == 6 and charset in error["message"] and error["code"] == -32600, error
     for charset in ("utf-8", "UTF-8", "utf8"):
         ok = Client().generic(
             "POST",
