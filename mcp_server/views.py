@@ -46,7 +46,7 @@ from mcp_server.protocol import (
     validate_modern,
 )
 from mcp_server.shared import Call, Wait, ping, rpc_error
-from runtime_site.errors import RETRY_AFTER_SECONDS, error_body, infrastructure_fault
+from runtime_site.errors import RETRY_AFTER_SECONDS, allow_methods, infrastructure_fault
 from runtime_site.middleware import not_utf8, request_texts
 from runtime_site.ratelimit import RateLimited
 from tasks_app import oauth
@@ -428,11 +428,13 @@ async def mcp_endpoint(request: HttpRequest) -> HttpResponseBase:
 
 
 async def _endpoint(request: HttpRequest) -> HttpResponseBase:
-    if request.method != "POST":
+    if request.method == "OPTIONS":  # what it takes, as every other edge answers (errors.allow_methods)
+        return HttpResponse(status=200, headers={"Allow": "POST, OPTIONS"})
+    if request.method != "POST":  # no GET stream of server messages, no DELETE of a session: the spec lets both be 405s
         return _error(
             RpcError(INVALID_REQUEST, "Method Not Allowed: this endpoint accepts POST only"),
             status=405,
-            headers={"Allow": "POST"},
+            headers={"Allow": "POST, OPTIONS"},
         )
     if not _origin_allowed(request):
         return _error(RpcError(SERVER_ERROR, "Forbidden: Origin not allowed"), status=403)
@@ -556,16 +558,10 @@ async def _endpoint(request: HttpRequest) -> HttpResponseBase:
     return response
 
 
-@csrf_exempt  # a public read: no session, nothing to forge; any other method is a clean 405
+@allow_methods("GET", "HEAD")  # a public read: no session, nothing to forge
 def protected_resource_metadata(request: HttpRequest) -> HttpResponse:
     """GET /.well-known/oauth-protected-resource[/mcp] (RFC 9728): this server's resource
     identifier, the issuer whose tokens it takes, its scopes. Public, as the RFC wants."""
-    if request.method not in ("GET", "HEAD"):
-        return JsonResponse(
-            error_body("method_not_allowed", f"{request.method} is not allowed here; use GET"),
-            status=405,
-            headers={"Allow": "GET, HEAD"},
-        )
     response = JsonResponse(oauth.metadata(request))
     response["Cache-Control"] = "public, max-age=300"
     return response

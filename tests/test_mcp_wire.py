@@ -161,10 +161,13 @@ def test_origin_and_host_guard_against_dns_rebinding(alice):
     assert response.status_code == 400
 
 
-def test_get_and_delete_are_not_allowed(alice):
-    for method in ("get", "delete"):
+def test_get_and_delete_are_not_allowed_and_options_says_what_is(alice):
+    for method in ("get", "delete", "put"):
         response = getattr(Client(), method)("/mcp", headers={"Authorization": f"Bearer {alice.token}"})
-        assert response.status_code == 405 and response["Allow"] == "POST"
+        assert response.status_code == 405 and response["Allow"] == "POST, OPTIONS", response
+        assert response.json()["error"]["code"] == -32600, response.content
+    asked = Client().options("/mcp")  # no credentials needed to learn the methods
+    assert asked.status_code == 200 and asked["Allow"] == "POST, OPTIONS" and asked.content == b"", asked
 
 
 def test_unknown_tool_and_bad_arguments(alice):

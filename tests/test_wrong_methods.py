@@ -49,6 +49,8 @@ def edges(task: Task) -> dict[str, str]:
         f"{page}/inputs/q": "POST, OPTIONS",
         "/dashboard/login/": "GET, HEAD, POST, OPTIONS",
         "/dashboard/logout/": "POST, OPTIONS",
+        "/.well-known/oauth-protected-resource": "GET, HEAD, OPTIONS",
+        "/.well-known/oauth-protected-resource/mcp": "GET, HEAD, OPTIONS",
     }
 
 
