@@ -73,7 +73,9 @@ _SECRET_VALUE = re.compile(
 # Values that are personal data whatever key they sit under: a tool's answer quoted into an
 # error message has no field names to go by.
 _EMAIL = re.compile(rf"(?<![\w.%+-])[A-Za-z0-9._%+-]+(?:@|{_ESC}40)[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{{2,}}\b")
-_CARD = re.compile(r"(?<![\w-])[3-6]\d{3}(?:[ -]?\d){9,15}(?![\w-])")
+# Issuers' first digits: 3 (Amex, Diners, JCB) to 6 (Discover), and Mastercard's 2-series (2221-2720).
+_CARD_START = r"(?:2[2-7]|[3-6]\d)\d{2}"
+_CARD = re.compile(rf"(?<![\w-]){_CARD_START}(?:[ -]?\d){{9,15}}(?![\w-])")
 _JWT = re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}")
 
 
@@ -137,7 +139,7 @@ def _kept_personal(match: re.Match[str]) -> str:
 # snapshot's createdAt, through the substitutions, 0.6 ms each).
 _MAYBE_SECRET = re.compile(
     r"@|%|eyJ|-----BEGIN|\b(?:Bearer|Basic|Token)\s|\b(?:rt_|AKIA|ASIA|github_pat_|AIza)"
-    rf"|\b(?:sk|pk|ghp|gho|xox[abp])[-_]|(?<![\w-])[3-6]\d{{3}}(?:[ -]?\d){{9}}|{_NAME_WORDS}"
+    rf"|\b(?:sk|pk|ghp|gho|xox[abp])[-_]|(?<![\w-]){_CARD_START}(?:[ -]?\d){{9}}|{_NAME_WORDS}"
 )
 
 

@@ -38,10 +38,10 @@ def test_it_masks_secret_keys_personal_fields_and_token_values():
 
 def test_it_masks_a_card_number_sent_as_a_json_number():
     masked = redact(
-        {"card": 4111111111111111, "cards": [5555555555554444, 378282246310005], "order": 4111111111111112,
-         "createdMs": 1733289600000, "count": 3, "ok": True}
+        {"card": 4111111111111111, "cards": [5555555555554444, 378282246310005, 2223003122003222],
+         "order": 4111111111111112, "createdMs": 1733289600000, "count": 3, "ok": True}
     )  # fmt: skip
-    assert masked["card"] == MASK and masked["cards"] == [MASK, MASK]
+    assert masked["card"] == MASK and masked["cards"] == [MASK, MASK, MASK]  # Mastercard's 2-series too
     # Not a card: a failed checksum, a timestamp, a count, a boolean.
     assert [masked[k] for k in ("order", "createdMs", "count", "ok")] == [4111111111111112, 1733289600000, 3, True]
 
@@ -196,6 +196,7 @@ MASKED_SEEDS = [
     "mail ann%40example.com now",
     "card 4111 1111 1111 1111 ok",
     "card 5555-5555-5555-4444 ok",
+    "card 2223 0031 2200 3222 ok",  # Mastercard's 2-series
     "phone: +15551234",
     '"date_of_birth": "1990-01-01"',
     "iban=DE89370400440532013000",
