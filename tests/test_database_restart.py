@@ -492,7 +492,7 @@ def test_a_worker_mid_slice_gives_a_frozen_database_up_within_its_deadline_and_t
         ).fetchall()
     assert ran == [(sequence, 1) for sequence in range(1, steps + 1)], ran
     # The lease expired while the database was frozen. If the reaper sees it before the
-    # worker's retry claims it, it counts a recovery (a freeze, unlike a restart, leaves the
+    # worker's retry gives it back (operators.do_give_back), it counts a recovery (a freeze, unlike a restart, leaves the
     # database no trace to tell it from a lost worker): one of max_recoveries in a row
     # without progress, which the next step resets. Never more than one for one freeze.
     assert final["recoveries"] <= 1, final
