@@ -405,3 +405,33 @@ def test_a_cancel_or_pause_asked_while_the_holder_is_lost_wins_and_nothing_runs_
     steps = db.execute("SELECT COUNT(*) FROM tasks_app_step WHERE task_id = ?", [row_id]).fetchone()[0]
     assert final["stepsDone"] == asked_at["stepsDone"] and steps == asked_at["stepsDone"], (final, steps)
     assert final["recoveries"] == (0 if asked == "cancel" else 1), final
+
+
+def test_two_workers_and_the_reaper_count_each_loss_of_a_step_that_kills_its_worker_once(
+    embedded_site, processes: Processes, tmp_path: Path
+):
+    """The same poison step with beat on and two workers, each dead one replaced: the reaper
+    and the worker whose message (put back by the broker, or rung by the reaper) finds the
+    dead worker's lease run out race to recover it. Each loss is counted once, never twice
+    (recoveries jumping by two) nor skipped: held at the (max_recoveries + 1)th, one run each."""
+    client, _, _, _, _, env = embedded_site
+    runs = tmp_path / "runs"
+    env = {**env, "RUNTIME_MAX_RECOVERIES": "2", "RUNTIME_TEST_WORKER_KILLS": str(runs)}
+    processes.beat(**env)
+    workers = [processes.worker(**env), processes.worker(**env)]
+    task_id = client.post("/runtime/tasks", json={"agent": "kills_its_worker", "input": {}}).json()["taskId"]
+
+    def held() -> bool:
+        for i, worker in enumerate(workers):
+            if worker.poll() is not None:  # killed by the step: replaced
+                workers[i] = processes.worker(**env)
+        return client.get(f"/runtime/tasks/{task_id}").json()["runtimeStatus"] not in (
+            "queued",
+            "working",
+            "recovering",
+        )
+
+    wait_until(held, timeout=180, what=lambda: f"the task to be held: {client.get(f'/runtime/tasks/{task_id}').json()}")
+    task = client.get(f"/runtime/tasks/{task_id}").json()
+    assert task["runtimeStatus"] == "dead_lettered" and task["recoveries"] == 3, task
+    assert len(runs.read_text().split()) == 3, runs.read_text()
