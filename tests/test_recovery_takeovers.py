@@ -8,6 +8,7 @@ import signal
 from pathlib import Path
 
 import pytest
+from django.utils import timezone
 
 from conftest import FAST_LEASES, Processes, wait_until
 from tasks_app.access import console
@@ -97,3 +98,42 @@ def test_a_tenant_at_its_limit_whose_running_task_lost_its_worker_gets_both_task
     )
     assert Task.objects.get(id=lost.id).recoveries == 1
     assert Task.objects.get(id=waiting.id).recoveries == 0
+
+
+def test_a_pause_applied_while_the_holder_is_frozen_past_its_lease_lets_no_step_commit_after_the_thaw(
+    alice, processes: Processes
+):
+    """The holder is frozen (SIGSTOP) in the middle of a step until its lease has run out; no
+    beat. A pause then finds nobody mid-step and applies at once: paused. Thawed, the holder
+    must not renew its lease or commit the step it was in: the task stays as it was paused."""
+    from steering_app.actions import do_enqueue_command
+    from tasks_app.models import Step
+
+    env = {**FAST_LEASES, "RUNTIME_SLICE_STEPS": "1000"}
+    holder = processes.worker(concurrency=1, ready=True, **env)
+    who = console(alice.tenant, "user:test")
+    task, _ = do_create_task(who, agent="noop", input={"steps": 200, "sleepMs": 300})
+    wait_until(lambda: Task.objects.get(id=task.id).steps_done >= 3, timeout=60, what="3 steps")
+    processes.kill(holder, signal.SIGSTOP)
+    wait_until(
+        lambda: Task.objects.filter(id=task.id, lease_expires_at__lt=timezone.now()).exists(),
+        timeout=30,
+        what="the frozen holder's lease to run out",
+    )
+    version = Task.objects.get(id=task.id).state_version
+    do_enqueue_command(task.id, who=who, command_id="p1", type="pause", payload={}, expected_version=version)
+    paused = Task.objects.get(id=task.id)
+    assert paused.status == "paused"
+    log = Path(holder.log_path)
+    processes.kill(holder, signal.SIGCONT)
+    wait_until(
+        lambda: (
+            "slice abandoned without writing" in log.read_text(errors="replace")
+            or Step.objects.filter(task=task).count() > paused.steps_done
+        ),
+        timeout=30,
+        what="the thawed holder to stop (or commit its step)",
+    )
+    final = Task.objects.get(id=task.id)
+    assert final.status == "paused", final.status
+    assert Step.objects.filter(task=task).count() == paused.steps_done == final.steps_done
