@@ -319,6 +319,13 @@ def _accept(
     )
     enqueue = False
     if _idle(task):
+        if task.lease_owner is not None:
+            # Idle because its holder's lease ran out (lost, or frozen) before the reaper
+            # came by: applying the command takes the task from that holder, so the epoch
+            # moves, or a frozen holder, thawed, renewed its lease and committed its step
+            # on the task paused (or re-aimed) under it. The lease itself stays, expired,
+            # for the recovery that hands the task on to count its holder lost.
+            task.lease_epoch += 1
         # At a safe point now: what a worker left pending (a pause accepted just before its
         # slice ended) applies too, in accepted order, then this command.
         if pending is None:

@@ -98,14 +98,21 @@ class SliceReport:
     outcome: SliceOutcome
     tenant_id: int | None = None  # None: the slice never held the task
     priority: int | None = None  # the task's, read by the commit that released it; None: not read
+    abandoned: leases.Lease | None = None  # RETRY: the lease it could not give back (_abandon), for the retry
 
 
 def run_slice(task_id: UUID, *, worker_id: str) -> SliceOutcome:
     return run_slice_report(task_id, worker_id=worker_id).outcome
 
 
-def run_slice_report(task_id: UUID, *, worker_id: str) -> SliceReport:
+def run_slice_report(task_id: UUID, *, worker_id: str, abandoned: leases.Lease | None = None) -> SliceReport:
+    """One slice. `abandoned`: the lease a slice before abandoned to an infrastructure fault
+    and could not give back (its retry's message carries it): given back first, for it,
+    counted as an infrastructure fault, rather than left to expire and counted as a lost
+    worker by whoever found it so."""
     ttl = settings.RUNTIME_LEASE_SECONDS
+    if abandoned is not None:
+        operators.do_give_back(abandoned, actor=f"worker:{worker_id}")
     try:
         # What _load reads next goes with the claim, in its message where it can (PostgreSQL).
         then = _reads_sql(task_id) if connection.vendor == "postgresql" else None
@@ -141,10 +148,13 @@ def run_slice_report(task_id: UUID, *, worker_id: str) -> SliceReport:
                 raise
             fault = exc
     # Once the heartbeat has stopped: nothing renews the lease we give back.
-    return SliceReport(SliceOutcome.DONE if _abandon(lease, fault) else SliceOutcome.RETRY, task.tenant_id)
+    held = _abandon(lease, fault)
+    if held:
+        return SliceReport(SliceOutcome.DONE, task.tenant_id)
+    return SliceReport(SliceOutcome.RETRY, task.tenant_id, abandoned=lease if held is None else None)
 
 
-def _abandon(lease: leases.Lease, fault: Exception) -> bool:
+def _abandon(lease: leases.Lease, fault: Exception) -> bool | None:
     """The database, broker or blob store failed under the slice: drop its work in hand
     without writing it, give the lease back and count the fault. The next slice resumes from
     the last checkpoint, as after a crash, but without waiting out the lease and without
@@ -154,7 +164,8 @@ def _abandon(lease: leases.Lease, fault: Exception) -> bool:
     endpoint that never answers) or a part of ours that stays down: after
     runtime.max_infra_faults slices in a row abandoned without a new step, the task is held
     for an operator (dead-lettered with the diagnosis, which a redrive clears) instead of
-    retrying unseen for ever. True: held."""
+    retrying unseen for ever. True: held; None: not given back (the retry gives it back
+    for us: run_slice_report's `abandoned`)."""
     logger.warning("task %s: infrastructure fault, slice abandoned: %s: %s", lease.task_id, type(fault).__name__, fault)
     faults.drop_connection()
     try:
@@ -173,7 +184,10 @@ def _abandon(lease: leases.Lease, fault: Exception) -> bool:
         if not faults.is_infrastructure_error(exc):
             raise
         faults.drop_connection()
-        logger.warning("task %s: could not give the lease back (%s); it expires", lease.task_id, exc)
+        logger.warning(
+            "task %s: could not give the lease back (%s); its retry gives it back for it", lease.task_id, exc
+        )
+        return None
     return False
 
 

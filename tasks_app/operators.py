@@ -121,6 +121,29 @@ def do_mark_recovering(task_id: UUID, *, actor: str, max_recoveries: int | None 
     return task
 
 
+@transaction.atomic(durable=True)
+def do_give_back(lease: Lease, *, actor: str) -> Task | None:
+    """For the slice that held `lease`, abandoned it to an infrastructure fault and could not
+    give it back (engine._abandon: the database was out of reach): give it back now, live
+    or expired, counted as the infrastructure fault it was. Its holder runs it no more (the
+    slice ended), and the epoch names that slice alone, so nobody else is fenced out. Left
+    to expire, the lease was the reaper's, or the next claimer's, to count as a lost worker:
+    every blip that cut a give-back cost a recovery, four in a row dead-lettered a healthy
+    task. None: given back, recovered or taken over meanwhile; nothing of that slice's."""
+    task = (
+        Task.objects.select_for_update()
+        .filter(id=lease.task_id, status__in=CLAIMABLE, lease_epoch=lease.epoch, lease_owner=lease.worker_id)
+        .first()
+    )
+    if task is None:
+        return None
+    diagnosis = f"{lease.worker_id} abandoned its slice to an infrastructure fault and could not give the lease back"
+    if count_infrastructure_fault(task, actor=actor, diagnosis=diagnosis, fields=task.drop_lease()):
+        return task  # held for an operator (count_infrastructure_fault logged why)
+    logger.warning("task %s: %s; given back for it (infrastructure faults %s)", task.id, diagnosis, task.infra_faults)
+    return task
+
+
 def _database_started_at() -> datetime | None:
     """When the PostgreSQL server last started (None elsewhere: SQLite has no server)."""
     if connection.vendor != "postgresql":

@@ -27,6 +27,14 @@ SLICE_TASK = "tasks.run_task_slice"  # tasks_app.tasks.run_task_slice
 ABOUT_HEADER = "rt_about"
 About = tuple[str, str, str]
 
+# The lease a slice abandoned to an infrastructure fault and could not give back (the
+# database was out of reach): [worker id, epoch], carried by the retries it sends, so the
+# worker that runs one gives that lease back for it, counted as the infrastructure fault it
+# was (operators.do_give_back). Without it the lease was left to expire and the reaper
+# counted a lost worker: every blip that cut a give-back cost a recovery. A header, so a
+# worker of a release before reads the message as it always did.
+ABANDONED_HEADER = "rt_abandoned"
+
 
 def enqueue_slice(
     task_id: UUID | str,
@@ -35,6 +43,7 @@ def enqueue_slice(
     countdown: float = 0,
     faults_in_a_row: int = 0,
     about: About | None = None,
+    abandoned: tuple[str, int] | None = None,
 ) -> None:
     # faults_in_a_row: infrastructure faults just before this slice; its backoff grows with them.
     kwargs = {"faults_in_a_row": faults_in_a_row} if faults_in_a_row else None
@@ -42,6 +51,8 @@ def enqueue_slice(
     headers: dict[str, object] = {READY_AT_HEADER: time.time() + countdown}
     if about is not None:
         headers[ABOUT_HEADER] = list(about)
+    if abandoned is not None:
+        headers[ABANDONED_HEADER] = list(abandoned)
     # ignore_result as run_task_slice declares it (apply_async would pass it on the same way).
     current_app.send_task(
         SLICE_TASK,
@@ -64,4 +75,17 @@ def carried_about(header: object) -> About | None:
     """What a message's ABOUT_HEADER carried, or None: none, or not three texts."""
     if isinstance(header, list | tuple) and len(header) == 3 and all(isinstance(item, str) for item in header):
         return (header[0], header[1], header[2])
+    return None
+
+
+def carried_abandoned(header: object) -> tuple[str, int] | None:
+    """What a message's ABANDONED_HEADER carried, or None: none, or not a worker id and an epoch."""
+    if (
+        isinstance(header, list | tuple)
+        and len(header) == 2
+        and isinstance(header[0], str)
+        and isinstance(header[1], int)
+        and not isinstance(header[1], bool)
+    ):
+        return (header[0], header[1])
     return None

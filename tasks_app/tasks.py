@@ -12,7 +12,7 @@ from django.conf import settings
 from runtime_site import metrics
 from tasks_app import audit, engine, faults, leases, operators, retention, telemetry
 from tasks_app.models import Task
-from tasks_app.queue import ABOUT_HEADER, carried_about, enqueue_slice
+from tasks_app.queue import ABANDONED_HEADER, ABOUT_HEADER, carried_abandoned, carried_about, enqueue_slice
 
 logger = logging.getLogger(__name__)
 
@@ -20,13 +20,19 @@ logger = logging.getLogger(__name__)
 @shared_task(name="tasks.run_task_slice", acks_late=True, ignore_result=True, bind=True)
 def run_task_slice(self: Any, task_id: str, faults_in_a_row: int = 0) -> None:
     metrics.observe_slice_start(self.request.get(metrics.READY_AT_HEADER))
+    # A lease a slice before could not give back (queue.ABANDONED_HEADER): carried on by
+    # every retry until one gives it back.
+    abandoned = carried_abandoned(self.request.get(ABANDONED_HEADER))
     try:
         with telemetry.slice_of(task_id, carried_about(self.request.get(ABOUT_HEADER))) as span:
-            report = engine.run_slice_report(UUID(task_id), worker_id=engine.worker_identity())
+            lease = leases.Lease(UUID(task_id), *abandoned) if abandoned else None
+            report = engine.run_slice_report(UUID(task_id), worker_id=engine.worker_identity(), abandoned=lease)
+            abandoned = None  # given back, or found gone, before the claim
             span.set_attribute("runtime.slice.outcome", report.outcome.value)
             metrics.SLICES.labels(report.outcome.value).inc()
             if report.outcome is engine.SliceOutcome.RETRY:
-                _retry_later(task_id, faults_in_a_row + 1)
+                left = report.abandoned
+                _retry_later(task_id, faults_in_a_row + 1, (left.worker_id, left.epoch) if left else None)
             else:
                 _hand_on(task_id, report)  # in the slice's span: the next slice stays in the task's trace
     except Exception as exc:
@@ -35,16 +41,22 @@ def run_task_slice(self: Any, task_id: str, faults_in_a_row: int = 0) -> None:
         # Outside the slice's lease (the claim, or handing on after it): nothing to give back.
         logger.warning("task %s: infrastructure fault around the slice: %s: %s", task_id, type(exc).__name__, exc)
         faults.drop_connection()
-        _retry_later(task_id, faults_in_a_row + 1)
+        _retry_later(task_id, faults_in_a_row + 1, abandoned)
 
 
-def _retry_later(task_id: str, faults_in_a_row: int) -> None:
+def _retry_later(task_id: str, faults_in_a_row: int, abandoned: tuple[str, int] | None = None) -> None:
     """Infrastructure faults delay a task, never fail it: ring again after a backoff that
     grows with each fault in a row. If the broker is what failed, the lease scanner
     re-finds the task (the database never forgets running work)."""
     priority = (run_task_slice.request.delivery_info or {}).get("priority")  # no database read: it may be down
     try:
-        enqueue_slice(task_id, priority, countdown=faults.backoff(faults_in_a_row), faults_in_a_row=faults_in_a_row)
+        enqueue_slice(
+            task_id,
+            priority,
+            countdown=faults.backoff(faults_in_a_row),
+            faults_in_a_row=faults_in_a_row,
+            abandoned=abandoned,
+        )
     except Exception as exc:
         if not faults.is_infrastructure_error(exc):
             raise

@@ -492,7 +492,7 @@ def test_a_worker_mid_slice_gives_a_frozen_database_up_within_its_deadline_and_t
         ).fetchall()
     assert ran == [(sequence, 1) for sequence in range(1, steps + 1)], ran
     # The lease expired while the database was frozen. If the reaper sees it before the
-    # worker's retry claims it, it counts a recovery (a freeze, unlike a restart, leaves the
+    # worker's retry gives it back (operators.do_give_back), it counts a recovery (a freeze, unlike a restart, leaves the
     # database no trace to tell it from a lost worker): one of max_recoveries in a row
     # without progress, which the next step resets. Never more than one for one freeze.
     assert final["recoveries"] <= 1, final
@@ -500,6 +500,64 @@ def test_a_worker_mid_slice_gives_a_frozen_database_up_within_its_deadline_and_t
     for line in log.read_text(errors="replace").splitlines():
         if "fault" in line or "lease back" in line:
             print(line[:300])
+
+
+def test_a_lease_a_worker_could_not_give_back_in_a_database_blip_is_an_infrastructure_fault_not_a_lost_worker(
+    alice, processes, private_postgres
+):
+    """A blip shorter than the lease: the frozen database cut a worker's slice (its deadline)
+    and then its give-back, so the lease stayed with the worker, which runs the slice no more.
+    Its retry, a second later, found the lease held and was dropped; the task sat until the
+    lease ran out, and the reaper counted a lost worker: every blip that cut a give-back cost
+    a recovery (four in a row dead-lettered a healthy task) and a whole lease of waiting. The
+    retry carries the lease it must give back, and does, counted as the infrastructure fault."""
+    from tasks_app.access import console
+    from tasks_app.actions import do_create_task
+
+    lease = 20
+    task, _ = do_create_task(
+        console(alice.tenant, "user:test"),
+        agent="noop",
+        input={"steps": 30, "sleepMs": 200},
+        checkpoint_policy={"everySteps": 1},
+    )
+    url = private_postgres.copy_of_the_test_database() + "?connect_timeout=2"
+    env = {
+        "RUNTIME_LEASE_SECONDS": str(lease),
+        "RUNTIME_HEARTBEAT_SECONDS": "1",
+        "RUNTIME_SCAN_SECONDS": "1",
+        "DATABASE_URL": url,
+        "RUNTIME_DB_WORKER_QUERY_SECONDS": "2",
+    }
+    worker = processes.worker(**env)
+    processes.beat(**env)
+    log = Path(worker.log_path)
+
+    def row() -> dict[str, Any]:
+        with psycopg.connect(url, row_factory=dict_row) as conn:
+            return conn.execute(
+                "SELECT status, steps_done, recoveries, infra_faults, error FROM tasks_app_task WHERE id = %s",
+                [task.id],
+            ).fetchone()
+
+    wait_until(lambda: row()["steps_done"] >= 3, timeout=60, what="steps under way")
+    private_postgres.freeze()
+    try:
+        wait_until(
+            lambda: "could not give the lease back" in log.read_text(errors="replace"),
+            timeout=30,
+            what="the worker to give the frozen database up, and fail to give its lease back",
+        )
+    finally:
+        private_postgres.thaw()
+    thawed = time.monotonic()
+    wait_until(lambda: row()["status"] not in ("queued", "working", "recovering"), timeout=120, what="the task to end")
+    final = row()
+    assert final["status"] == "completed" and final["error"] is None, final
+    assert final["recoveries"] == 0 and final["infra_faults"] >= 1, final
+    # Given back by the retry, not left to run out: done well within a lease of the thaw.
+    assert time.monotonic() - thawed < lease, final
+    assert worker.poll() is None
 
 
 def test_readyz_is_a_503_within_its_deadline_when_the_database_freezes_after_it_connected(processes, private_postgres):

@@ -334,3 +334,104 @@ def test_bin_run_behind_a_proxy_whose_host_is_the_only_one_allowed_comes_up(proc
     assert "Runtime is up" in said(run), said(run)[-2000:]
     answer = httpx.get(f"http://127.0.0.1:{port}/healthz", headers={"Host": "runtime.example.com"}, timeout=10)
     assert answer.status_code == 200, answer.text
+
+
+def test_a_step_that_kills_only_its_pool_process_is_held_after_max_recoveries(
+    embedded_site, processes: Processes, tmp_path: Path
+):
+    """The OOM killer's other pick: only the pool process running the step dies; the worker's
+    main process lives, sees its child lost and puts the message back at once
+    (CELERY_TASK_REJECT_ON_WORKER_LOST), while the dead child's lease still holds: that
+    message is dropped, and the reaper hands the task on once the lease runs out, counted.
+    Each loss once: held after max_recoveries + 1 in a row, one run per loss."""
+    client, _, _, _, _, env = embedded_site
+    runs = tmp_path / "runs"
+    env = {**env, "RUNTIME_MAX_RECOVERIES": "2", "RUNTIME_TEST_WORKER_KILLS": str(runs)}
+    worker = processes.worker(concurrency=1, **env)
+    processes.beat(**env)
+    task_id = client.post("/runtime/tasks", json={"agent": "kills_its_process", "input": {}}).json()["taskId"]
+    wait_until(
+        lambda: (
+            client.get(f"/runtime/tasks/{task_id}").json()["runtimeStatus"] not in ("queued", "working", "recovering")
+        ),
+        timeout=120,
+        what=lambda: f"the task to be held: {client.get(f'/runtime/tasks/{task_id}').json()}",
+    )
+    task = client.get(f"/runtime/tasks/{task_id}").json()
+    assert task["runtimeStatus"] == "dead_lettered" and task["recoveries"] == 3, task
+    assert len(runs.read_text().split()) == 3
+    assert worker.poll() is None
+
+
+@pytest.mark.parametrize("asked", ["cancel", "pause"])
+def test_a_cancel_or_pause_asked_while_the_holder_is_lost_wins_and_nothing_runs_again(
+    embedded_site, processes: Processes, asked: str
+):
+    """The worker holding the task is killed; a cancel (or a pause) is asked for while its
+    dead lease still holds, so it waits for a safe point. No beat: the message the dead
+    worker held comes back to the next worker, which finds the lease run out and recovers the
+    task. The cancel applies there and then (nothing runs again); the pause at the first safe
+    point of the slice that follows, before any step."""
+    client, _, data, _, _, env = embedded_site
+    env = {**env, "RUNTIME_SLICE_STEPS": "1000"}
+    first = processes.worker(ready=True, **env)
+    task_id = client.post("/runtime/tasks", json={"agent": "noop", "input": {"steps": 60, "sleepMs": 100}}).json()[
+        "taskId"
+    ]
+    wait_until(lambda: client.get(f"/runtime/tasks/{task_id}").json()["stepsDone"] >= 5, timeout=60, what="5 steps")
+    processes.kill(first)
+    snapshot = client.get(f"/runtime/tasks/{task_id}").json()
+    if asked == "cancel":
+        answer = client.post(f"/runtime/tasks/{task_id}/cancel", json={"reason": "stop it"})
+    else:
+        answer = client.post(
+            f"/runtime/tasks/{task_id}/steering",
+            json={"commandId": "p1", "type": "pause", "payload": {}, "expectedVersion": snapshot["stateVersion"]},
+        )
+    assert answer.status_code in (200, 202), answer.text
+    asked_at = client.get(f"/runtime/tasks/{task_id}").json()
+    assert asked_at["runtimeStatus"] in ("working", "pausing"), asked_at  # waiting: the dead lease still holds
+    db = sqlite3.connect(data / "runtime.sqlite3", timeout=20)
+    row_id = uuid.UUID(task_id).hex
+    wait_until(lambda: lease_expired(db, row_id), timeout=30, what="the killed worker's lease to expire")
+    processes.worker(**env)
+    ended = "cancelled" if asked == "cancel" else "paused"
+    wait_until(
+        lambda: client.get(f"/runtime/tasks/{task_id}").json()["runtimeStatus"] == ended,
+        timeout=60,
+        what=lambda: f"the task to be {ended}: {client.get(f'/runtime/tasks/{task_id}').json()}",
+    )
+    final = client.get(f"/runtime/tasks/{task_id}").json()
+    steps = db.execute("SELECT COUNT(*) FROM tasks_app_step WHERE task_id = ?", [row_id]).fetchone()[0]
+    assert final["stepsDone"] == asked_at["stepsDone"] and steps == asked_at["stepsDone"], (final, steps)
+    assert final["recoveries"] == (0 if asked == "cancel" else 1), final
+
+
+def test_two_workers_and_the_reaper_count_each_loss_of_a_step_that_kills_its_worker_once(
+    embedded_site, processes: Processes, tmp_path: Path
+):
+    """The same poison step with beat on and two workers, each dead one replaced: the reaper
+    and the worker whose message (put back by the broker, or rung by the reaper) finds the
+    dead worker's lease run out race to recover it. Each loss is counted once, never twice
+    (recoveries jumping by two) nor skipped: held at the (max_recoveries + 1)th, one run each."""
+    client, _, _, _, _, env = embedded_site
+    runs = tmp_path / "runs"
+    env = {**env, "RUNTIME_MAX_RECOVERIES": "2", "RUNTIME_TEST_WORKER_KILLS": str(runs)}
+    processes.beat(**env)
+    workers = [processes.worker(**env), processes.worker(**env)]
+    task_id = client.post("/runtime/tasks", json={"agent": "kills_its_worker", "input": {}}).json()["taskId"]
+
+    def held() -> bool:
+        for i, worker in enumerate(workers):
+            if worker.poll() is not None:  # killed by the step: replaced
+                workers[i] = processes.worker(**env)
+        return client.get(f"/runtime/tasks/{task_id}").json()["runtimeStatus"] not in (
+            "queued",
+            "working",
+            "recovering",
+        )
+
+    wait_until(held, timeout=180, what=lambda: f"the task to be held: {client.get(f'/runtime/tasks/{task_id}').json()}")
+    task = client.get(f"/runtime/tasks/{task_id}").json()
+    assert task["runtimeStatus"] == "dead_lettered" and task["recoveries"] == 3, task
+    assert len(runs.read_text().split()) == 3, runs.read_text()

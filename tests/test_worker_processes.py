@@ -43,6 +43,9 @@ def test_a_slice_delivered_many_times_runs_each_step_once(alice, processes: Proc
     assert {attempt for _, attempt in steps} == {1}
     task.refresh_from_db()
     assert task.result == {"steps": 40}
+    # A duplicate that finds the lease held by a live worker drops itself: no worker was
+    # lost, none counted (each failed claim asks whether the holder's lease ran out).
+    assert (task.recoveries, task.infra_faults) == (0, 0), (task.recoveries, task.infra_faults)
     assert verify_chain(task) is None
 
 

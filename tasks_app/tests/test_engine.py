@@ -391,3 +391,47 @@ def test_concurrency_limited_tasks_never_overlap_on_real_workers(alice, settings
     spans = sorted(Step.objects.filter(task__in=tasks).values_list("started_at", "finished_at", "task_id"))
     for (_, end, a), (start, _, b) in pairwise(spans):
         assert a == b or start >= end, "two tasks of the tenant ran at once"
+
+
+def test_a_command_applied_over_a_lost_holders_expired_lease_fences_the_holder_out(alice):
+    """A pause finds the task's lease run out in its holder's hands, before the reaper came
+    by: nobody is mid-step, so it applies now (paused). The holder was frozen, not dead:
+    thawed, it renewed its lease on the paused task and committed the step it was in, the
+    epoch being still its own. Applying a command there takes the task from its holder, so it
+    moves the epoch; the lease stays, expired, for a recovery to count (after a resume)."""
+    from steering_app.actions import do_enqueue_command
+
+    task = new_task(alice, steps=10)
+    held = leases.claim(task.id, worker_id="frozen", ttl=30)
+    assert held is not None and engine._load(held) is not None
+    expire_lease(task)
+    version = Task.objects.get(id=task.id).state_version
+    do_enqueue_command(
+        task.id,
+        who=console(alice.tenant, "user:test"),
+        command_id="p1",
+        type="pause",
+        payload={},
+        expected_version=version,
+    )
+    paused = Task.objects.get(id=task.id)
+    assert paused.status == "paused"
+    assert not leases.renew(held, ttl=30)  # the thawed holder's heartbeat fails ...
+    with pytest.raises(leases.LeaseLost), transaction.atomic():
+        leases.fenced(held)  # ... and so does any write of the step it was in
+    # Resumed: the lost holder is counted, once, by the recovery that hands the task on.
+    do_enqueue_command(
+        task.id,
+        who=console(alice.tenant, "user:test"),
+        command_id="r1",
+        type="resume",
+        payload={},
+        expected_version=paused.state_version,
+    )
+    # The resume's message finds the lease run out in the lost holder's hands: recovered.
+    assert engine.run_slice(task.id, worker_id="w2") is engine.SliceOutcome.DROPPED
+    assert Task.objects.get(id=task.id).status == "recovering"
+    run_to_end(task, worker="w2")  # the recovery's message
+    task.refresh_from_db()
+    assert task.status == "completed" and task.recoveries == 1, (task.status, task.recoveries)
+    assert verify_chain(task) is None

@@ -370,3 +370,24 @@ def test_release_lease_fences_the_holder_and_requeues(alice):
     assert record.data == {"owner": "stuck"} and record.actor == "admin:op"
     with pytest.raises(NoLease):
         operators.do_release_lease(task.id, who=console(task.tenant, "admin:op"), reason="again")
+
+
+def test_a_lease_its_slice_could_not_give_back_is_given_back_by_the_retry_as_an_infrastructure_fault(alice):
+    """engine._abandon could not reach the database to give the lease back; the retry it sent
+    carries that lease and gives it back, live or expired, counted as the infrastructure
+    fault: not left to run out and be counted as a lost worker."""
+    task = new_task(alice, steps=3)
+    abandoned = leases.claim(task.id, worker_id="cut-off", ttl=30)
+    assert abandoned is not None
+    assert leases.claim(task.id, worker_id="retry", ttl=30) is None  # live: the retry alone cannot take it
+    given = operators.do_give_back(abandoned, actor="worker:retry")
+    assert given is not None and given.lease_owner is None and given.lease_epoch == abandoned.epoch + 1
+    task.refresh_from_db()
+    assert (task.recoveries, task.infra_faults) == (0, 1)
+    assert operators.do_give_back(abandoned, actor="worker:retry") is None  # once: that lease is gone
+    # Once taken over (or recovered), another slice's lease is nobody's to give back for it.
+    taken = leases.claim(task.id, worker_id="next", ttl=30)
+    assert taken is not None
+    assert operators.do_give_back(abandoned, actor="worker:retry") is None
+    assert Task.objects.get(id=task.id).lease_owner == "next"
+    assert verify_chain(Task.objects.get(id=task.id)) is None
