@@ -428,6 +428,15 @@ def test_database_outages_longer_than_a_lease_are_infrastructure_faults_not_reco
     assert final["recoveries"] == 0 and final["error"] is None, final
 
 
+def counts(url: str, task_id: Any) -> dict[str, Any]:
+    """The task's status, steps and fault counts, read from the private cluster at `url`."""
+    with psycopg.connect(url, row_factory=dict_row) as conn:
+        return conn.execute(
+            "SELECT status, steps_done, recoveries, infra_faults, error FROM tasks_app_task WHERE id = %s",
+            [task_id],
+        ).fetchone()
+
+
 def test_a_worker_mid_slice_gives_a_frozen_database_up_within_its_deadline_and_the_task_completes_after_the_thaw(
     alice, processes, private_postgres
 ):
@@ -455,11 +464,7 @@ def test_a_worker_mid_slice_gives_a_frozen_database_up_within_its_deadline_and_t
     log = Path(worker.log_path)
 
     def row() -> dict[str, Any]:
-        with psycopg.connect(url, row_factory=dict_row) as conn:
-            return conn.execute(
-                "SELECT status, steps_done, recoveries, infra_faults, error FROM tasks_app_task WHERE id = %s",
-                [task.id],
-            ).fetchone()
+        return counts(url, task.id)
 
     wait_until(lambda: row()["steps_done"] >= 3, timeout=60, what="steps under way")
     private_postgres.freeze()
@@ -534,11 +539,7 @@ def test_a_lease_a_worker_could_not_give_back_in_a_database_blip_is_an_infrastru
     log = Path(worker.log_path)
 
     def row() -> dict[str, Any]:
-        with psycopg.connect(url, row_factory=dict_row) as conn:
-            return conn.execute(
-                "SELECT status, steps_done, recoveries, infra_faults, error FROM tasks_app_task WHERE id = %s",
-                [task.id],
-            ).fetchone()
+        return counts(url, task.id)
 
     wait_until(lambda: row()["steps_done"] >= 3, timeout=60, what="steps under way")
     private_postgres.freeze()

@@ -217,23 +217,21 @@ def test_a_charset_other_than_utf8_is_refused_naming_it(alice):
     on as if the header had said nothing. /mcp reads UTF-8 only, so a charset it could look
     up (rot13, punycode, Latin-1) was read as UTF-8 all the same: refused too."""
     body = json.dumps({"jsonrpc": "2.0", "id": 6, "method": "tools/list"}).encode()
-    for charset in ("bogus", "rot13", "punycode", "latin-1", "utf-16", "utf-8-sig"):
-        response = Client().generic(
+
+    def post_in(charset: str) -> Any:
+        return Client().generic(
             "POST",
             "/mcp",
             body,
             content_type=f"application/json; charset={charset}",
             headers={"Accept": "application/json, text/event-stream", "Authorization": f"Bearer {alice.token}"},
         )
+
+    for charset in ("bogus", "rot13", "punycode", "latin-1", "utf-16", "utf-8-sig"):
+        response = post_in(charset)
         assert response.status_code == 415, (charset, response.content)
         error = response.json()["error"]
         assert response.json()["id"] == 6 and charset in error["message"] and error["code"] == -32600, error
     for charset in ("utf-8", "UTF-8", "utf8"):
-        ok = Client().generic(
-            "POST",
-            "/mcp",
-            body,
-            content_type=f"application/json; charset={charset}",
-            headers={"Accept": "application/json, text/event-stream", "Authorization": f"Bearer {alice.token}"},
-        )
+        ok = post_in(charset)
         assert ok.status_code == 200, (charset, ok.content)
