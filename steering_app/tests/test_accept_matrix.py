@@ -135,6 +135,9 @@ def test_every_command_on_every_state_leaves_everything_whole(alice, type, state
     row = SteeringCommand.objects.get(id=command.id)
     assert (row.status, row.outcome, row.version) == (command.status, command.outcome, command.version)
     assert command.version == after.state_version
+    for settled in SteeringCommand.objects.filter(task=task, applied_at__isnull=False):
+        # Accepted, then applied: an answer's createdAt after its appliedAt is a command applied before it was accepted.
+        assert settled.created_at <= settled.applied_at, (settled.command_id, settled.created_at, settled.applied_at)
     assert after.updated_at > was.updated_at
     if row.status == CommandStatus.APPLIED and type == "adjust_goal":
         assert (after.goal, after.constraints["maxDocs"], after.plan_version) == ("shorter", 3, was.plan_version + 1)
