@@ -134,6 +134,7 @@ def test_every_command_on_every_state_leaves_everything_whole(alice, type, state
     after = Task.objects.get(id=task.id)
     row = SteeringCommand.objects.get(id=command.id)
     assert (row.status, row.outcome, row.version) == (command.status, command.outcome, command.version)
+    assert (row.payload, row.reason, row.requested_by, row.type) == (PAYLOADS[type], "because", "user:t", type)
     assert command.version == after.state_version
     for settled in SteeringCommand.objects.filter(task=task, applied_at__isnull=False):
         # Accepted, then applied: an answer's createdAt after its appliedAt is a command applied before it was accepted.
