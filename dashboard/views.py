@@ -64,9 +64,15 @@ def signed_out(*, back_to: str, for_script: bool) -> HttpResponse:
     return redirect_to_login(back_to)
 
 
-def with_task(view: Callable[..., HttpResponse] | None = None, *, for_script: bool = False) -> Any:
+def with_task(
+    view: Callable[..., HttpResponse] | None = None, *, for_script: bool = False, one_moment: bool = True
+) -> Any:
     """Resolve the task inside the person's tenants; anything else is a plain 404 page.
-    for_script: the view answers dashboard.js (JSON or a fragment), not a person."""
+    for_script: the view answers dashboard.js (JSON or a fragment), not a person.
+    one_moment=False: a read that needs no snapshot of the task's rows (an artifact: the
+    task, then a blob). Not in one_snapshot's transaction, which a slow blob store kept
+    open past the web's idle_in_transaction_session_timeout: PostgreSQL ended the session
+    under it, and the artifact, read in full, was a 503 at the commit."""
 
     def decorate(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
         @wraps(view)
@@ -76,7 +82,7 @@ def with_task(view: Callable[..., HttpResponse] | None = None, *, for_script: bo
             # A read sees the task and what hangs off it (its open questions, commands,
             # checkpoints) as of one moment: read apart, an answer committed in between
             # showed input_required with no question (selectors.one_snapshot).
-            reading = request.method in ("GET", "HEAD")
+            reading = one_moment and request.method in ("GET", "HEAD")
             with one_snapshot() if reading else contextlib.nullcontext():
                 try:
                     task = task_for(access.person(request), task_id)
@@ -277,7 +283,7 @@ def task_panels(request: HttpRequest, task: Task) -> HttpResponse:
 
 
 @allow_methods("GET", "HEAD")
-@with_task
+@with_task(one_moment=False)
 def artifact(request: HttpRequest, task: Task, name: str) -> HttpResponse:
     return artifacts.response(task, name, download=request.GET.get("download") in ("1", "true"))
 

@@ -607,9 +607,13 @@ def withdraw_cancel(task: Task, *, actor: str) -> list[str]:
 
 
 def _settle(task: Task, command: SteeringCommand, status: str, outcome: str, actor: str, before: int) -> None:
-    command.status, command.outcome, command.applied_at = status, outcome, timezone.now()
+    now = timezone.now()
+    command.status, command.outcome, command.applied_at = status, outcome, now
     if command._state.adding:  # accepted and settled at once (_accept): inserted settled
-        command.save(force_insert=True)
+        # At one moment: auto_now_add would stamp created_at after applied_at (a command
+        # applied before it was accepted); raw keeps the value given.
+        command.created_at = now
+        command.save_base(raw=True, force_insert=True)
     else:
         command.save(update_fields=["status", "outcome", "applied_at"])
     applied = status == CommandStatus.APPLIED

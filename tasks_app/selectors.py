@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from django.db import transaction
@@ -18,13 +18,25 @@ def one_snapshot() -> Iterator[None]:
     sees what was committed when it started: a task read input_required, then its open
     questions read after an answer committed in between, showed input_required with none.
     On PostgreSQL a REPEATABLE READ, READ ONLY transaction (its snapshot is taken at its
-    first query); on SQLite any transaction reads one snapshot. Inside a transaction already
-    it adds nothing: that one decides."""
+    first query); on SQLite a DEFERRED one (WAL: its snapshot is taken at its first read).
+    Not the embedded profile's IMMEDIATE, which takes the database's write lock at BEGIN: a
+    read waited behind every worker's step for it, up to the busy timeout, and held it
+    while it rendered (tests/test_embedded_reads.py). Inside a transaction already it adds
+    nothing: that one decides."""
     conn = transaction.get_connection()
     if conn.in_atomic_block:
         yield
         return
-    with transaction.atomic():
+    with ExitStack() as snapshot:
+        if conn.vendor == "sqlite":
+            conn.ensure_connection()  # connecting sets transaction_mode from OPTIONS: before it is swapped
+            mode, conn.transaction_mode = conn.transaction_mode, "DEFERRED"
+            try:
+                snapshot.enter_context(transaction.atomic())  # BEGIN DEFERRED
+            finally:
+                conn.transaction_mode = mode
+        else:
+            snapshot.enter_context(transaction.atomic())
         if conn.vendor == "postgresql":
             with conn.cursor() as cursor:  # before any query, or PostgreSQL refuses it
                 cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
