@@ -505,6 +505,10 @@ def test_a_worker_told_to_stop_with_a_message_in_hand_runs_it_once_and_a_startin
     (pool,) = wait_until(lambda: pool_pids(stopping), timeout=30, what="the pool process")
     first, _ = do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 1})
     assert settled(first).status == "completed"  # the pool process is up (the worker is ready before it)
+    # ... and has handed its result back, so the main process acknowledged the message: a
+    # pool process stopped between its commit and that left the one prefetch slot taken, and
+    # the next slice was never delivered (CI).
+    wait_until(lambda: not unacked(), timeout=30, what=lambda: f"the first slice acknowledged (unacked: {unacked()})")
     os.kill(pool, signal.SIGSTOP)
     wait_until(lambda: stopped(pool), timeout=5, what="the pool process to be stopped")
     task, _ = do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 20, "sleepMs": 50})
