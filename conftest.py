@@ -139,10 +139,33 @@ def mallory(db: None) -> Persona:
     return make_persona("globex", "mallory", "admin")
 
 
+# Ports for the servers tests start, below the kernel's ephemeral range (32768-60999 on Linux by
+# default): a port the kernel handed out with bind(0) is free only until the next outgoing
+# connection or bind(0) anywhere on the machine takes it, and a uvicorn started on it a moment
+# later died with "address already in use" (a CI flake). Each xdist worker has its own block.
+_PORTS_PER_WORKER = 2000
+_next_port: list[int] = []
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nobody on this machine listens on, which no other test of this run is handed."""
+    if not _next_port:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+        index = int(worker) if worker.isdigit() else 0
+        # Two runs on one machine (CI beside a session's run): a random start within the block.
+        base = 12000 + (index % 10) * _PORTS_PER_WORKER
+        _next_port.append(base + int.from_bytes(os.urandom(2)) % _PORTS_PER_WORKER)
+    base = _next_port[0] - _next_port[0] % _PORTS_PER_WORKER
+    for _ in range(_PORTS_PER_WORKER):
+        port = _next_port[0]
+        _next_port[0] = base + (port + 1 - base) % _PORTS_PER_WORKER
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError(f"no free port in {base}-{base + _PORTS_PER_WORKER - 1}")
 
 
 def database_url() -> str:
@@ -211,7 +234,17 @@ class Processes:
         """uvicorn on `port`, returned once it answers (with its static files collected, as bin/run does)."""
         collect_static()
         proc = self.start("web", [sys.executable, "-m", *WEB, str(port)], **env)
-        wait_until(lambda: answers(f"http://127.0.0.1:{port}/healthz"), timeout=30, what="uvicorn to answer")
+        log = Path(proc.log_path)  # type: ignore[attr-defined]
+
+        def up() -> bool:
+            if proc.poll() is not None:  # say why at once, not after the timeout
+                raise AssertionError(f"uvicorn exited ({proc.returncode}):\n{log.read_text(errors='replace')[-3000:]}")
+            return answers(f"http://127.0.0.1:{port}/healthz")
+
+        # Booting Django takes a few seconds idle, far more beside a busy test worker.
+        wait_until(
+            up, timeout=90, what=lambda: f"uvicorn to answer; its log:\n{log.read_text(errors='replace')[-3000:]}"
+        )
         return proc
 
     @staticmethod
