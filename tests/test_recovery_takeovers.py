@@ -73,10 +73,20 @@ def test_a_tenant_at_its_limit_whose_running_task_lost_its_worker_gets_both_task
     """runtime.max_concurrent_tasks=1: the one running task's worker is killed, and the task
     submitted meanwhile is turned away at capacity while the dead worker's lease holds. Once
     the lease runs out the lost task is recovered (counted once) and neither waits for ever."""
-    env = {**FAST_LEASES, "RUNTIME_MAX_CONCURRENT_TASKS": "1", "RUNTIME_STALL_SECONDS": "600"}
+    # One slice for the whole run, so the first worker holds the lease when it is killed (its
+    # slice used to end, and the task run out, while the second worker booted on a busy machine);
+    # a lease of 8 s, so the new task's claim comes while the dead worker's lease still holds.
+    env = {
+        **FAST_LEASES,
+        "RUNTIME_LEASE_SECONDS": "8",
+        "RUNTIME_MAX_CONCURRENT_TASKS": "1",
+        "RUNTIME_STALL_SECONDS": "600",
+        "RUNTIME_SLICE_SECONDS": "600",
+        "RUNTIME_SLICE_STEPS": "1000",
+    }
     first = processes.worker(concurrency=1, ready=True, **env)
     who = console(alice.tenant, "user:test")
-    lost, _ = do_create_task(who, agent="noop", input={"steps": 40, "sleepMs": 100})
+    lost, _ = do_create_task(who, agent="noop", input={"steps": 200, "sleepMs": 100})
     wait_until(lambda: Task.objects.get(id=lost.id).steps_done >= 3, timeout=60, what="3 steps")
     processes.worker(concurrency=2, ready=True, **env)
     processes.kill(first)
