@@ -40,6 +40,9 @@ HOSTILE = {
     "arrays nested 10,000 deep": "[" * 10_000 + "]" * 10_000,
     "objects nested 2,000 deep": '{"a":' * 2000 + "1" + "}" * 2000,
     "arrays nested 101 deep": "[" * 101 + "]" * 101,
+    # the parser kept the last: what the client meant by the first was silently dropped
+    "a key given twice": '{"k": 1, "k": 2}',
+    "a key given twice, escaped once": '{"k": 1, "\\u006b": 1}',
 }
 # Nested past what the parser itself can take: refused as a whole document, no field to name.
 UNPARSEABLE = {"arrays nested 10,000 deep", "objects nested 2,000 deep"}
@@ -120,6 +123,24 @@ def test_every_rest_body_edge_refuses_each_hostile_value_naming_the_field(alice,
     # the process stays healthy: the same edge takes a good body
     good = post_json(path, template.replace("@", '"fine"' if edge != "create" else "{}"), alice.token)
     assert good.status_code in (201, 202), good.content
+
+
+def test_a_key_given_twice_in_one_object_is_refused_naming_it_on_every_json_edge(alice, task):
+    """{"agent": "a", "agent": "b"} was read as "b": the last one won, and what the client
+    meant by the first was dropped without a word."""
+    before = written()
+    cases = {
+        "/runtime/tasks": ('{"agent": "noop", "input": {"steps": 1}, "agent": "tool_calls"}', "agent"),
+        f"/runtime/tasks/{task.id}/steering": (
+            '{"commandId": "c-1", "type": "pause", "expectedVersion": 1, "type": "cancel"}',
+            "type",
+        ),
+        f"/runtime/tasks/{task.id}/inputs/q": ('{"answer": {"a": 1, "b": 2, "a": 3}}', "answer.a"),
+    }
+    for path, (body, field) in cases.items():
+        error = refusal(post_json(path, body, alice.token))
+        assert list(error["fields"]) == [field] and "2 times" in error["message"], (path, error)
+    assert written() == before
 
 
 def test_rest_query_strings_are_checked(alice, task):
