@@ -297,6 +297,51 @@ def test_paths_and_headers_carrying_nul_or_malformed_keys_are_refused(alice, tas
     assert written() == before
 
 
+# "%zz" is no percent-encoding; "%ff" and "%c3%28" decode to bytes that are not UTF-8. Django
+# read each as U+FFFD (or kept "%zz" as it came) and went on with a value the client never sent.
+BAD_ENCODINGS = {"%zz": "percent-encoding", "%f": "percent-encoding", "%ff": "UTF-8", "%c3%28": "UTF-8"}
+
+
+# the MCP view closes its connection, which would end a test transaction
+@pytest.mark.django_db(transaction=True)
+def test_bad_percent_encoding_in_a_query_string_or_a_form_is_refused_naming_the_parameter(alice, task):
+    browser = client()
+    browser.force_login(alice.user)
+    form = "application/x-www-form-urlencoded"
+    before = written()
+    for bad, problem in BAD_ENCODINGS.items():
+        for name, response, field in (
+            ("REST list", alice.client().get(f"/runtime/tasks?status={bad}"), "query.status"),
+            ("REST detail", alice.client().get(f"/runtime/tasks/{task.id}?x{bad}=1"), "query.x"),
+            (
+                "REST create, a form",
+                client().post(
+                    "/runtime/tasks", f"agent={bad}", content_type=form, HTTP_AUTHORIZATION=f"Bearer {alice.token}"
+                ),
+                "form.agent",
+            ),
+            ("dashboard", browser.get(f"/dashboard/tasks.json?status={bad}"), "query.status"),
+            (
+                "dashboard form",
+                browser.post(f"/dashboard/tasks/{task.id}/steer", f"type=pause&command_id=c{bad}", content_type=form),
+                "form.command_id",
+            ),
+            (
+                "admin sign-in",
+                client().post("/admin/login/", f"username=root{bad}&password=pw", content_type=form),
+                "form.username",
+            ),
+        ):
+            error = refusal(response)
+            assert problem in error["message"], (name, bad, error)
+            # the name as far as it decodes ("x%zz", "x\ufffd"): where the client can find it
+            assert [key[: len(field)] for key in error["fields"]] == [field], (name, bad, error)
+        message = rpc_error(mcp(alice.token, tools_call("1", modern=False), QUERY_STRING=f"x={bad}"), -32600, 7)
+        assert "query.x" in message and problem in message, (bad, message)
+    assert written() == before
+    assert alice.client().get("/runtime/tasks?status=qu%65ued").status_code == 200  # well-formed: as before
+
+
 def test_dashboard_query_strings_are_checked(alice, task):
     browser = client()
     browser.force_login(alice.user)
