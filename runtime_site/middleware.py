@@ -80,6 +80,18 @@ def malformed_encoding(data: bytes, where: str, charset: str = "utf-8") -> json_
     return None
 
 
+def scope_problem(scope: dict[str, Any]) -> json_safety.UnsafeInput | None:
+    """What in an ASGI request's scope makes it one Django cannot build as it came, named: a
+    query string whose raw bytes are not UTF-8 (ASGIRequest decodes it in its constructor,
+    and a UnicodeDecodeError was Django's empty text/html 400, or out of the lean path a 500).
+    Both handlers read it before building a request (runtime_site/handlers.py, lean.py)."""
+    try:
+        scope.get("query_string", b"").decode("utf-8")
+    except UnicodeDecodeError:
+        return json_safety.UnsafeInput("query", "is not UTF-8; percent-encode any other byte (%xx)")
+    return None
+
+
 def request_texts(request: HttpRequest) -> dict[str, Any]:
     """Everything a request carries besides its body, for json_safety.check(): its path,
     every query parameter and every header (cookies included)."""

@@ -41,6 +41,7 @@ def web_process_settings(settings: Any) -> None:
 
 
 def scope(path: str, headers: dict[str, str]) -> dict[str, Any]:
+    """The query string one byte a character (latin-1), so a test can send bytes that are not UTF-8."""
     path, _, query = path.partition("?")
     return {
         "type": "http",
@@ -51,7 +52,7 @@ def scope(path: str, headers: dict[str, str]) -> dict[str, Any]:
         "path": path,
         "raw_path": path.encode(),
         "root_path": "",
-        "query_string": query.encode(),
+        "query_string": query.encode("latin-1"),
         "headers": [(b"host", b"testserver")] + [(k.lower().encode(), v.encode()) for k, v in headers.items()],
         "server": ("testserver", 80),
         "client": ("127.0.0.1", 1234),
@@ -177,6 +178,15 @@ def everything_else(alice: Persona, mallory: Persona) -> dict[str, tuple[str, di
         "not an id": ("/runtime/tasks/not-an-id", bearer(alice.token)),
         "a NUL in a header": (url, {**bearer(alice.token), "X-Note": "a\x00b"}),
         "a JWT": (url, bearer("eyJhbGciOiJIUzI1NiJ9.e30.sig")),
+        # What the full path refuses before any view: the lean path raised out of the handler (a 500)
+        # or answered the snapshot as if the request had been well formed.
+        "a Content-Type past Django's limit": (
+            url,
+            {**bearer(alice.token), "Content-Type": "text/plain; x=" + "a" * 20_000},
+        ),
+        "a query string that is not UTF-8": (f"{url}?a=\xff\xfe", bearer(alice.token)),
+        "bad percent-encoding": (f"{url}?a=%zz", bearer(alice.token)),
+        "percent-encoding that is not UTF-8": (f"{url}?a=%ff", bearer(alice.token)),
     }
 
 
