@@ -3,6 +3,7 @@ from __future__ import annotations
 import codecs
 import json
 import re
+from collections import Counter
 from collections.abc import Callable
 from functools import cache
 from typing import Any
@@ -80,11 +81,38 @@ def malformed_encoding(data: bytes, where: str, charset: str = "utf-8") -> json_
     return None
 
 
+# Headers that hold one value (RFC 9110 §5.3: only a list-valued field may be sent twice).
+# Django joins a header sent twice with a comma: two Authorization headers read as one
+# malformed key (a 401 blaming the key), two Idempotency-Keys as the key "a,b", two
+# Content-Types as "application/json,application/json" (a 415); a proxy or client that
+# sends two means two different things, and no server may pick one.
+SINGLE_VALUE_HEADERS = frozenset(
+    {
+        b"authorization",
+        b"content-length",
+        b"content-type",
+        b"host",
+        b"idempotency-key",
+        b"last-event-id",
+        b"mcp-method",
+        b"mcp-name",
+        b"mcp-protocol-version",
+        b"mcp-session-id",
+        b"origin",
+    }
+)
+
+
 def scope_problem(scope: dict[str, Any]) -> json_safety.UnsafeInput | None:
     """What in an ASGI request's scope makes it one Django cannot build as it came, named: a
-    query string whose raw bytes are not UTF-8 (ASGIRequest decodes it in its constructor,
-    and a UnicodeDecodeError was Django's empty text/html 400, or out of the lean path a 500).
+    single-value header sent more than once (the scope still lists each), or a query string
+    whose raw bytes are not UTF-8 (ASGIRequest decodes it in its constructor, and a
+    UnicodeDecodeError was Django's empty text/html 400, or out of the lean path a 500).
     Both handlers read it before building a request (runtime_site/handlers.py, lean.py)."""
+    counts = Counter(name.lower() for name, _ in scope.get("headers", ()) if name.lower() in SINGLE_VALUE_HEADERS)
+    for name, count in counts.items():
+        if count > 1:
+            return json_safety.UnsafeInput(f"headers.{name.decode().title()}", f"given {count} times; send it once")
     try:
         scope.get("query_string", b"").decode("utf-8")
     except UnicodeDecodeError:
