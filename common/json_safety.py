@@ -5,7 +5,9 @@ encoded as UTF-8; NaN and Infinity are not JSON (jsonb refuses them); an integer
 bits overflows a bigint column or an OFFSET; and JSON nested a few thousand levels deep
 makes the parser, and every recursive walk after it (schema validation, canonical JSON),
 raise RecursionError. Each of these used to surface as a 500 from deep inside a request.
-Here each becomes an UnsafeInput naming where it is, before anything is written.
+A key given twice in one object is refused too: the parser kept the last, and what the
+client meant by the first was dropped without a word. Here each becomes an UnsafeInput
+naming where it is, before anything is written.
 
 - loads(): parse and check a body (DRF's parser: runtime_site/parsers.py).
 - parse() then check(): the same in two steps, for an edge that reads part of a document it
@@ -18,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections import Counter
 from typing import Any
 
 MAX_DEPTH = 100  # arrays and objects inside one another: far beyond any real input
@@ -75,8 +78,22 @@ def _float(text: str) -> float | _Refused:
     return value if MIN_INT <= value <= MAX_INT else _Refused(FLOAT_OUT_OF_RANGE)
 
 
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # RFC 8259 §4 leaves a repeated name's meaning open; {"agent": "a", "agent": "b"} is two
+    # answers to one question, so neither is taken. The count is the one the client sent.
+    found = dict(pairs)
+    if len(found) < len(pairs):
+        for key, count in Counter(key for key, _ in pairs).items():
+            if count > 1:
+                found[key] = _Refused(f"given {count} times in one object; give it once")
+    return found
+
+
 _DECODER = json.JSONDecoder(
-    parse_constant=lambda name: _Refused(f"{name} is not a JSON number"), parse_int=_int, parse_float=_float
+    object_pairs_hook=_object,
+    parse_constant=lambda name: _Refused(f"{name} is not a JSON number"),
+    parse_int=_int,
+    parse_float=_float,
 )
 
 

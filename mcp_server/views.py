@@ -47,7 +47,7 @@ from mcp_server.protocol import (
 )
 from mcp_server.shared import Call, Wait, ping, rpc_error
 from runtime_site.errors import RETRY_AFTER_SECONDS, allow_methods, infrastructure_fault
-from runtime_site.middleware import not_utf8, request_texts
+from runtime_site.middleware import check_texts, not_utf8
 from runtime_site.ratelimit import RateLimited
 from tasks_app import oauth
 from tasks_app.auth import (
@@ -482,7 +482,7 @@ async def _endpoint(request: HttpRequest) -> HttpResponseBase:
     except RpcError as exc:
         return _error(exc, exc.request_id, status=400)
     try:  # what UnsafeTextMiddleware checks on every other path, answered here with the id
-        json_safety.check(request_texts(request))
+        check_texts(request)
     except json_safety.UnsafeInput as exc:
         return _error(RpcError(INVALID_REQUEST, f"Invalid Request: {exc}"), message.id, status=400)
     if (charset := not_utf8(request)) is not None:

@@ -23,17 +23,21 @@ from django.core.handlers.asgi import ASGIHandler
 from django.http import HttpRequest, HttpResponseBase, JsonResponse
 from django.urls import Resolver404, ResolverMatch, get_resolver
 
-from runtime_site.errors import error_body
+from runtime_site.errors import error_body, unsafe_input_body
 from runtime_site.lean import LeanPath
+from runtime_site.middleware import scope_problem
 
 
 class RequestCheckingHandler(ASGIHandler):
     """ASGIHandler, except that a request Django cannot even build is a 400 in the one error
     shape. ASGIRequest parses the Content-Type's parameters in its constructor, and
     create_request only catches a bad encoding and a too-large body: a Content-Type over
-    Django's length limit raised BadRequest out of the handler, which uvicorn answered 500."""
+    Django's length limit raised BadRequest out of the handler, which uvicorn answered 500.
+    What the scope itself shows (middleware.scope_problem) is named before Django tries."""
 
     def create_request(self, scope: Mapping[str, Any], body_file: IO[bytes]) -> tuple[Any, Any]:
+        if (problem := scope_problem(dict(scope))) is not None:
+            return None, JsonResponse(unsafe_input_body(problem), status=400)
         try:
             return super().create_request(scope, body_file)
         except (BadRequest, SuspiciousOperation) as exc:

@@ -28,10 +28,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, cast
 
 from django.conf import settings
+from django.core.exceptions import BadRequest, SuspiciousOperation
 from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
 from django.utils.log import log_response
 from django.utils.module_loading import import_string
+
+from runtime_site.middleware import scope_problem
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +88,9 @@ class LeanPath:
     async def __call__(
         self, scope: dict[str, Any], receive: Any, send: Any, view: LeanView, kwargs: dict[str, Any], full: Asgi
     ) -> None:
-        request = ASGIRequest(scope, io.BytesIO())
+        request = _build(scope)
+        if request is None:  # a request Django cannot build: the full handler's 400 names why
+            return await full(scope, receive, send)
         try:
             response = None if self._request_checks(request) else await view(request, **kwargs)
         except Exception:
@@ -112,6 +117,18 @@ class LeanPath:
             except Exception:  # noqa: BLE001 (a disallowed host, a forbidden user agent: the full path says so)
                 return True
         return False
+
+
+def _build(scope: dict[str, Any]) -> ASGIRequest | None:
+    """The request, or None where the full handler refuses to build it (RequestCheckingHandler):
+    a query string that is not UTF-8, a Content-Type past Django's length limit. Built here
+    they raised out of the lean path, which uvicorn answered 500."""
+    if scope_problem(scope) is not None:
+        return None
+    try:
+        return ASGIRequest(scope, io.BytesIO())
+    except (BadRequest, SuspiciousOperation):
+        return None
 
 
 class LeanStream(StreamingHttpResponse):

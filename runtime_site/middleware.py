@@ -2,9 +2,12 @@ from __future__ import annotations
 
 import codecs
 import json
+import re
+from collections import Counter
 from collections.abc import Callable
 from functools import cache
 from typing import Any
+from urllib.parse import unquote_to_bytes
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -36,6 +39,85 @@ class BodySizeLimitMiddleware:
                 error_body("body_too_large", f"request body is {length} bytes; the limit is {limit}"), status=413
             )
         return None
+
+
+FORM = "application/x-www-form-urlencoded"
+# "%" starts a percent-encoding only before two hex digits (RFC 3986 §2.1).
+_BAD_PERCENT = re.compile(rb"%(?![0-9A-Fa-f]{2})")
+
+
+def check_texts(request: HttpRequest) -> None:
+    """UnsafeInput for the first thing a request carries besides a JSON body that no view may
+    read as it came: a query string or a form body that is not well-formed percent-encoding,
+    or anything request_texts() holds that is never stored (json_safety.check)."""
+    query = request.META.get("QUERY_STRING", "").encode()
+    if (problem := malformed_encoding(query, "query")) is not None:
+        raise problem
+    if request.content_type == FORM:
+        charset = (request.content_params or {}).get("charset", "utf-8")
+        if unknown_charset(request) is None and (problem := malformed_encoding(request.body, "form", charset)):
+            raise problem
+    json_safety.check(request_texts(request))
+
+
+def malformed_encoding(data: bytes, where: str, charset: str = "utf-8") -> json_safety.UnsafeInput | None:
+    """The first name or value of `data` (name=value&..., a query string or a form body) whose
+    percent-encoding is broken ("%zz", a lone "%") or does not decode in `charset` ("%ff" in
+    UTF-8), named where.name. Django read "%zz" as it came and "%ff" as U+FFFD, so a view went
+    on with a value the client never sent."""
+    label = "UTF-8" if codecs.lookup(charset).name == "utf-8" else charset
+    for pair in data.split(b"&"):
+        name, _, value = pair.partition(b"=")
+        shown = f"{where}.{unquote_to_bytes(name.replace(b'+', b' ')).decode(charset, 'replace')}"
+        for part in (name, value):
+            if _BAD_PERCENT.search(part):
+                return json_safety.UnsafeInput(
+                    shown, 'has a "%" that starts no percent-encoding (% and two hex digits; %25 for "%" itself)'
+                )
+            try:
+                unquote_to_bytes(part.replace(b"+", b" ")).decode(charset)
+            except UnicodeError:
+                return json_safety.UnsafeInput(shown, f"is not {label} once its percent-encoding is decoded")
+    return None
+
+
+# Headers that hold one value (RFC 9110 §5.3: only a list-valued field may be sent twice).
+# Django joins a header sent twice with a comma: two Authorization headers read as one
+# malformed key (a 401 blaming the key), two Idempotency-Keys as the key "a,b", two
+# Content-Types as "application/json,application/json" (a 415); a proxy or client that
+# sends two means two different things, and no server may pick one.
+SINGLE_VALUE_HEADERS = frozenset(
+    {
+        b"authorization",
+        b"content-length",
+        b"content-type",
+        b"host",
+        b"idempotency-key",
+        b"last-event-id",
+        b"mcp-method",
+        b"mcp-name",
+        b"mcp-protocol-version",
+        b"mcp-session-id",
+        b"origin",
+    }
+)
+
+
+def scope_problem(scope: dict[str, Any]) -> json_safety.UnsafeInput | None:
+    """What in an ASGI request's scope makes it one Django cannot build as it came, named: a
+    single-value header sent more than once (the scope still lists each), or a query string
+    whose raw bytes are not UTF-8 (ASGIRequest decodes it in its constructor, and a
+    UnicodeDecodeError was Django's empty text/html 400, or out of the lean path a 500).
+    Both handlers read it before building a request (runtime_site/handlers.py, lean.py)."""
+    counts = Counter(name.lower() for name, _ in scope.get("headers", ()) if name.lower() in SINGLE_VALUE_HEADERS)
+    for name, count in counts.items():
+        if count > 1:
+            return json_safety.UnsafeInput(f"headers.{name.decode().title()}", f"given {count} times; send it once")
+    try:
+        scope.get("query_string", b"").decode("utf-8")
+    except UnicodeDecodeError:
+        return json_safety.UnsafeInput("query", "is not UTF-8; percent-encode any other byte (%xx)")
+    return None
 
 
 def request_texts(request: HttpRequest) -> dict[str, Any]:
@@ -99,8 +181,9 @@ class UnsafeTextMiddleware:
     """A NUL in the path, a query parameter or a header is a 400 naming where, before any
     view or middleware queries with it (PostgreSQL refuses it wherever it lands: a session
     cookie, an input key in the URL, a status filter); so is a query parameter given twice,
-    and a body's charset nobody knows is a 415. The body is the parsers' to check. /mcp
-    answers in JSON-RPC, with the request's id, so it checks request_texts() itself."""
+    and a body's charset nobody knows is a 415; so is a query string or a form body whose
+    percent-encoding is broken (check_texts). A JSON body is the parsers' to check. /mcp
+    answers in JSON-RPC, with the request's id, so it calls check_texts() itself."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
@@ -113,7 +196,7 @@ class UnsafeTextMiddleware:
         """The refusal, or None (also the lean path's check: runtime_site/lean.py)."""
         if request.path != "/mcp":
             try:
-                json_safety.check(request_texts(request))
+                check_texts(request)
             except json_safety.UnsafeInput as exc:
                 return JsonResponse(unsafe_input_body(exc), status=400)
             if (repeated := repeated_parameter(request)) is not None:

@@ -5,13 +5,17 @@ from django.views.generic import RedirectView
 
 from mcp_server.views import mcp_endpoint, protected_resource_metadata
 from runtime_site import openapi  # (also registers the API's schema extensions)
+from runtime_site.errors import allow_methods_under
 from runtime_site.health import healthz, read_only, readyz, scrapers_only
 from runtime_site.metrics import metrics_view
+
+# The admin is pages and forms: what else comes is the JSON 405 every edge answers.
+admin_patterns, admin_app, admin_namespace = admin.site.urls
 
 urlpatterns = [
     path("runtime/", include("tasks_app.api.urls")),
     path("runtime/schema", openapi.SchemaApi.as_view(permission_classes=[], authentication_classes=[]), name="schema"),
-    path("admin/", admin.site.urls),
+    path("admin/", (allow_methods_under(admin_patterns, "GET", "HEAD", "POST"), admin_app, admin_namespace)),
     path("healthz", healthz),
     path("readyz", readyz),
     path("metrics", read_only(scrapers_only(metrics_view))),

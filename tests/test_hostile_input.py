@@ -40,6 +40,9 @@ HOSTILE = {
     "arrays nested 10,000 deep": "[" * 10_000 + "]" * 10_000,
     "objects nested 2,000 deep": '{"a":' * 2000 + "1" + "}" * 2000,
     "arrays nested 101 deep": "[" * 101 + "]" * 101,
+    # the parser kept the last: what the client meant by the first was silently dropped
+    "a key given twice": '{"k": 1, "k": 2}',
+    "a key given twice, escaped once": '{"k": 1, "\\u006b": 1}',
 }
 # Nested past what the parser itself can take: refused as a whole document, no field to name.
 UNPARSEABLE = {"arrays nested 10,000 deep", "objects nested 2,000 deep"}
@@ -120,6 +123,24 @@ def test_every_rest_body_edge_refuses_each_hostile_value_naming_the_field(alice,
     # the process stays healthy: the same edge takes a good body
     good = post_json(path, template.replace("@", '"fine"' if edge != "create" else "{}"), alice.token)
     assert good.status_code in (201, 202), good.content
+
+
+def test_a_key_given_twice_in_one_object_is_refused_naming_it_on_every_json_edge(alice, task):
+    """{"agent": "a", "agent": "b"} was read as "b": the last one won, and what the client
+    meant by the first was dropped without a word."""
+    before = written()
+    cases = {
+        "/runtime/tasks": ('{"agent": "noop", "input": {"steps": 1}, "agent": "tool_calls"}', "agent"),
+        f"/runtime/tasks/{task.id}/steering": (
+            '{"commandId": "c-1", "type": "pause", "expectedVersion": 1, "type": "cancel"}',
+            "type",
+        ),
+        f"/runtime/tasks/{task.id}/inputs/q": ('{"answer": {"a": 1, "b": 2, "a": 3}}', "answer.a"),
+    }
+    for path, (body, field) in cases.items():
+        error = refusal(post_json(path, body, alice.token))
+        assert list(error["fields"]) == [field] and "2 times" in error["message"], (path, error)
+    assert written() == before
 
 
 def test_rest_query_strings_are_checked(alice, task):
@@ -274,6 +295,51 @@ def test_paths_and_headers_carrying_nul_or_malformed_keys_are_refused(alice, tas
     # a session cookie with a NUL in it (the session lookup queries with it)
     refusal(client().get("/dashboard/", HTTP_COOKIE="sessionid=" + "a" * 31 + chr(0)))
     assert written() == before
+
+
+# "%zz" is no percent-encoding; "%ff" and "%c3%28" decode to bytes that are not UTF-8. Django
+# read each as U+FFFD (or kept "%zz" as it came) and went on with a value the client never sent.
+BAD_ENCODINGS = {"%zz": "percent-encoding", "%f": "percent-encoding", "%ff": "UTF-8", "%c3%28": "UTF-8"}
+
+
+# the MCP view closes its connection, which would end a test transaction
+@pytest.mark.django_db(transaction=True)
+def test_bad_percent_encoding_in_a_query_string_or_a_form_is_refused_naming_the_parameter(alice, task):
+    browser = client()
+    browser.force_login(alice.user)
+    form = "application/x-www-form-urlencoded"
+    before = written()
+    for bad, problem in BAD_ENCODINGS.items():
+        for name, response, field in (
+            ("REST list", alice.client().get(f"/runtime/tasks?status={bad}"), "query.status"),
+            ("REST detail", alice.client().get(f"/runtime/tasks/{task.id}?x{bad}=1"), "query.x"),
+            (
+                "REST create, a form",
+                client().post(
+                    "/runtime/tasks", f"agent={bad}", content_type=form, HTTP_AUTHORIZATION=f"Bearer {alice.token}"
+                ),
+                "form.agent",
+            ),
+            ("dashboard", browser.get(f"/dashboard/tasks.json?status={bad}"), "query.status"),
+            (
+                "dashboard form",
+                browser.post(f"/dashboard/tasks/{task.id}/steer", f"type=pause&command_id=c{bad}", content_type=form),
+                "form.command_id",
+            ),
+            (
+                "admin sign-in",
+                client().post("/admin/login/", f"username=root{bad}&password=pw", content_type=form),
+                "form.username",
+            ),
+        ):
+            error = refusal(response)
+            assert problem in error["message"], (name, bad, error)
+            # the name as far as it decodes ("x%zz", "x\ufffd"): where the client can find it
+            assert [key[: len(field)] for key in error["fields"]] == [field], (name, bad, error)
+        message = rpc_error(mcp(alice.token, tools_call("1", modern=False), QUERY_STRING=f"x={bad}"), -32600, 7)
+        assert "query.x" in message and problem in message, (bad, message)
+    assert written() == before
+    assert alice.client().get("/runtime/tasks?status=qu%65ued").status_code == 200  # well-formed: as before
 
 
 def test_dashboard_query_strings_are_checked(alice, task):

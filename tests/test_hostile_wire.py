@@ -12,6 +12,8 @@ import pytest
 from django.db import connection
 
 from conftest import Processes, free_port
+from tasks_app.access import console
+from tasks_app.actions import do_create_task
 from tasks_app.models import Task
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -121,3 +123,96 @@ def test_a_request_django_cannot_build_or_a_body_declared_too_large_is_a_clear_4
         create,
     )
     assert status == 201, body
+
+
+def test_a_single_value_header_sent_twice_is_a_400_naming_it(processes: Processes, alice):
+    """Django joins a header sent twice with a comma: two Authorization headers read as one
+    malformed key (a 401 blaming the key), two Idempotency-Keys as one key "a,b" that breaks
+    its pattern, two Content-Types as "application/json,application/json" (a 415). Each is two
+    requests' worth of intent in one; a 400 says which header, on every edge."""
+    port = free_port()
+    processes.web(port)
+    task, _ = do_create_task(console(alice.tenant, f"user:{alice.user.pk}"), agent="noop", input={"steps": 1})
+    auth = f"Authorization: Bearer {alice.token}".encode()
+    create = b'{"agent": "noop", "input": {"steps": 1}}'
+    post = b"POST /runtime/tasks HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: %d\r\n" % len(
+        create
+    )
+    rpc = b'{"jsonrpc": "2.0", "id": 3, "method": "tools/list"}'
+    cases = {
+        "Authorization": (
+            b"GET /runtime/tasks/%s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%s\r\n%s"
+            % (str(task.id).encode(), auth, auth),
+            b"",
+        ),
+        "Content-Type": (post + auth + b"\r\nContent-Type: application/json\r\nContent-Type: application/json", create),
+        "Idempotency-Key": (
+            post + auth + b"\r\nContent-Type: application/json\r\nIdempotency-Key: a\r\nIdempotency-Key: b",
+            create,
+        ),
+        "Mcp-Session-Id": (
+            b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: %d\r\n%s\r\n"
+            b"Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
+            b"Mcp-Session-Id: a\r\nMcp-Session-Id: b" % (len(rpc), auth),
+            rpc,
+        ),
+    }
+    before = Task.objects.count()
+    for name, (head, body) in cases.items():
+        status, answer = exchange(port, head, body)
+        assert status == 400, (name, status, answer[:300])
+        error = json.loads(answer)["error"]
+        assert error["fields"] == {f"headers.{name}": "given 2 times; send it once"}, (name, error)
+    # uvicorn (h11) refuses two Hosts and two Content-Lengths that differ itself, before the
+    # application sees them (and takes two equal Content-Lengths as one: RFC 9110 §8.6 lets it).
+    head = post + auth + b"\r\nContent-Type: application/json\r\nContent-Length: 3"
+    assert exchange(port, head, create)[0] == 400
+    assert exchange(port, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: 127.0.0.1\r\nConnection: close")[0] == 400
+    assert Task.objects.count() == before
+    status, answer = exchange(port, post + auth + b"\r\nContent-Type: application/json\r\nIdempotency-Key: a", create)
+    assert status == 201, answer
+
+
+def test_a_content_length_sent_twice_that_reaches_the_application_is_a_400_naming_it(alice):
+    """A server that hands both on (the ASGI scope is a list of headers) gets the same 400."""
+    import asyncio
+
+    from asgiref.testing import ApplicationCommunicator
+
+    from runtime_site.handlers import ByViewKind
+
+    create = b'{"agent": "noop", "input": {"steps": 1}}'
+    length = str(len(create)).encode()
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/runtime/tasks",
+        "raw_path": b"/runtime/tasks",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [
+            (b"host", b"testserver"),
+            (b"authorization", f"Bearer {alice.token}".encode()),
+            (b"content-type", b"application/json"),
+            (b"content-length", length),
+            (b"content-length", length),
+        ],
+        "server": ("testserver", 80),
+        "client": ("127.0.0.1", 1234),
+    }
+
+    async def post() -> tuple[int, bytes]:
+        communicator = ApplicationCommunicator(ByViewKind(), scope)
+        await communicator.send_input({"type": "http.request", "body": create})
+        start = await communicator.receive_output(10)
+        body = (await communicator.receive_output(10))["body"]
+        await communicator.wait(10)
+        return start["status"], body
+
+    status, body = asyncio.run(post())
+    assert status == 400, body
+    assert json.loads(body)["error"]["fields"] == {"headers.Content-Length": "given 2 times; send it once"}
+    assert Task.objects.count() == 0

@@ -41,6 +41,7 @@ def web_process_settings(settings: Any) -> None:
 
 
 def scope(path: str, headers: dict[str, str]) -> dict[str, Any]:
+    """The query string one byte a character (latin-1), so a test can send bytes that are not UTF-8."""
     path, _, query = path.partition("?")
     return {
         "type": "http",
@@ -51,7 +52,7 @@ def scope(path: str, headers: dict[str, str]) -> dict[str, Any]:
         "path": path,
         "raw_path": path.encode(),
         "root_path": "",
-        "query_string": query.encode(),
+        "query_string": query.encode("latin-1"),
         "headers": [(b"host", b"testserver")] + [(k.lower().encode(), v.encode()) for k, v in headers.items()],
         "server": ("testserver", 80),
         "client": ("127.0.0.1", 1234),
@@ -177,6 +178,20 @@ def everything_else(alice: Persona, mallory: Persona) -> dict[str, tuple[str, di
         "not an id": ("/runtime/tasks/not-an-id", bearer(alice.token)),
         "a NUL in a header": (url, {**bearer(alice.token), "X-Note": "a\x00b"}),
         "a JWT": (url, bearer("eyJhbGciOiJIUzI1NiJ9.e30.sig")),
+        # What the full path refuses before any view: the lean path raised out of the handler (a 500)
+        # or answered the snapshot as if the request had been well formed.
+        "a Content-Type past Django's limit": (
+            url,
+            {**bearer(alice.token), "Content-Type": "text/plain; x=" + "a" * 20_000},
+        ),
+        "a query string that is not UTF-8": (f"{url}?a=\xff\xfe", bearer(alice.token)),
+        "bad percent-encoding": (f"{url}?a=%zz", bearer(alice.token)),
+        "percent-encoding that is not UTF-8": (f"{url}?a=%ff", bearer(alice.token)),
+        # What DRF's content negotiation refuses: a ?format= no renderer has, an Accept none satisfies.
+        "?format=xml": (f"{url}?format=xml", bearer(alice.token)),
+        "?format=api": (f"{url}?format=api", bearer(alice.token)),
+        "Accept: text/html": (url, {**bearer(alice.token), "Accept": "text/html"}),
+        "Accept: application/xml": (url, {**bearer(alice.token), "Accept": "application/xml"}),
     }
 
 
@@ -185,9 +200,29 @@ def test_every_other_answer_is_the_full_paths(alice, mallory, monkeypatch):
     hops = Hops(monkeypatch)
     for name, (path, headers) in cases.items():
         answer, made, full = lean_and_full(path, headers, hops)
-        assert answer[0] in (400, 401, 403, 404), (name, answer)
+        assert answer[0] in (400, 401, 403, 404, 406), (name, answer)
         assert made > 0, f"{name}: answered on the lean path"
         assert answer == full, name
+
+
+@pytest.mark.parametrize(
+    ("query", "accept"),
+    [
+        ("?format=json", None),
+        ("", "application/json; indent=2"),
+        ("", "*/*"),
+        ("", "text/html, application/json;q=0.1"),
+        ("", "application/*"),
+    ],
+)
+def test_content_negotiation_on_the_event_loop_answers_as_the_full_path(alice, monkeypatch, query, accept):
+    """An Accept or ?format= the JSON renderer satisfies: the lean path answers it, exactly as
+    DRF renders it for that request (indent=2 is indented)."""
+    task = new_task(alice)
+    headers = {**bearer(alice.token), **({"Accept": accept} if accept else {})}
+    answer, made, full = lean_and_full(f"/runtime/tasks/{task.id}{query}", headers, Hops(monkeypatch))
+    assert (answer[0], made) == (200, 0), (answer, made)
+    assert answer == full
 
 
 def test_a_throttled_snapshot_is_counted_once_and_refused_as_the_full_path_refuses_it(alice, settings, monkeypatch):

@@ -104,3 +104,21 @@ def test_every_edge_answers_options_with_its_allow_and_a_dashboard_page_answers_
         assert head.status_code == get.status_code == 200, (path, head.status_code, get.status_code)
         assert head["Content-Type"] == get["Content-Type"] and head.content == b"", path
     assert strict.head(f"/runtime/tasks/{task.id}/events").status_code == 405  # a stream has no head to send
+
+
+@pytest.mark.parametrize("signed_in", [False, True], ids=["anonymous", "staff"])
+def test_the_admin_answers_a_method_it_does_not_take_with_a_json_405(task, signed_in):
+    """The admin is forms and pages: GET, HEAD and POST. Any other method (PROPFIND, a made-up
+    FOO, PUT) was CSRF's HTML 403, logged as an attack, before the admin saw it."""
+    from django.contrib.auth import get_user_model
+
+    strict = Client(enforce_csrf_checks=True, raise_request_exception=False)
+    if signed_in:
+        strict.force_login(get_user_model().objects.create_superuser("root", "root@example.com", "pw"))
+    allow = "GET, HEAD, POST, OPTIONS"
+    for path in ("/admin/", "/admin/login/", "/admin/tasks_app/task/", f"/admin/tasks_app/task/{task.id}/change/"):
+        for method in ("PROPFIND", "FOO", "PUT", "PATCH", "DELETE"):
+            refused(strict.generic(method, path), method, allow)
+        options = strict.options(path)
+        assert options.status_code == 200 and options["Allow"] == allow, (path, options.status_code)
+    assert strict.get("/admin/login/").status_code == (302 if signed_in else 200)  # a page, as before

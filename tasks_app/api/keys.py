@@ -17,7 +17,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from runtime_site.parsers import refuse_paging
+from runtime_site.parsers import StrictCharField, refuse_paging
 from tasks_app.auth import (
     IsPrincipal,
     Principal,
@@ -75,7 +75,7 @@ class KeyListCreateApi(APIView):
     permission_classes = [IsPrincipal]
 
     class InputSerializer(serializers.Serializer):
-        name = serializers.CharField(max_length=100)
+        name = StrictCharField(max_length=100)  # a number is no name: DRF's CharField stored 5 as "5"
         role = serializers.ChoiceField(choices=Role.choices, required=False)
         scopes = serializers.ListField(
             child=serializers.ChoiceField(choices=Scope.choices), required=False, allow_empty=False

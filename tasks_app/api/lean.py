@@ -16,15 +16,17 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.utils import timezone
 from psycopg import sql
-from rest_framework.exceptions import AuthenticationFailed
-from rest_framework.renderers import JSONRenderer
+from rest_framework.exceptions import APIException, AuthenticationFailed
+from rest_framework.renderers import BaseRenderer
+from rest_framework.request import Request
 
 from runtime_site import dbpool, ratelimit
 from runtime_site.errors import error_body, infrastructure_fault, unavailable
 from steering_app.models import InputRequest, InputStatus
+from tasks_app.api.views import TaskDetailApi
 from tasks_app.auth import (
     KEY_COLUMNS,
     KEY_PREFIX,
@@ -151,10 +153,26 @@ async def over_limit(who: Principal, surface: str) -> ratelimit.RateLimited | No
     return None
 
 
-def drf_json(data: Any, status: int = 200, **headers: str) -> HttpResponse:
-    """An answer as a DRF APIView of TaskDetailApi's kind renders it (JSONRenderer, then its
-    headers in DRF's order: the exception handler's, then Allow)."""
-    response = HttpResponse(JSONRenderer().render(data), content_type="application/json", status=status)
+Negotiated = tuple[BaseRenderer, str]
+
+
+def negotiate(request: HttpRequest) -> Negotiated | None:
+    """The renderer and media type TaskDetailApi's content negotiation picks for this request
+    (?format=, Accept: "application/json; indent=2" is rendered indented), or None where it
+    refuses: a ?format= no renderer has (400) or an Accept none satisfies (406), the full
+    path's answers. The lean path answered JSON whatever the request asked for."""
+    renderers = [renderer() for renderer in TaskDetailApi.renderer_classes]
+    try:
+        return TaskDetailApi.content_negotiation_class().select_renderer(Request(request), renderers)
+    except (APIException, Http404):
+        return None
+
+
+def drf_json(data: Any, negotiated: Negotiated, status: int = 200, **headers: str) -> HttpResponse:
+    """An answer as TaskDetailApi renders it (its negotiated renderer, then its headers in
+    DRF's order: the exception handler's, then Allow)."""
+    renderer, media_type = negotiated
+    response = HttpResponse(renderer.render(data, media_type, {}), content_type=renderer.media_type, status=status)
     for name, value in headers.items():
         response[name] = value
     response["Allow"] = DETAIL_ALLOW
@@ -168,6 +186,8 @@ async def task_detail(request: HttpRequest, task_id: str) -> HttpResponse | None
     """GET /runtime/tasks/{id} (TaskDetailApi) for a viewer's API key and a task of its tenant."""
     if not dbpool.async_available() or not _valid_uuid(task_id):
         return None
+    if (negotiated := negotiate(request)) is None:  # DRF negotiates first, before the key is read
+        return None
     try:
         caller = await read_caller(request, task_id)
     except Exception as exc:
@@ -179,5 +199,5 @@ async def task_detail(request: HttpRequest, task_id: str) -> HttpResponse | None
     if (refused := await over_limit(caller.who, "rest")) is not None:
         # runtime_site.errors.exception_handler's answer to it
         body = error_body(str(refused.default_code), str(refused.detail))
-        return drf_json(body, status=429, **{"Retry-After": str(refused.wait)})
-    return drf_json(task_snapshot(caller.task))
+        return drf_json(body, negotiated, status=429, **{"Retry-After": str(refused.wait)})
+    return drf_json(task_snapshot(caller.task), negotiated)

@@ -272,6 +272,18 @@ def test_the_keys_api_lists_revokes_and_hides_other_users_keys(alice, victor, ma
     assert victors in {k["id"] for k in rest(admin.token, path="/runtime/keys").json()["keys"]}
 
 
+def test_a_key_name_that_is_not_a_string_is_refused_naming_it(alice):
+    """DRF's CharField took 5 as "5": a key was stored with a name the client never sent as
+    text. The served schema says string, so any other JSON type is the 400 it promises."""
+    before = ApiKey.objects.count()
+    for name in (5, 2.5, True, None, ["a"], {"a": 1}):
+        response = rest(alice.token, "post", "/runtime/keys", {"name": name})
+        assert response.status_code == 400, (name, response.status_code, response.content)
+        assert list(response.json()["error"]["fields"]) == ["name"], (name, response.json())
+    assert ApiKey.objects.count() == before
+    assert rest(alice.token, "post", "/runtime/keys", {"name": "ci"}).json()["name"] == "ci"
+
+
 def test_the_admin_makes_a_key_showing_its_token_once_and_rotates_and_revokes(alice):
     staff = get_user_model().objects.create_superuser("root", "root@example.com", "pw-root-123")
     browser = Client()
