@@ -23,7 +23,7 @@ import psycopg_pool
 import redis.exceptions
 from django.db import DatabaseError, InterfaceError, OperationalError, connection
 
-from runtime_site import dbpool
+from runtime_site import blobstore, dbpool
 from tasks_app import oauth
 
 # The database's faults, by SQLSTATE (PostgreSQL's appendix A): the server could not run the
@@ -125,6 +125,8 @@ def infrastructure_fault(exc: BaseException) -> str | None:
         for kinds, cause in _OTHER_PARTS:
             if isinstance(current, kinds):
                 return cause
+        if isinstance(current, blobstore.BlobStoreUnavailable):  # the local store's disk refused (its words)
+            return current.strerror
         if isinstance(current, oauth.IssuerUnavailable):  # its JWKS cannot be fetched, and the key is not cached
             return ISSUER_UNREACHABLE
         if isinstance(current, botocore.exceptions.ClientError):  # the store answered 5xx: it is unwell
