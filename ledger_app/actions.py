@@ -14,6 +14,7 @@ pending          → the remote answered with a task of its own, whose id (remot
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import re
@@ -31,7 +32,7 @@ from common.canonical import canonical_json, sha256_hex
 from common.schema import validate
 from ledger_app import llm
 from ledger_app.models import EffectStatus, LedgerEntry
-from tasks_app import kills, leases, policy, quotas
+from tasks_app import faults, kills, leases, policy, quotas
 from tasks_app.agents import base as agents
 from tasks_app.agents import tools
 from tasks_app.agents.questions import Answers, QuestionKind, approval_key, confirmation_key
@@ -333,11 +334,30 @@ def _settle(
     durations: list[float] | None = None,
     remote_ref: str | None = None,
 ) -> None:
-    with transaction.atomic(durable=True):
-        leases.fenced_update(lease)
-        fields: dict[str, Any] = {"status": status, "result": result, "error": redact(error) if error else None}
-        if remote_ref is not None:
-            fields["remote_ref"] = remote_ref
-        if attempts is not None:
-            fields.update(attempts=entry.attempts + attempts, durations_ms=entry.durations_ms + (durations or []))
-        LedgerEntry.objects.filter(id=entry.id).update(**fields)
+    """Write the remote's answer, fenced. The answer is in hand only here: lost to an
+    infrastructure fault (the connection cut while the call was out), the row stays started,
+    the next slice finds it unknown and, with a remote that cannot be asked, a person must
+    confirm a call whose answer we had. So the write is tried again on a fresh connection,
+    at once and then after a backoff, for as long as a lease: the fence still decides (a
+    lease taken over meanwhile raises LeaseLost, and the new holder settles the row)."""
+    fields: dict[str, Any] = {"status": status, "result": result, "error": redact(error) if error else None}
+    if remote_ref is not None:
+        fields["remote_ref"] = remote_ref
+    if attempts is not None:
+        fields.update(attempts=entry.attempts + attempts, durations_ms=entry.durations_ms + (durations or []))
+    give_up = time.monotonic() + settings.RUNTIME_LEASE_SECONDS
+    for tried in itertools.count():
+        try:
+            with transaction.atomic(durable=True):
+                leases.fenced_update(lease)
+                LedgerEntry.objects.filter(id=entry.id).update(**fields)
+            return
+        except Exception as exc:
+            if not faults.is_infrastructure_error(exc):
+                raise
+            faults.drop_connection()  # the next try connects afresh
+            wait = faults.backoff(tried) if tried else 0.0
+            if time.monotonic() + wait > give_up:
+                raise  # the database stays away: the slice is abandoned, the row left started
+            logger.warning("%s: its answer could not be written (%s); trying again in %.1fs", entry.key, exc, wait)
+            time.sleep(wait)

@@ -6,7 +6,10 @@ handed out to clients are "file://<key>" or "s3://<bucket>/<key>".
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -25,6 +28,32 @@ class BlobNotFound(KeyError):
     pass
 
 
+class BlobStoreUnavailable(OSError):
+    """The store cannot take or give blobs now, for its own reasons, not the key's: an
+    infrastructure fault (tasks_app.faults), a delay, never the caller's error."""
+
+
+# The disk under the local store refusing, in words for the caller: for as long as it is
+# full or read-only, not for this blob's sake; the same put succeeds once it is freed.
+_DISK_FAULTS = {
+    errno.ENOSPC: "its disk is full",
+    errno.EDQUOT: "its disk quota is used up",
+    errno.EROFS: "its disk is read-only",
+    errno.EIO: "its disk had an I/O error",
+    errno.EACCES: "its folder may not be written",
+}
+
+
+@contextlib.contextmanager
+def _disk_faults(key: str) -> Iterator[None]:
+    try:
+        yield
+    except OSError as exc:
+        if (why := _DISK_FAULTS.get(exc.errno or 0)) is None:
+            raise
+        raise BlobStoreUnavailable(exc.errno, f"the blob store is unavailable ({why})", key) from exc
+
+
 def _check_key(key: str) -> str:
     parts = key.split("/")
     if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts):
@@ -38,15 +67,23 @@ class LocalBlobStore:
 
     def put(self, key: str, data: bytes, content_type: str = "application/octet-stream") -> str:
         path = self.root / _check_key(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(data)
-        tmp.replace(path)  # readers never see half a blob
+        with _disk_faults(key):
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp.write_bytes(data)
+                tmp.replace(path)  # readers never see half a blob
+            except OSError:
+                # Half a blob on a full disk keeps it full: the retry needs its room back.
+                with contextlib.suppress(OSError):
+                    tmp.unlink(missing_ok=True)
+                raise
         return self.ref(key)
 
     def get(self, key: str) -> bytes:
         try:
-            return (self.root / _check_key(key)).read_bytes()
+            with _disk_faults(key):
+                return (self.root / _check_key(key)).read_bytes()
         except FileNotFoundError as exc:
             raise BlobNotFound(key) from exc
 

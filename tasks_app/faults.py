@@ -23,7 +23,7 @@ import psycopg_pool
 import redis.exceptions
 from django.db import DatabaseError, InterfaceError, OperationalError, connection
 
-from runtime_site import dbpool
+from runtime_site import blobstore, dbpool
 from tasks_app import oauth
 
 # The database's faults, by SQLSTATE (PostgreSQL's appendix A): the server could not run the
@@ -46,6 +46,10 @@ _SQLSTATES = {
     # mid-transaction past a lease): an InternalError by its class, a lost connection by what it did.
     "25P03": "the database ended a session left idle in a transaction (idle_in_transaction_session_timeout)",
     "25P04": "the database transaction timed out (transaction_timeout)",
+    # A server taking no writes for now (default_transaction_read_only: a failover's standby
+    # not yet promoted, an operator's maintenance): by its class the transaction's state, by
+    # what it says the server's, and the same write succeeds once it is writable again.
+    "25006": "the database is read-only for now",
     "40001": "the database transaction conflicted with another (serialization failure)",
     "40P01": "the database transaction deadlocked with another",
     "55P03": "a database lock was not available in time (lock_timeout)",
@@ -125,6 +129,8 @@ def infrastructure_fault(exc: BaseException) -> str | None:
         for kinds, cause in _OTHER_PARTS:
             if isinstance(current, kinds):
                 return cause
+        if isinstance(current, blobstore.BlobStoreUnavailable):  # the local store's disk refused (its words)
+            return current.strerror
         if isinstance(current, oauth.IssuerUnavailable):  # its JWKS cannot be fetched, and the key is not cached
             return ISSUER_UNREACHABLE
         if isinstance(current, botocore.exceptions.ClientError):  # the store answered 5xx: it is unwell

@@ -649,3 +649,89 @@ def test_while_the_database_has_no_connection_slot_free_every_endpoint_is_a_503_
         with connection.cursor() as cursor:
             cursor.execute(f"DROP OWNED BY {role}")
             cursor.execute(f"DROP ROLE {role}")
+
+
+def test_a_database_gone_read_only_for_a_while_is_an_infrastructure_fault_not_a_lost_worker_nor_a_500(
+    alice, processes, private_postgres
+):
+    """A server that takes no writes for a while (default_transaction_read_only, as a
+    failover's standby not yet promoted or an operator's maintenance sets it) refuses each
+    write with SQLSTATE 25006, which was none of the faults: the worker's slice raised it as
+    a bug (its claim's SELECT ... FOR NO KEY UPDATE refused), neither retried after a backoff
+    nor counted as an infrastructure fault, and the API answered a write with a 500. It is the
+    database's fault of the moment: the worker abandons the slice and retries after a
+    backoff, counted as an infrastructure fault, the API answers 503 with Retry-After, and
+    once the server takes writes again the task completes, each step once."""
+    from tasks_app.access import console
+    from tasks_app.actions import do_create_task
+
+    steps, lease = 30, 20
+    task, _ = do_create_task(
+        console(alice.tenant, "user:test"),
+        agent="noop",
+        input={"steps": steps, "sleepMs": 200},
+        checkpoint_policy={"everySteps": 1},
+    )
+    url = private_postgres.copy_of_the_test_database()
+    env = {
+        "RUNTIME_LEASE_SECONDS": str(lease),  # the read-only while is shorter: no lease runs out in it
+        "RUNTIME_HEARTBEAT_SECONDS": "1",
+        "RUNTIME_SCAN_SECONDS": "1",
+        "DATABASE_URL": url,
+    }
+    worker = processes.worker(**env)
+    processes.beat(**env)
+    port = free_port()
+    web = processes.web(port, DATABASE_URL=url)
+    log = Path(worker.log_path)
+
+    def create() -> httpx.Response:
+        return httpx.post(
+            f"http://127.0.0.1:{port}/runtime/tasks",
+            json={"agent": "noop", "input": {"steps": 1}},
+            headers={"Authorization": f"Bearer {alice.token}"},
+            timeout=30,
+        )
+
+    def read_only(on: bool) -> None:
+        with psycopg.connect(url, autocommit=True) as conn:  # ALTER SYSTEM runs outside a transaction
+            if on:
+                conn.execute("ALTER SYSTEM SET default_transaction_read_only = on")
+            else:
+                conn.execute("ALTER SYSTEM RESET default_transaction_read_only")
+            conn.execute("SELECT pg_reload_conf()")  # every session takes it at its next statement
+
+    def row() -> dict[str, Any]:
+        return counts(url, task.id)  # a read: answered while read-only too
+
+    assert create().status_code == 201
+    wait_until(lambda: row()["steps_done"] >= 3, timeout=60, what="steps under way")
+    read_only(True)
+    try:
+        # Until the reload reaches the web's sessions a create may still be written (201), never a 500.
+        refused = wait_until(
+            lambda: (answer := create()).status_code != 201 and answer, timeout=30, what="a create refused"
+        )
+        assert refused.status_code == 503, refused.text
+        assert int(refused.headers["Retry-After"]) > 0
+        assert refused.json()["error"]["code"] == "unavailable", refused.text
+        assert "read-only" in refused.json()["error"]["message"], refused.text
+        wait_until(
+            lambda: "infrastructure fault" in log.read_text(errors="replace"),
+            timeout=30,
+            what="the worker to meet the read-only database",
+        )
+        assert row()["status"] == "working", row()  # delayed, not failed
+    finally:
+        read_only(False)
+    wait_until(lambda: row()["status"] not in ("queued", "working", "recovering"), timeout=120, what="the task to end")
+    final = row()
+    assert final["status"] == "completed" and final["error"] is None, final
+    assert final["recoveries"] == 0 and final["infra_faults"] >= 1, final
+    with psycopg.connect(url) as conn:
+        ran = conn.execute(
+            "SELECT sequence, attempt FROM tasks_app_step WHERE task_id = %s ORDER BY sequence", [task.id]
+        ).fetchall()
+    assert ran == [(sequence, 1) for sequence in range(1, steps + 1)], ran
+    assert create().status_code == 201
+    assert worker.poll() is None and web.poll() is None

@@ -15,11 +15,13 @@ import uuid
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from conftest import ROOT, Processes, SseClient, free_port, wait_until
+from tests.test_blob_stores import SmallDisk
 
 EMBEDDED = {
     "DATABASE_URL": None,
@@ -29,6 +31,8 @@ EMBEDDED = {
     "RUNTIME_HEARTBEAT_SECONDS": "1",
     "RUNTIME_SCAN_SECONDS": "1",
 }
+# A task not yet ended, as the API's runtimeStatus says.
+ACTIVE = ("queued", "working", "recovering")
 
 
 @pytest.fixture
@@ -435,3 +439,44 @@ def test_two_workers_and_the_reaper_count_each_loss_of_a_step_that_kills_its_wor
     task = client.get(f"/runtime/tasks/{task_id}").json()
     assert task["runtimeStatus"] == "dead_lettered" and task["recoveries"] == 3, task
     assert len(runs.read_text().split()) == 3, runs.read_text()
+
+
+def test_a_full_disk_under_the_blob_folder_delays_a_review_and_never_fails_it(
+    embedded_site, processes: Processes, tmp_path: Path
+):
+    """The local blob store's disk full as the review writes its report: the step's write
+    raised the bare OSError (ENOSPC), a step failure, and the review failed for a disk that
+    needed only room. It is an infrastructure fault: the slice is abandoned, counted as one
+    (no lost worker), tried again after a backoff, and once there is room the review completes."""
+    client, manage, data, _, _, env = embedded_site
+    disk = SmallDisk(data / "blobs", size="2m")  # over the folder the web and the worker use
+    try:
+        manage("generate_corpus", "--prefix", "corpora/full", "--count", "30")
+        disk.fill()
+        processes.beat(**env)
+        processes.worker(**env)
+        created = client.post("/runtime/tasks", json={"agent": "document_review", "input": {"corpus": "corpora/full"}})
+        assert created.status_code == 201, created.text
+        task_id = created.json()["taskId"]
+
+        def snapshot() -> dict[str, Any]:
+            return client.get(f"/runtime/tasks/{task_id}").json()
+
+        wait_until(
+            lambda: snapshot()["infrastructureFaults"] >= 1 or snapshot()["runtimeStatus"] not in ACTIVE,
+            timeout=90,
+            what="the report's write to meet the full disk",
+        )
+        assert snapshot()["runtimeStatus"] in ACTIVE, snapshot()  # delayed, not failed
+        assert not list((data / "blobs").rglob("report.json"))
+        disk.free()
+        wait_until(lambda: snapshot()["runtimeStatus"] not in ACTIVE, timeout=120, what="the review to end")
+        final = snapshot()
+        assert final["runtimeStatus"] == "completed", final
+        assert final["infrastructureFaults"] >= 1 and final["recoveries"] == 0, final
+        assert final["error"] is None, final
+        assert client.get(f"/runtime/tasks/{task_id}/result").json()["result"]["documentsReviewed"] == 30
+        assert list((data / "blobs").rglob("report.json"))
+    finally:
+        processes.stop_all()
+        disk.unmount()
