@@ -492,6 +492,15 @@ async def _endpoint(request: HttpRequest) -> HttpResponseBase:
             status=401,
             headers={"WWW-Authenticate": challenge(request, refusal)},
         )
+    if (media_type := (request.content_type or "").lower()) != "application/json":
+        # JSON-RPC over HTTP is application/json (the transport's POST): a form, text or no
+        # Content-Type at all is not a message, however its bytes happen to read.
+        said = f"Content-Type {media_type[:100]!r}" if media_type else "no Content-Type"
+        return _error(
+            RpcError(INVALID_REQUEST, f"Unsupported Media Type: {said}; /mcp takes application/json"),
+            request_id_of(request.body),
+            status=415,
+        )
     headers = {key.lower(): value for key, value in request.headers.items()}
     try:
         message = parse(request.body, headers)

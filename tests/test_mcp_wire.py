@@ -250,6 +250,43 @@ def test_a_task_ttl_that_is_negative_or_no_number_is_invalid_params(alice):
     assert "result" in post(alice.token, {"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": params}).json()
 
 
+def test_a_body_not_sent_as_json_is_415_naming_its_content_type(alice):
+    """/mcp takes JSON-RPC as application/json (a charset, UTF-8, may follow). A body sent as
+    anything else, or with no Content-Type, is refused naming what came: a JSON-RPC error, with
+    the request's id when the body has one, and nothing done."""
+    body = json.dumps({"jsonrpc": "2.0", "id": 6, "method": "tools/list"}).encode()
+
+    def post_as(content_type: str, data: bytes = body) -> Any:
+        return Client().generic(
+            "POST",
+            "/mcp",
+            data,
+            content_type=content_type,
+            headers={"Accept": "application/json, text/event-stream", "Authorization": f"Bearer {alice.token}"},
+        )
+
+    refused = {
+        "text/plain": body,
+        "": body,
+        "application/x-www-form-urlencoded": b"jsonrpc=2.0&id=6&method=tools%2Flist",
+        "multipart/form-data; boundary=x": b"--x--",
+        "application/jsonp": body,
+        "application/json-seq": body,
+        "text/json": body,
+    }
+    for content_type, data in refused.items():
+        response = post_as(content_type, data)
+        assert response.status_code == 415, (content_type, response.content)
+        error = response.json()["error"]
+        assert error["code"] == -32600 and "Content-Type" in error["message"], error
+        media_type = content_type.split(";")[0]
+        assert (repr(media_type) if media_type else "no Content-Type") in error["message"], error
+        assert response.json()["id"] == (6 if data == body else None)
+    for content_type in ("application/json", "application/json; charset=utf-8", "Application/JSON"):
+        ok = post_as(content_type)
+        assert ok.status_code == 200, (content_type, ok.content)
+
+
 def test_a_charset_other_than_utf8_is_refused_naming_it(alice):
     """Django drops a charset it cannot look up and reads the body as UTF-8: the request went
     on as if the header had said nothing. /mcp reads UTF-8 only, so a charset it could look
