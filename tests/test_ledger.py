@@ -141,3 +141,45 @@ def test_denied_tools_and_hosts_off_the_allowlist_fail_clearly(alice, processes)
     )
     assert elsewhere.status == "failed" and "not in security.http_allowlist" in elsewhere.error["message"]
     assert sink.stats()["posts"] == 0
+
+
+def test_an_invalid_url_or_a_header_injection_is_refused_before_any_ledger_row(alice, processes, tmp_path):
+    """A URL with a space, a line break or a port that cannot be, and an email subject or
+    recipient carrying CR/LF (header injection): the step fails at once naming the field, not
+    retried, no ledger row written (none left started for a person to reconcile), and
+    nothing reached the independent receivers."""
+    from tests.test_approvals import smtp_sink
+
+    sink = Sink(processes)
+    smtp_port, mail = smtp_sink(processes, tmp_path)
+    # email.send without an approver: the refusal is the tool's, not a question to a person
+    processes.worker(
+        **FAST, EMAIL_HOST="127.0.0.1", EMAIL_PORT=str(smtp_port), SECURITY_REQUIRE_APPROVAL="payment.create"
+    )
+    mail_args = {"to": ["legal@example.com"], "subject": "report", "body": "done"}
+    cases = [
+        ("http.request", {"url": f"{sink.url}/effects x"}, "url"),
+        ("http.request", {"url": f"{sink.url}/effects\r\nX-Injected: 1"}, "url"),
+        ("http.request", {"url": f"{sink.url}/effects\t"}, "url"),
+        ("http.request", {"url": "http://127.0.0.1:99999/effects"}, "url"),
+        ("http.request", {"url": "http:///effects"}, "url"),
+        (
+            "http.request",
+            {"url": f"{sink.url}/effects", "reconcileUrl": f"{sink.url}/effects/{{key}} x"},
+            "reconcileUrl",
+        ),
+        ("email.send", {**mail_args, "subject": "report\r\nBcc: everyone@example.com"}, "subject"),
+        ("email.send", {**mail_args, "subject": "report\nBcc: everyone@example.com"}, "subject"),
+        ("email.send", {**mail_args, "to": ["legal@example.com\r\nBcc: everyone@example.com"]}, "to"),
+        ("email.send", {**mail_args, "to": ["not an address"]}, "to"),
+    ]
+    for tool, args, field in cases:
+        task, _ = do_create_task(
+            console(alice.tenant, "user:test"), agent="tool_calls", input={"calls": [{"tool": tool, "args": args}]}
+        )
+        task = settled(task)
+        assert task.status == "failed", (tool, args, task.status, task.error)
+        assert task.error["code"] == "tool_failed" and field in task.error["message"], (args, task.error)
+        assert not LedgerEntry.objects.filter(task=task).exists(), (args, list(LedgerEntry.objects.filter(task=task)))
+    assert sink.stats()["posts"] == 0
+    assert mail.read_text() == ""
