@@ -14,7 +14,7 @@ import httpx
 from django.conf import settings
 
 from runtime_site.tracing import trace_headers
-from tasks_app import leases, telemetry
+from tasks_app import artifacts, leases, telemetry
 from tasks_app.agents import tools as registry
 from tasks_app.agents.tools import DONE, NOT_DONE, Pending, Tool, ToolError, retry_after
 from tasks_app.redaction import tool_text
@@ -161,15 +161,32 @@ def _published_key(args: dict[str, Any], key: str) -> str:
     return f"published/{key.split(':', maxsplit=1)[0]}/{args['name']}"
 
 
-def _publish_call(args: dict[str, Any], key: str, timeout: float) -> Any:
-    from runtime_site.blobstore import BlobNotFound, blob_store
+def _publish_source(args: dict[str, Any], key: str) -> str:
+    """The blob store key of the artifact to publish, which must be the calling task's own
+    (its id leads the call's key): a key names any blob in the store, another task's or
+    another tenant's too, and a ".." walks out of any prefix."""
+    from runtime_site.blobstore import blob_store
 
     store = blob_store()
     source = args["source"].split("://", 1)[-1]
     if source.startswith(getattr(store, "bucket", "\0") + "/"):
         source = source.split("/", 1)[1]
+    own = artifacts.prefix_of(key.split(":", maxsplit=1)[0])
+    if not source.startswith(own) or any(part in ("", ".", "..") for part in source.split("/")):
+        raise ToolError(f"source {args['source'][:300]!r} is not this task's own artifact ({own}...)", retryable=False)
+    return source
+
+
+def _publish_check(args: dict[str, Any], key: str) -> None:
+    _publish_source(args, key)
+
+
+def _publish_call(args: dict[str, Any], key: str, timeout: float) -> Any:
+    from runtime_site.blobstore import BlobNotFound, blob_store
+
+    store = blob_store()
     try:
-        data = store.get(source)
+        data = store.get(_publish_source(args, key))
     except BlobNotFound as exc:
         raise ToolError(f"nothing to publish at {args['source']}", retryable=False) from exc
     return {"ref": store.put(_published_key(args, key), data, args.get("contentType", "application/octet-stream"))}
@@ -197,6 +214,7 @@ register(
             "additionalProperties": False,
         },
         call=_publish_call,
+        check=_publish_check,
         reconcile=_publish_reconcile,
     )
 )

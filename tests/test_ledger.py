@@ -183,3 +183,54 @@ def test_an_invalid_url_or_a_header_injection_is_refused_before_any_ledger_row(a
         assert not LedgerEntry.objects.filter(task=task).exists(), (args, list(LedgerEntry.objects.filter(task=task)))
     assert sink.stats()["posts"] == 0
     assert mail.read_text() == ""
+
+
+def test_a_task_publishes_only_its_own_artifacts(alice, mallory, processes):
+    """content.publish copies a blob by its key: one that is not the calling task's own
+    artifact (another task's of the tenant, another tenant's, one reached through "..",
+    a corpus file) is refused naming the key, before any ledger row, and nothing is copied."""
+    from runtime_site.blobstore import blob_store
+
+    store = blob_store()
+    neighbour, _ = do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 1})
+    stranger, _ = do_create_task(console(mallory.tenant, "user:test"), agent="noop", input={"steps": 1})
+    for other in (neighbour, stranger):
+        store.put(f"tasks/{other.id}/artifacts/secret.md", b"not yours", "text/markdown")
+    store.put("corpora/private/doc.json", b"{}", "application/json")
+
+    def publish(source: str, *, own: bytes | None = None) -> Task:
+        """A tool_calls task publishing `source`, where {self} is its own id (set, with its own
+        artifact `own`, before any worker runs: the worker starts once all are made)."""
+        task, _ = do_create_task(
+            console(alice.tenant, "user:test"),
+            agent="tool_calls",
+            input={"calls": [{"tool": "content.publish", "args": {"source": "-", "name": "out.md"}}]},
+        )
+        args = {"source": source.replace("{self}", str(task.id)), "name": "out.md"}
+        Task.objects.filter(id=task.id).update(input={"calls": [{"tool": "content.publish", "args": args}]})
+        if own is not None:
+            store.put(f"tasks/{task.id}/artifacts/mine.md", own, "text/markdown")
+        return task
+
+    refused = [
+        publish(source)
+        for source in (
+            f"file://tasks/{neighbour.id}/artifacts/secret.md",
+            f"tasks/{stranger.id}/artifacts/secret.md",
+            "file://corpora/private/doc.json",
+            f"file://tasks/{{self}}/artifacts/../../{neighbour.id}/artifacts/secret.md",
+            f"file://tasks/{{self}}/artifacts/x/../../../{neighbour.id}/artifacts/secret.md",
+        )
+    ]
+    mine = publish("file://tasks/{self}/artifacts/mine.md", own=b"mine")
+    processes.worker(**FAST, SECURITY_REQUIRE_APPROVAL="payment.create")
+    for made in refused:
+        task = settled(made)
+        source = task.input["calls"][0]["args"]["source"]
+        assert task.status == "failed" and task.error["code"] == "tool_failed", (source, task.error)
+        assert "not this task's own artifact" in task.error["message"], (source, task.error)
+        assert not LedgerEntry.objects.filter(task=task).exists(), source
+        assert not store.exists(f"published/{task.id}/out.md"), source
+    mine = settled(mine)
+    assert mine.status == "completed", mine.error
+    assert store.get(f"published/{mine.id}/out.md") == b"mine"
