@@ -6,7 +6,7 @@ from typing import cast
 from django import forms
 
 from common import json_safety
-from steering_app.models import CommandType
+from steering_app.models import COMMAND_ID, CommandType
 
 CHOICE_PRIORITY = [(p, f"{p}{' (most urgent)' if p == 0 else ''}") for p in range(10)]
 
@@ -69,7 +69,7 @@ class SteerForm(forms.Form):
         ]
     )
     expected_version = forms.IntegerField(min_value=1)
-    command_id = forms.RegexField(r"^[A-Za-z0-9._:\-]{1,64}$")
+    command_id = forms.RegexField(COMMAND_ID)
     reason = forms.CharField(max_length=500, required=False)
     goal = forms.CharField(max_length=10_000, required=False)
     exclude_expired = forms.BooleanField(required=False)

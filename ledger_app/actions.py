@@ -175,8 +175,15 @@ def _quota_refusal() -> Iterator[None]:
 
 
 def _guard(lease: leases.Lease, tool: tools.Tool, key: str, args: dict[str, Any], answers: dict[str, Any]) -> None:
-    """Ask the policy before a call: denied → ToolFailed; guarded → an approver's answer,
-    or wait for one (the task checkpoints and goes to input_required before the call)."""
+    """Before a call is recorded: the tool's own check of its arguments (Tool.check), then
+    the policy. Refused or denied → ToolFailed, with no row and no retry; guarded → an
+    approver's answer, or wait for one (the task checkpoints and goes to input_required
+    before the call). Nobody is asked to approve a call the tool would refuse."""
+    if tool.check is not None:
+        try:
+            tool.check(args, key)
+        except tools.ToolError as exc:
+            raise ToolFailed(f"{tool.name}: {exc}") from exc
     task = Task.objects.values("approval_policy", "budget", "steps_done", "started_at", "cost").get(id=lease.task_id)
     budget = policy.effective_budget(task["budget"], answers)
     counted = "maxToolCalls" in budget  # the guard's only scans: tool calls and model tokens, when limited

@@ -14,7 +14,7 @@ import httpx
 from django.conf import settings
 
 from runtime_site.tracing import trace_headers
-from tasks_app import leases, telemetry
+from tasks_app import artifacts, leases, telemetry
 from tasks_app.agents import tools as registry
 from tasks_app.agents.tools import DONE, NOT_DONE, Pending, Tool, ToolError, retry_after
 from tasks_app.redaction import tool_text
@@ -45,6 +45,28 @@ def _allowed(url: str) -> None:
         raise ToolError(f"host {host!r} is not in security.http_allowlist", retryable=False)
 
 
+def _check_url(url: str, field: str) -> None:
+    """A URL the call can send as it was written: httpx percent-encodes
+    a space and sends it, a line break or a tab is an error of its own (a step failure that
+    left the call's row started), and a port past 65535 only fails as the call goes out."""
+    if any(ch.isspace() or not ch.isprintable() for ch in url):
+        raise ToolError(f"{field} {url[:200]!r} has a space or a control character", retryable=False)
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (raises on a port that cannot be)
+        httpx.URL(url)
+    except (ValueError, httpx.InvalidURL) as exc:
+        raise ToolError(f"{field} {url[:200]!r} is not a valid URL: {exc}", retryable=False) from None
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        raise ToolError(f"{field} {url[:200]!r} is not an http(s) URL with a host", retryable=False)
+
+
+def _http_check(args: dict[str, Any], key: str) -> None:
+    _check_url(args["url"], "url")
+    if args.get("reconcileUrl"):
+        _check_url(args["reconcileUrl"].replace("{key}", key), "reconcileUrl")
+
+
 _clients: dict[int, httpx.Client] = {}
 
 
@@ -65,6 +87,9 @@ def _lease_still_ours(request: httpx.Request) -> None:
 
 
 def _http_call(args: dict[str, Any], key: str, timeout: float) -> Any:
+    # The URL's shape was checked before the call was recorded (_http_check); its host is
+    # asked here, as the call goes out: a host off the allowlist is the policy's answer to a
+    # well-formed call, which an approver may already have been asked about.
     _allowed(args["url"])
     try:
         timeout = args.get("timeoutSeconds", timeout)
@@ -123,6 +148,7 @@ register(
             "additionalProperties": False,
         },
         call=_http_call,
+        check=_http_check,
         reconcile=_http_reconcile,
     )
 )
@@ -135,15 +161,32 @@ def _published_key(args: dict[str, Any], key: str) -> str:
     return f"published/{key.split(':', maxsplit=1)[0]}/{args['name']}"
 
 
-def _publish_call(args: dict[str, Any], key: str, timeout: float) -> Any:
-    from runtime_site.blobstore import BlobNotFound, blob_store
+def _publish_source(args: dict[str, Any], key: str) -> str:
+    """The blob store key of the artifact to publish, which must be the calling task's own
+    (its id leads the call's key): a key names any blob in the store, another task's or
+    another tenant's too, and a ".." walks out of any prefix."""
+    from runtime_site.blobstore import blob_store
 
     store = blob_store()
     source = args["source"].split("://", 1)[-1]
     if source.startswith(getattr(store, "bucket", "\0") + "/"):
         source = source.split("/", 1)[1]
+    own = artifacts.prefix_of(key.split(":", maxsplit=1)[0])
+    if not source.startswith(own) or any(part in ("", ".", "..") for part in source.split("/")):
+        raise ToolError(f"source {args['source'][:300]!r} is not this task's own artifact ({own}...)", retryable=False)
+    return source
+
+
+def _publish_check(args: dict[str, Any], key: str) -> None:
+    _publish_source(args, key)
+
+
+def _publish_call(args: dict[str, Any], key: str, timeout: float) -> Any:
+    from runtime_site.blobstore import BlobNotFound, blob_store
+
+    store = blob_store()
     try:
-        data = store.get(source)
+        data = store.get(_publish_source(args, key))
     except BlobNotFound as exc:
         raise ToolError(f"nothing to publish at {args['source']}", retryable=False) from exc
     return {"ref": store.put(_published_key(args, key), data, args.get("contentType", "application/octet-stream"))}
@@ -171,12 +214,29 @@ register(
             "additionalProperties": False,
         },
         call=_publish_call,
+        check=_publish_check,
         reconcile=_publish_reconcile,
     )
 )
 
 
 # --- email.send: Django's mail backends (SMTP in production) ------------------------------
+
+
+def _mail_check(args: dict[str, Any], key: str) -> None:
+    """Header injection: a subject or an address with a line break would write headers of its
+    own (a Bcc to anyone). Django refuses it only as the message is rendered, inside the call:
+    a step failure that left the call's row started. Refused before anything is recorded."""
+    from django.core.exceptions import ValidationError
+    from django.core.validators import validate_email
+
+    if any(not ch.isprintable() for ch in args["subject"]):  # CR, LF and every other line break among them
+        raise ToolError(f"subject {args['subject'][:200]!r} has a line break or a control character", retryable=False)
+    for address in args["to"]:
+        try:
+            validate_email(address)
+        except ValidationError:
+            raise ToolError(f"to: {address[:200]!r} is not an email address", retryable=False) from None
 
 
 def _mail_call(args: dict[str, Any], key: str, timeout: float) -> Any:
@@ -220,6 +280,7 @@ register(
             "additionalProperties": False,
         },
         call=_mail_call,
+        check=_mail_check,
     )
 )
 

@@ -19,7 +19,7 @@ from uuid import UUID
 
 from django.utils import timezone
 
-from common.schema import SchemaError
+from common.schema import SchemaError, validate
 from mcp_server import tools
 from mcp_server.protocol import (
     INTERNAL_ERROR,
@@ -239,15 +239,14 @@ def wait_for_call(task: Task, *, modern: bool, progress_token: Any = None) -> Wa
 
 
 def steer(call: Call, tool: tools.SteeringTool, arguments: dict[str, Any]) -> dict[str, Any]:
-    """A steering tool: steering_app's do_enqueue_command, with its compare-and-set."""
-    task_id, expected = arguments.get("taskId"), arguments.get("expectedVersion")
-    if not isinstance(task_id, str) or not isinstance(expected, int) or isinstance(expected, bool):
-        return tools.error_result("taskId (string) and expectedVersion (integer) are required")
-    reason = arguments.get("reason", "")
-    # As the tool's inputSchema (and REST) say: made up from a null or cut to fit, a kill's
-    # required reason would be audited as "None" or as half of what the operator wrote.
-    if not isinstance(reason, str) or len(reason) > 500:
-        return tools.error_result("reason must be a string of at most 500 characters")
+    """A steering tool: steering_app's do_enqueue_command, with its compare-and-set. Its
+    arguments are held to the tool's own inputSchema first (-32602 naming the field): a
+    wrong type, a missing field or one the schema does not name never reaches the domain."""
+    try:
+        validate(arguments, tool.definition()["inputSchema"], "arguments")
+    except SchemaError as exc:
+        raise RpcError(INVALID_PARAMS, f"Invalid params: {exc}") from None
+    task_id, expected, reason = arguments["taskId"], arguments["expectedVersion"], arguments.get("reason", "")
     try:
         task = find_task(
             Call(call.principal, Message(None, "tasks/get", {"taskId": task_id}, modern=True)), to_act=True
@@ -259,7 +258,7 @@ def steer(call: Call, tool: tools.SteeringTool, arguments: dict[str, Any]) -> di
         command, _ = do_enqueue_command(
             task.id,
             who=call.principal,
-            command_id=str(command_id)[:64],
+            command_id=command_id,
             type=tool.command,
             payload=tool.payload(arguments),
             expected_version=expected,

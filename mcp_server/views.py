@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -131,18 +132,33 @@ def _error(
     return JsonResponse(exc.body(request_id), status=status or exc.http_status, headers=headers)
 
 
+# What a browser sends as Origin for a web page: scheme://host[:port], nothing else.
+WEB_ORIGIN = re.compile(r"^https?://[^/?#@\s]+\Z")
+
+
 def _origin_allowed(request: HttpRequest) -> bool:
-    """DNS-rebinding guard: a browser Origin must be local, the server itself, or configured."""
+    """DNS-rebinding guard: a browser Origin must be local, the server itself, or configured.
+    Anything that is no web page's origin ("null", a file or an extension, userinfo, a path,
+    a port or an address that does not parse) is refused, not guessed at. "The server
+    itself" trusts the Host header, so only when ALLOWED_HOSTS vouched for it: under DNS
+    rebinding the attacker names both, and "*" lets any name through."""
     origin = request.headers.get("Origin")
     if not origin:
         return True
     if origin in settings.RUNTIME_MCP_ALLOWED_ORIGINS:
         return True
-    parts = urlsplit(origin)
-    host = parts.hostname or ""
+    if not WEB_ORIGIN.match(origin):
+        return False
+    try:
+        parts = urlsplit(origin)
+        host, _ = parts.hostname or "", parts.port  # .port raises on one out of range
+    except ValueError:
+        return False
     if host in LOCAL_HOSTS or f"[{host}]" in LOCAL_HOSTS:
         return True
-    return parts.netloc == request.get_host()
+    if "*" in settings.ALLOWED_HOSTS:
+        return False
+    return parts.netloc.lower() == request.get_host().lower()
 
 
 def _authenticate(request: HttpRequest) -> Principal | None:
@@ -475,6 +491,15 @@ async def _endpoint(request: HttpRequest) -> HttpResponseBase:
             request_id_of(request.body),
             status=401,
             headers={"WWW-Authenticate": challenge(request, refusal)},
+        )
+    if (media_type := (request.content_type or "").lower()) != "application/json":
+        # JSON-RPC over HTTP is application/json (the transport's POST): a form, text or no
+        # Content-Type at all is not a message, however its bytes happen to read.
+        said = f"Content-Type {media_type[:100]!r}" if media_type else "no Content-Type"
+        return _error(
+            RpcError(INVALID_REQUEST, f"Unsupported Media Type: {said}; /mcp takes application/json"),
+            request_id_of(request.body),
+            status=415,
         )
     headers = {key.lower(): value for key, value in request.headers.items()}
     try:

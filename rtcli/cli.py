@@ -24,7 +24,7 @@ from typing import Any, TextIO
 
 import httpx
 
-from rtcli.client import ApiError, Client
+from rtcli.client import ApiError, BadAnswer, BadInput, Client
 
 BAR = 30
 
@@ -206,22 +206,39 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
     if not args.api_key:
         print("rt: an API key is needed: --api-key or $RT_API_KEY (bin/run prints one)", file=sys.stderr)
         return 2
-    client = Client(args.url, args.api_key)
     try:
-        return _run(client, args, out)
+        return _run(Client(args.url, args.api_key), args, out)
     except ApiError as exc:
         if exc.status == 409 and exc.code == "version_conflict":
-            snap = exc.body["error"]["snapshot"]
-            print(
-                f"rt: someone changed this task first; nothing was changed. It is now {snap['runtimeStatus']} "
-                f"at version {snap['stateVersion']} ({round(snap['progress'] * 100)}%, phase {snap['phase'] or '-'}).",
-                file=sys.stderr,
-            )
+            snap = exc.body["error"].get("snapshot")
+            try:
+                now = (
+                    f" It is now {snap['runtimeStatus']} at version {snap['stateVersion']} "
+                    f"({round(snap['progress'] * 100)}%, phase {snap['phase'] or '-'})."
+                )
+            except (KeyError, TypeError):
+                now = ""
+            print(f"rt: someone changed this task first; nothing was changed.{now}", file=sys.stderr)
             return 3
+        print(f"rt: {exc}", file=sys.stderr)
+        return 2
+    except BadInput as exc:
         print(f"rt: {exc}", file=sys.stderr)
         return 2
     except httpx.TransportError as exc:
         print(f"rt: cannot reach {args.url}: {exc or type(exc).__name__}", file=sys.stderr)
+        return 2
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:  # a redirect loop, a body that does not decode, ...
+        print(f"rt: {args.url}: {exc or type(exc).__name__}", file=sys.stderr)
+        return 2
+    except BadAnswer as exc:
+        print(f"rt: unexpected answer from {args.url}: {exc}", file=sys.stderr)
+        return 2
+    except (KeyError, TypeError, AttributeError) as exc:
+        # The answers are read by the fields the API documents; one without them (another
+        # service, a proxy, a server of another version) is the server's problem to report,
+        # not a traceback.
+        print(f"rt: unexpected answer from {args.url}: it lacks what the API sends ({exc!r})", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
@@ -255,7 +272,7 @@ def _run(client: Client, args: argparse.Namespace, out: TextIO) -> int:
                     payload["constraints"] = _json(args.constraints, "--constraints")
             if args.type == "set_priority":
                 if args.priority is None:
-                    raise SystemExit("rt: set_priority needs --priority 0-9")
+                    raise BadInput("set_priority needs --priority 0-9")
                 payload["priority"] = args.priority
             version = args.expected_version or client.snapshot(args.task)["stateVersion"]
             command = client.steer(
@@ -274,7 +291,7 @@ def _run(client: Client, args: argparse.Namespace, out: TextIO) -> int:
                 open_requests = client.snapshot(args.task)["inputRequests"]
                 if len(open_requests) != 1:
                     keys = ", ".join(r["key"] for r in open_requests) or "none"
-                    raise SystemExit(f"rt: name the input request to answer (open: {keys})")
+                    raise BadInput(f"name the input request to answer (open: {keys})")
                 key = open_requests[0]["key"]
             answer = "reject" if args.reject else "approve"
             client.answer(args.task, key, answer, reason=args.reason)
@@ -286,8 +303,11 @@ def _run(client: Client, args: argparse.Namespace, out: TextIO) -> int:
                 return 0
             data = client.artifact(args.task, args.name)
             if args.output:
-                with open(args.output, "wb") as f:
-                    f.write(data)
+                try:
+                    with open(args.output, "wb") as f:
+                        f.write(data)
+                except OSError as exc:
+                    raise BadInput(f"cannot write {args.output}: {exc.strerror or exc}") from None
             elif hasattr(out, "buffer"):
                 out.flush()
                 out.buffer.write(data)

@@ -7,15 +7,45 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, body: dict[str, Any]) -> None:
-        error = body.get("error", {}) if isinstance(body, dict) else {}
-        super().__init__(f"HTTP {status}: {error.get('message', body)}")
-        self.status, self.body, self.code = status, body, error.get("code", "")
+    """An HTTP error answer. Its body is whatever came: the API's {"error": {code, message}},
+    or anything a proxy or a broken server sends instead."""
+
+    def __init__(self, status: int, body: Any) -> None:
+        error = body.get("error") if isinstance(body, dict) else None
+        error = error if isinstance(error, dict) else {"message": error if error is not None else body}
+        super().__init__(f"HTTP {status}: {str(error.get('message', body))[:300]}")
+        self.status, self.body = status, body
+        self.code = error.get("code") if isinstance(error.get("code"), str) else ""
+
+
+class BadAnswer(Exception):
+    """A success answer that is not what the API sends (not JSON, not an object, not an
+    event stream): a proxy's page, another service on the port."""
+
+
+class BadInput(ValueError):
+    """An argument the client cannot send as given."""
+
+
+def segment(value: str, what: str) -> str:
+    """`value` as one path segment: quoted, so a task id or a name never walks to another
+    path ("../keys" read the key listing as if it were the task)."""
+    if value in ("", ".", "..") or not value.isprintable():
+        raise BadInput(f"{what} {value!r} is not a valid {what}")
+    return quote(value, safe="")
+
+
+def _body(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:  # not JSON, or not in the charset it claims
+        return {"error": {"message": response.text[:200] or f"(an empty {response.status_code} answer)"}}
 
 
 @dataclass
@@ -27,18 +57,29 @@ class Event:
 class Client:
     def __init__(self, base_url: str, api_key: str, *, timeout: float = 30) -> None:
         self.base_url = base_url.rstrip("/")
-        self.http = httpx.Client(
-            base_url=self.base_url, timeout=timeout, headers={"Authorization": f"Bearer {api_key}"}
-        )
+        # A header carries visible ASCII only: anything else failed as the request was built.
+        if not api_key.isascii() or not api_key.isprintable() or " " in api_key:
+            raise BadInput("the API key has characters no API key has (spaces, line breaks, non-ASCII)")
+        try:
+            self.http = httpx.Client(
+                base_url=self.base_url, timeout=timeout, headers={"Authorization": f"Bearer {api_key}"}
+            )
+        except httpx.InvalidURL as exc:
+            raise BadInput(f"--url {base_url!r} is not a URL: {exc}") from None
 
     def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         response = self.http.request(method, path, **kwargs)
+        if response.status_code >= 400:
+            raise ApiError(response.status_code, _body(response))
         try:
             body = response.json()
         except ValueError:
-            body = {"error": {"message": response.text[:200]}}
-        if response.status_code >= 400:
-            raise ApiError(response.status_code, body)
+            body = None
+        if not isinstance(body, dict):  # every success the API answers is a JSON object
+            said = response.headers.get("content-type") or "no Content-Type"
+            raise BadAnswer(
+                f"HTTP {response.status_code} {method} {path}: not a JSON object ({said}): {response.text[:200]!r}"
+            )
         return body
 
     def submit(
@@ -65,23 +106,19 @@ class Client:
         return self._call("GET", "/runtime/tasks", params=params)["results"]
 
     def snapshot(self, task_id: str) -> dict[str, Any]:
-        return self._call("GET", f"/runtime/tasks/{task_id}")
+        return self._call("GET", f"/runtime/tasks/{segment(task_id, 'task id')}")
 
     def artifacts(self, task_id: str) -> list[dict[str, Any]]:
-        return self._call("GET", f"/runtime/tasks/{task_id}/artifacts")["results"]
+        return self._call("GET", f"/runtime/tasks/{segment(task_id, 'task id')}/artifacts")["results"]
 
     def artifact(self, task_id: str, name: str) -> bytes:
-        response = self.http.get(f"/runtime/tasks/{task_id}/artifacts/{name}")
+        response = self.http.get(f"/runtime/tasks/{segment(task_id, 'task id')}/artifacts/{segment(name, 'name')}")
         if response.status_code >= 400:
-            try:
-                body = response.json()
-            except ValueError:
-                body = {"error": {"message": response.text[:200]}}
-            raise ApiError(response.status_code, body)
+            raise ApiError(response.status_code, _body(response))
         return response.content
 
     def result(self, task_id: str) -> dict[str, Any]:
-        return self._call("GET", f"/runtime/tasks/{task_id}/result")
+        return self._call("GET", f"/runtime/tasks/{segment(task_id, 'task id')}/result")
 
     def steer(
         self,
@@ -95,7 +132,7 @@ class Client:
     ) -> dict[str, Any]:
         return self._call(
             "POST",
-            f"/runtime/tasks/{task_id}/steering",
+            f"/runtime/tasks/{segment(task_id, 'task id')}/steering",
             json={
                 "commandId": command_id,
                 "type": type,
@@ -106,7 +143,8 @@ class Client:
         )
 
     def answer(self, task_id: str, key: str, answer: Any, *, reason: str = "") -> dict[str, Any]:
-        return self._call("POST", f"/runtime/tasks/{task_id}/inputs/{key}", json={"answer": answer, "reason": reason})
+        path = f"/runtime/tasks/{segment(task_id, 'task id')}/inputs/{segment(key, 'input key')}"
+        return self._call("POST", path, json={"answer": answer, "reason": reason})
 
     def events(self, task_id: str, *, reconnect_for: float = 60) -> Iterator[Event]:
         """The task's events by the client contract (docs/streaming.md): a snapshot first,
@@ -116,11 +154,14 @@ class Client:
         while True:
             try:
                 with self.http.stream(
-                    "GET", f"/runtime/tasks/{task_id}/events", timeout=httpx.Timeout(10, read=60)
+                    "GET", f"/runtime/tasks/{segment(task_id, 'task id')}/events", timeout=httpx.Timeout(10, read=60)
                 ) as response:
                     if response.status_code >= 400:
                         response.read()
-                        raise ApiError(response.status_code, response.json())
+                        raise ApiError(response.status_code, _body(response))
+                    if (said := response.headers.get("content-type", "")).split(";")[0].strip() != "text/event-stream":
+                        # Read as a stream that never ends the task, it was asked for again and again.
+                        raise BadAnswer(f"HTTP {response.status_code} for the events: not an event stream ({said})")
                     down_since = None
                     for event in _parse(response.iter_lines()):
                         seq = event.data.get("seq", -1)

@@ -23,7 +23,15 @@ from common import json_safety
 from common.schema import SchemaError, validate
 from ledger_app.actions import settle_interrupted
 from ledger_app.models import EffectStatus, LedgerEntry
-from steering_app.models import CommandStatus, CommandType, InputRequest, InputStatus, SteeringCommand
+from steering_app.models import (
+    COMMAND_ID,
+    COMMAND_ID_SHAPE,
+    CommandStatus,
+    CommandType,
+    InputRequest,
+    InputStatus,
+    SteeringCommand,
+)
 from tasks_app import access, events, kills, leases
 from tasks_app.access import answer_refusal, check_role
 from tasks_app.actions import TRANSITION_FIELDS, transition
@@ -249,6 +257,11 @@ def _enqueue_command(
             "reason": reason,
         }
     )  # the last line, whatever the edge
+    # Checked here, not only by each edge's form: an id an edge let through (MCP's was cut to
+    # fit and stringified whatever came) would be stored as something its caller never sent,
+    # and a retry with the id it did send would not replay it.
+    if not isinstance(command_id, str) or not COMMAND_ID.match(command_id):
+        raise InvalidCommand(f"commandId: must be {COMMAND_ID_SHAPE}; got {str(command_id)[:80]!r}")
     # The row lock orders concurrent commands: exactly one of two with the same expected
     # version sees its version still current.
     task = _lock(task_id, tenant)

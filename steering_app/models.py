@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 from django.db import models
 
 from tasks_app.agents.questions import APPROVER_KINDS, QuestionKind
@@ -14,6 +16,12 @@ class CommandType(models.TextChoices):
     PROVIDE_INPUT = "provide_input"
     SET_PRIORITY = "set_priority"
     KILL = "kill"  # the emergency stop: aborts the running step (tasks_app.kills)
+
+
+# A command id's shape, on every edge (REST, MCP, the dashboard, the admin): what
+# steering_app.actions accepts. \Z: "$" would let a trailing newline in.
+COMMAND_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,64}\Z")
+COMMAND_ID_SHAPE = "1 to 64 of the characters A-Z a-z 0-9 . _ : -"
 
 
 class CommandStatus(models.TextChoices):

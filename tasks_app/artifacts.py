@@ -32,7 +32,13 @@ TYPES = {
 
 
 def prefix(task: Task) -> str:
-    return f"tasks/{task.id}/artifacts/"
+    return prefix_of(task.id)
+
+
+def prefix_of(task_id: Any) -> str:
+    """Where a task's artifacts live in the blob store: its id is unique across tenants, so the
+    prefix is the task's and its tenant's alone."""
+    return f"tasks/{task_id}/artifacts/"
 
 
 def names(task: Task) -> list[str]:

@@ -534,6 +534,27 @@ def test_the_actions_refuse_what_no_edge_may_store(alice, task):
         assert written() == before, name
 
 
+def test_steering_refuses_a_command_id_of_the_wrong_shape_whatever_the_edge(alice, task):
+    """The command id's shape is the action's to check (REST, MCP, the dashboard and the admin
+    call it): one that is too long, has a space or a trailing newline is refused naming it,
+    not cut to fit or stored as sent."""
+    from steering_app.actions import do_enqueue_command
+    from tasks_app.errors import InvalidCommand
+
+    before = written()
+    for command_id in ("x" * 65, "a b", "p1\n", "", "é"):
+        with pytest.raises(InvalidCommand, match="commandId"):
+            do_enqueue_command(
+                task.id,
+                who=console(alice.tenant, "user:x"),
+                command_id=command_id,
+                type="pause",
+                payload={},
+                expected_version=1,
+            )
+        assert written() == before, command_id
+
+
 # --- the admin -----------------------------------------------------------------------------
 
 

@@ -141,3 +141,96 @@ def test_denied_tools_and_hosts_off_the_allowlist_fail_clearly(alice, processes)
     )
     assert elsewhere.status == "failed" and "not in security.http_allowlist" in elsewhere.error["message"]
     assert sink.stats()["posts"] == 0
+
+
+def test_an_invalid_url_or_a_header_injection_is_refused_before_any_ledger_row(alice, processes, tmp_path):
+    """A URL with a space, a line break or a port that cannot be, and an email subject or
+    recipient carrying CR/LF (header injection): the step fails at once naming the field, not
+    retried, no ledger row written (none left started for a person to reconcile), and
+    nothing reached the independent receivers."""
+    from tests.test_approvals import smtp_sink
+
+    sink = Sink(processes)
+    smtp_port, mail = smtp_sink(processes, tmp_path)
+    # email.send without an approver: the refusal is the tool's, not a question to a person
+    processes.worker(
+        **FAST, EMAIL_HOST="127.0.0.1", EMAIL_PORT=str(smtp_port), SECURITY_REQUIRE_APPROVAL="payment.create"
+    )
+    mail_args = {"to": ["legal@example.com"], "subject": "report", "body": "done"}
+    cases = [
+        ("http.request", {"url": f"{sink.url}/effects x"}, "url"),
+        ("http.request", {"url": f"{sink.url}/effects\r\nX-Injected: 1"}, "url"),
+        ("http.request", {"url": f"{sink.url}/effects\t"}, "url"),
+        ("http.request", {"url": "http://127.0.0.1:99999/effects"}, "url"),
+        ("http.request", {"url": "http:///effects"}, "url"),
+        (
+            "http.request",
+            {"url": f"{sink.url}/effects", "reconcileUrl": f"{sink.url}/effects/{{key}} x"},
+            "reconcileUrl",
+        ),
+        ("email.send", {**mail_args, "subject": "report\r\nBcc: everyone@example.com"}, "subject"),
+        ("email.send", {**mail_args, "subject": "report\nBcc: everyone@example.com"}, "subject"),
+        ("email.send", {**mail_args, "to": ["legal@example.com\r\nBcc: everyone@example.com"]}, "to"),
+        ("email.send", {**mail_args, "to": ["not an address"]}, "to"),
+    ]
+    for tool, args, field in cases:
+        task, _ = do_create_task(
+            console(alice.tenant, "user:test"), agent="tool_calls", input={"calls": [{"tool": tool, "args": args}]}
+        )
+        task = settled(task)
+        assert task.status == "failed", (tool, args, task.status, task.error)
+        assert task.error["code"] == "tool_failed" and field in task.error["message"], (args, task.error)
+        assert not LedgerEntry.objects.filter(task=task).exists(), (args, list(LedgerEntry.objects.filter(task=task)))
+    assert sink.stats()["posts"] == 0
+    assert mail.read_text() == ""
+
+
+def test_a_task_publishes_only_its_own_artifacts(alice, mallory, processes):
+    """content.publish copies a blob by its key: one that is not the calling task's own
+    artifact (another task's of the tenant, another tenant's, one reached through "..",
+    a corpus file) is refused naming the key, before any ledger row, and nothing is copied."""
+    from runtime_site.blobstore import blob_store
+
+    store = blob_store()
+    neighbour, _ = do_create_task(console(alice.tenant, "user:test"), agent="noop", input={"steps": 1})
+    stranger, _ = do_create_task(console(mallory.tenant, "user:test"), agent="noop", input={"steps": 1})
+    for other in (neighbour, stranger):
+        store.put(f"tasks/{other.id}/artifacts/secret.md", b"not yours", "text/markdown")
+    store.put("corpora/private/doc.json", b"{}", "application/json")
+
+    def publish(source: str, *, own: bytes | None = None) -> Task:
+        """A tool_calls task publishing `source`, where {self} is its own id (set, with its own
+        artifact `own`, before any worker runs: the worker starts once all are made)."""
+        task, _ = do_create_task(
+            console(alice.tenant, "user:test"),
+            agent="tool_calls",
+            input={"calls": [{"tool": "content.publish", "args": {"source": "-", "name": "out.md"}}]},
+        )
+        args = {"source": source.replace("{self}", str(task.id)), "name": "out.md"}
+        Task.objects.filter(id=task.id).update(input={"calls": [{"tool": "content.publish", "args": args}]})
+        if own is not None:
+            store.put(f"tasks/{task.id}/artifacts/mine.md", own, "text/markdown")
+        return task
+
+    refused = [
+        publish(source)
+        for source in (
+            f"file://tasks/{neighbour.id}/artifacts/secret.md",
+            f"tasks/{stranger.id}/artifacts/secret.md",
+            "file://corpora/private/doc.json",
+            f"file://tasks/{{self}}/artifacts/../../{neighbour.id}/artifacts/secret.md",
+            f"file://tasks/{{self}}/artifacts/x/../../../{neighbour.id}/artifacts/secret.md",
+        )
+    ]
+    mine = publish("file://tasks/{self}/artifacts/mine.md", own=b"mine")
+    processes.worker(**FAST, SECURITY_REQUIRE_APPROVAL="payment.create")
+    for made in refused:
+        task = settled(made)
+        source = task.input["calls"][0]["args"]["source"]
+        assert task.status == "failed" and task.error["code"] == "tool_failed", (source, task.error)
+        assert "not this task's own artifact" in task.error["message"], (source, task.error)
+        assert not LedgerEntry.objects.filter(task=task).exists(), source
+        assert not store.exists(f"published/{task.id}/out.md"), source
+    mine = settled(mine)
+    assert mine.status == "completed", mine.error
+    assert store.get(f"published/{mine.id}/out.md") == b"mine"

@@ -21,6 +21,7 @@ from mcp.shared.exceptions import MCPError
 from conftest import Processes, database_url, free_port, wait_until
 from steering_app.models import InputRequest, InputStatus
 from tasks_app.access import console
+from tasks_app.actions import do_create_task
 from tasks_app.agents import get_agent
 from tasks_app.models import Task
 from tests import mcp_client as mc
@@ -206,8 +207,11 @@ def test_the_kill_tool_stops_a_running_task_at_once_and_answers_with_the_kill_po
             tid = created.task_id
             await wait_for(c.session, tid, lambda t: "%" in t.get("statusMessage", ""))
             version = await state_version(tid)
-            no_reason = await c.call_tool("kill_task", {"taskId": tid, "expectedVersion": version})
-            assert no_reason.is_error and "reason" in no_reason.content[0].text
+            with pytest.raises(MCPError) as no_reason:  # the tool's inputSchema requires it
+                await c.call_tool("kill_task", {"taskId": tid, "expectedVersion": version})
+            assert no_reason.value.error.code == -32602 and "'reason'" in no_reason.value.error.message
+            blank = await c.call_tool("kill_task", {"taskId": tid, "expectedVersion": version, "reason": " "})
+            assert blank.is_error and "reason" in blank.content[0].text  # the schema's to take, the domain's to refuse
             killed = await c.call_tool("kill_task", {"taskId": tid, "expectedVersion": version, "reason": "runaway"})
             assert not killed.is_error, killed
             assert killed.structured_content["runtimeStatus"] == "cancelled"  # not at the next safe point
@@ -218,6 +222,51 @@ def test_the_kill_tool_stops_a_running_task_at_once_and_answers_with_the_kill_po
 
     task = Task.objects.get(id=run(scenario()))
     assert list(task.steering_commands.values_list("type", "status")) == [("kill", "applied")]
+
+
+@pytest.fixture
+def web_only(processes: Processes) -> str:
+    """/mcp without a worker: for what is answered before any task runs."""
+    port = free_port()
+    processes.web(port)
+    return f"http://127.0.0.1:{port}/mcp"
+
+
+def test_steering_tool_arguments_are_held_to_the_tools_own_input_schema(web_only, alice):
+    """Wrong types, a missing required field, a field the schema does not name: -32602 naming
+    it, as the tool's inputSchema promises, and nothing reaches the task. An id whose shape
+    only the domain refuses (a trailing newline: JSON Schema's "$" lets it through) is the
+    domain's tool error, never stored as something else."""
+    task, _ = do_create_task(console(alice.tenant, "user:x"), agent="noop", input={"steps": 3})
+    tid = str(task.id)
+    bad = [
+        ("set_priority", {"taskId": tid, "expectedVersion": "1", "priority": 1}, "expectedVersion"),
+        ("set_priority", {"taskId": tid, "expectedVersion": 1}, "'priority' is a required property"),
+        ("set_priority", {"taskId": tid, "expectedVersion": 1, "priority": 12}, "priority"),
+        ("pause_task", {"taskId": tid, "expectedVersion": 1, "force": True}, "'force' was unexpected"),
+        ("pause_task", {"taskId": 5, "expectedVersion": 1}, "taskId"),
+        ("pause_task", {"taskId": tid, "expectedVersion": True}, "expectedVersion"),
+        ("pause_task", {"taskId": tid, "expectedVersion": 1, "commandId": {"a": 1}}, "commandId"),
+        ("pause_task", {"taskId": tid, "expectedVersion": 1, "commandId": "a b"}, "commandId"),
+        ("pause_task", {"taskId": tid, "expectedVersion": 1, "commandId": "x" * 65}, "commandId"),
+        ("pause_task", {"taskId": tid, "expectedVersion": 1, "reason": None}, "reason"),
+        ("adjust_goal", {"taskId": tid, "expectedVersion": 1, "goal": 5}, "goal"),
+        ("cancel_task", {"expectedVersion": 1}, "'taskId' is a required property"),
+    ]
+
+    async def scenario():
+        async with mc.client(web_only, alice.token) as c:
+            for name, arguments, named in bad:
+                with pytest.raises(MCPError) as caught:
+                    await c.call_tool(name, arguments)
+                assert caught.value.error.code == -32602, (name, arguments, caught.value.error)
+                assert named in caught.value.error.message, (name, arguments, caught.value.error.message)
+            newline = await c.call_tool("pause_task", {"taskId": tid, "expectedVersion": 1, "commandId": "p1\n"})
+            assert newline.is_error and "commandId" in newline.content[0].text, newline
+
+    run(scenario())
+    task.refresh_from_db()
+    assert (task.state_version, task.steering_commands.count()) == (1, 0)
 
 
 @sync_to_async

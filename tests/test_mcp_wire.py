@@ -161,6 +161,44 @@ def test_origin_and_host_guard_against_dns_rebinding(alice):
     assert response.status_code == 400
 
 
+def test_an_origin_that_is_no_web_page_of_this_host_is_403_never_a_500(alice, settings):
+    """An Origin is scheme://host[:port] of a web page. One that cannot be parsed (it was a
+    500), is "null", names another scheme (a file, an extension), carries userinfo or a path,
+    or is not this host, is refused; with ALLOWED_HOSTS "*" the Host header proves nothing
+    (under DNS rebinding it is the attacker's name, as the Origin is), so only local and
+    configured origins pass."""
+    refused = [
+        "http://[::1",
+        "http://localhost:99999",
+        "null",
+        "file://localhost",
+        "chrome-extension://localhost",
+        "javascript://localhost",
+        "http://a:b@127.0.0.1",
+        "http://localhost/path",
+        "http://localhost.evil.example.com",
+        "https://evil.example.com",
+    ]
+    for origin in refused:
+        response = modern(alice.token, "server/discover", Origin=origin)
+        assert response.status_code == 403, (origin, response.status_code, response.content)
+        assert response.json()["error"]["message"] == "Forbidden: Origin not allowed", origin
+    for origin in ("http://testserver", "https://localhost:5173", "http://[::1]:3000"):
+        assert modern(alice.token, "server/discover", Origin=origin).status_code == 200, origin
+    settings.ALLOWED_HOSTS = ["*"]
+    rebound = Client().post(
+        "/mcp",
+        data=json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}),
+        content_type="application/json",
+        HTTP_HOST="evil.example.com:8000",
+        headers={"Authorization": f"Bearer {alice.token}", "Origin": "http://evil.example.com:8000"},
+    )
+    assert rebound.status_code == 403, rebound.content
+    settings.RUNTIME_MCP_ALLOWED_ORIGINS = ["https://console.example.com"]
+    allowed = modern(alice.token, "server/discover", Origin="https://console.example.com")
+    assert allowed.status_code == 200
+
+
 def test_get_and_delete_are_not_allowed_and_options_says_what_is(alice):
     for method in ("get", "delete", "put"):
         response = getattr(Client(), method)("/mcp", headers={"Authorization": f"Bearer {alice.token}"})
@@ -210,6 +248,43 @@ def test_a_task_ttl_that_is_negative_or_no_number_is_invalid_params(alice):
     assert Task.objects.count() == 0
     params = {"name": "tool_calls", "arguments": {"calls": []}, "task": {"ttl": 60000}}
     assert "result" in post(alice.token, {"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": params}).json()
+
+
+def test_a_body_not_sent_as_json_is_415_naming_its_content_type(alice):
+    """/mcp takes JSON-RPC as application/json (a charset, UTF-8, may follow). A body sent as
+    anything else, or with no Content-Type, is refused naming what came: a JSON-RPC error, with
+    the request's id when the body has one, and nothing done."""
+    body = json.dumps({"jsonrpc": "2.0", "id": 6, "method": "tools/list"}).encode()
+
+    def post_as(content_type: str, data: bytes = body) -> Any:
+        return Client().generic(
+            "POST",
+            "/mcp",
+            data,
+            content_type=content_type,
+            headers={"Accept": "application/json, text/event-stream", "Authorization": f"Bearer {alice.token}"},
+        )
+
+    refused = {
+        "text/plain": body,
+        "": body,
+        "application/x-www-form-urlencoded": b"jsonrpc=2.0&id=6&method=tools%2Flist",
+        "multipart/form-data; boundary=x": b"--x--",
+        "application/jsonp": body,
+        "application/json-seq": body,
+        "text/json": body,
+    }
+    for content_type, data in refused.items():
+        response = post_as(content_type, data)
+        assert response.status_code == 415, (content_type, response.content)
+        error = response.json()["error"]
+        assert error["code"] == -32600 and "Content-Type" in error["message"], error
+        media_type = content_type.split(";")[0]
+        assert (repr(media_type) if media_type else "no Content-Type") in error["message"], error
+        assert response.json()["id"] == (6 if data == body else None)
+    for content_type in ("application/json", "application/json; charset=utf-8", "Application/JSON"):
+        ok = post_as(content_type)
+        assert ok.status_code == 200, (content_type, ok.content)
 
 
 def test_a_charset_other_than_utf8_is_refused_naming_it(alice):

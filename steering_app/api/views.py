@@ -8,14 +8,13 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from runtime_site.parsers import (
-    IDEMPOTENCY_KEY,
     StrictCharField,
     StrictIntegerField,
     StrictRegexField,
     refuse_paging,
 )
 from steering_app.actions import do_answer_input, do_enqueue_command
-from steering_app.models import CommandType, SteeringCommand
+from steering_app.models import COMMAND_ID, CommandType, SteeringCommand
 from tasks_app import access, kills
 from tasks_app.auth import IsPrincipal, principal, require_role
 from tasks_app.models import Role
@@ -41,7 +40,7 @@ def command_body(command: SteeringCommand) -> dict[str, Any]:
 
 class TaskSteeringApi(APIView):
     class InputSerializer(serializers.Serializer):
-        commandId = StrictRegexField(IDEMPOTENCY_KEY.pattern, max_length=64)  # noqa: N815
+        commandId = StrictRegexField(COMMAND_ID.pattern)  # noqa: N815
         type = serializers.ChoiceField(choices=CommandType.choices)
         payload = serializers.DictField(default=dict)
         expectedVersion = StrictIntegerField(min_value=1)  # noqa: N815

@@ -78,6 +78,11 @@ class Tool:
     reconcile: Callable[[dict[str, Any], str], tuple[str, Any] | None] | None = None
     # (args, remote ref, timeout) -> result | Pending: for tools whose call may answer Pending
     poll: Callable[[dict[str, Any], str, float], Any] | None = None
+    # (args, idempotency key) -> None: what the input schema cannot say about arguments the
+    # call would refuse or mangle (a URL that does not parse, a header with a line break, a
+    # blob that is not the task's own). Raises ToolError(retryable=False); the ledger asks
+    # before anything is recorded or put to an approver, so a refused call leaves no row.
+    check: Callable[[dict[str, Any], str], None] | None = None
 
 
 _TOOLS: dict[str, Tool] = {}
