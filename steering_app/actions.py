@@ -549,7 +549,7 @@ def _cancel(task: Task, *, actor: str, by_worker: bool, by_command: SteeringComm
     # What the task said last (a step's "reviewing 3 of 20", "paused by ...") is not what it is now.
     task.status_message = (task.cancel_reason or "cancelled")[:500]
     if not by_worker:
-        task.drop_lease()  # fences any worker that still believes it holds the task
+        leases.take_away(task)  # fences any worker that still believes it holds the task
 
 
 def do_cancel_task(task_id: UUID, *, who: Principal, reason: str = "") -> Task:

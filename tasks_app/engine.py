@@ -175,7 +175,7 @@ def _abandon(lease: leases.Lease, fault: Exception) -> bool | None:
                 task,
                 actor=f"worker:{lease.worker_id}",
                 diagnosis=f"{type(fault).__name__}: {fault}",
-                fields=task.drop_lease(fence=False),
+                fields=leases.take_away(task, fence=False),
             )
             return held
     except leases.LeaseLost:
