@@ -1,7 +1,7 @@
 """Turns of a tenant at runtime.max_concurrent_tasks: a task turned away at capacity waits
 (waiting_turn_since) and is rung when a turn frees. A slice that ends rings it; so must
 every other way a turn frees: a lease taken away without its slice ending (a recovery, a
-kill, a cancel over a lost holder, a give-back, an expiry).
+kill, a cancel or pause over a lost holder, a give-back, an expiry).
 
 Only the ring may wake the waiting task here: the stall scan that would also find it is
 set to run in ten minutes (runtime.stall_seconds), and each woken task must start well
@@ -9,6 +9,7 @@ before that, on a real worker."""
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable
 from typing import Any
 
@@ -81,6 +82,19 @@ def _cancel_over_a_lost_holder(alice: Persona, held: Task, lease: leases.Lease) 
     do_cancel_task(held.id, who=console(alice.tenant, "user:test"), reason="no longer needed")
 
 
+def _pause_over_a_lost_holder(alice: Persona, held: Task, lease: leases.Lease) -> None:
+    run_out(held)
+    version = Task.objects.get(id=held.id).state_version
+    do_enqueue_command(
+        held.id,
+        who=console(alice.tenant, "user:test"),
+        command_id="p1",
+        type="pause",
+        payload={},
+        expected_version=version,
+    )
+
+
 def _reaper_dead_letters(alice: Persona, held: Task, lease: leases.Lease) -> None:
     run_out(held)
     operators.do_mark_recovering(held.id, actor="system:reaper", max_recoveries=0)
@@ -104,6 +118,7 @@ def _expire(alice: Persona, held: Task, lease: leases.Lease) -> None:
 TAKEN_AWAY: dict[str, tuple[Callable[[Persona, Task, leases.Lease], None], str]] = {
     "kill": (_kill, "cancelled"),
     "cancel over a lost holder": (_cancel_over_a_lost_holder, "cancelled"),
+    "pause over a lost holder": (_pause_over_a_lost_holder, "paused"),
     "reaper dead-letters": (_reaper_dead_letters, "dead_lettered"),
     "give-back after an infrastructure fault": (_give_back, "working"),
     "step past its deadline": (_abandon_step, "dead_lettered"),
@@ -149,3 +164,27 @@ def test_a_kill_of_the_running_task_rings_the_task_turned_away_on_another_worker
     _kill(alice, running, leases.Lease(running.id, "", 0))
     assert Task.objects.get(id=running.id).status == "cancelled"
     completes(turned_away, why="the running task was killed")
+
+
+def test_a_lost_holders_pause_rings_the_task_turned_away(alice: Persona, processes: Processes, settings: Any):
+    """End to end: the one running task's worker is frozen past its lease (no reaper runs); a
+    pause then applies at once over the run-out lease and stops the task: its commit rings
+    the task the other worker turned away."""
+    one_turn(settings)
+    env = {**FAST_LEASES, **TURNS, "RUNTIME_SCAN_SECONDS": "600", "RUNTIME_SLICE_STEPS": "1000"}
+    holder = processes.worker(concurrency=1, ready=True, **env)
+    running = noop(alice, steps=600, sleep_ms=100)
+    wait_until(lambda: Task.objects.get(id=running.id).steps_done >= 2, timeout=60, what="the task to run")
+    processes.worker(concurrency=1, ready=True, **env)
+    turned_away = noop(alice, steps=3)
+    wait_until(lambda: waiting(turned_away), timeout=30, what="the second task to be turned away at capacity")
+    processes.kill(holder, signal.SIGSTOP)
+    wait_until(
+        lambda: Task.objects.filter(id=running.id, lease_expires_at__lt=timezone.now()).exists(),
+        timeout=30,
+        what="the frozen holder's lease to run out",
+    )
+    _pause_over_a_lost_holder(alice, running, leases.Lease(running.id, "", 0))
+    assert Task.objects.get(id=running.id).status == "paused"
+    completes(turned_away, why="the lost holder's task was paused")
+    processes.kill(holder, signal.SIGCONT)
