@@ -40,7 +40,12 @@ logger = logging.getLogger(__name__)
 
 
 class AtCapacity(Exception):  # a signal, not an error
-    """The task's tenant already runs runtime.max_concurrent_tasks slices: not now."""
+    """The task's tenant already runs runtime.max_concurrent_tasks slices: not now. Carries the
+    tenant, whose waiting tasks the turned-away task rings once it is marked (wait_for_turn)."""
+
+    def __init__(self, tenant_id: int, limit: int) -> None:
+        super().__init__(f"tenant {tenant_id} runs its maximum of {limit} tasks")
+        self.tenant_id = tenant_id
 
 
 class LeaseLost(Exception):
@@ -202,7 +207,7 @@ def _claim_in_one_round_trip(
             cursor.nextset()
             read = cursor.fetchone()
     if turned_away is not None:
-        raise AtCapacity(f"tenant {turned_away} runs its maximum of {limit} tasks")
+        raise AtCapacity(turned_away, limit)
     return from_rows(Task, [f.attname for f in fields], rows), read
 
 
@@ -228,7 +233,7 @@ def _claim_within_capacity(task_id: UUID, limit: int, values: dict[str, Any]) ->
         .update_returning(**values)
     )
     if not rows and _claimable().filter(id=task_id).exists():
-        raise AtCapacity(f"tenant {tenant_id} runs its maximum of {limit} tasks")
+        raise AtCapacity(tenant_id, limit)
     return rows
 
 
@@ -238,10 +243,14 @@ def _claimable() -> TaskQuerySet:
     return Task.objects.filter(status__in=CLAIMABLE, lease_owner__isnull=True)
 
 
-def wait_for_turn(task_id: UUID) -> None:
+def wait_for_turn(task_id: UUID, *, tenant_id: int) -> None:
     """Turned away at capacity (its message is dropped): remember it, so that whatever frees
-    a turn rings it (the stall scanner is the backstop)."""
+    a turn rings it (the stall scanner is the backstop). Then, once the mark is committed,
+    look for a free turn once more: the running task the claim counted may have ended
+    between the claim and the mark, and its end, finding nobody marked, rang nobody; the
+    task would have waited for the stall scanner (or for ever, were none running)."""
     Task.objects.filter(id=task_id, waiting_turn_since__isnull=True).update(waiting_turn_since=Now())
+    ring_waiting_on_commit(tenant_id)
 
 
 def take_away(task: Task, *, fence: bool = True) -> list[str]:

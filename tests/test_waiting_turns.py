@@ -1,7 +1,8 @@
 """Turns of a tenant at runtime.max_concurrent_tasks: a task turned away at capacity waits
 (waiting_turn_since) and is rung when a turn frees. A slice that ends rings it; so must
 every other way a turn frees: a lease taken away without its slice ending (a recovery, a
-kill, a cancel or pause over a lost holder, a give-back, an expiry).
+kill, a cancel or pause over a lost holder, a give-back, an expiry), and the waiting mark
+itself, when the only running task ended between the capacity check and the mark.
 
 Only the ring may wake the waiting task here: the stall scan that would also find it is
 set to run in ten minutes (runtime.stall_seconds), and each woken task must start well
@@ -11,12 +12,14 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from django.utils import timezone
 
-from conftest import FAST_LEASES, Persona, Processes, purge_queues, wait_until
+from conftest import FAST_LEASES, Persona, Processes, database_url, purge_queues, wait_until
 from steering_app.actions import do_cancel_task, do_enqueue_command
 from tasks_app import engine, leases, operators
 from tasks_app.access import console
@@ -188,3 +191,56 @@ def test_a_lost_holders_pause_rings_the_task_turned_away(alice: Persona, process
     assert Task.objects.get(id=running.id).status == "paused"
     completes(turned_away, why="the lost holder's task was paused")
     processes.kill(holder, signal.SIGCONT)
+
+
+def test_a_task_turned_away_as_the_only_running_task_ends_rings_itself_after_its_waiting_mark(
+    alice: Persona, processes: Processes, settings: Any
+):
+    """The race: the second task's claim finds the one turn taken, and before its waiting mark
+    commits, the running task ends, and its slice rings nobody (nobody is marked yet). The
+    mark is held back here by a row lock on the second task (its claim, refused by the count,
+    locks no row; the mark does), while the first task is cancelled and its slice ends; then
+    the lock goes. The turned-away task must look for a free turn once its mark commits."""
+    one_turn(settings)
+    env = {**TURNS, "RUNTIME_SCAN_SECONDS": "600", "RUNTIME_SLICE_STEPS": "1000"}
+    first_worker = processes.worker(concurrency=1, ready=True, **env)
+    running = noop(alice, steps=600, sleep_ms=100)
+    wait_until(lambda: Task.objects.get(id=running.id).steps_done >= 2, timeout=60, what="the task to run")
+    # Its message waits: the one worker is busy with the running task (prefetch 1, acks late).
+    turned_away = noop(alice, steps=3)
+    with psycopg.connect(database_url()) as lock:
+        marked = lock.execute(
+            f"SELECT waiting_turn_since FROM {Task._meta.db_table} WHERE id = %s FOR UPDATE",  # noqa: S608
+            [turned_away.id],
+        ).fetchone()
+        assert marked == (None,)
+        processes.worker(concurrency=1, ready=True, **env)
+        wait_until(
+            lock_waits_for_the_mark,
+            timeout=30,
+            what="the second worker's claim to be refused at capacity and its waiting mark to wait for the lock",
+        )
+        do_cancel_task(running.id, who=console(alice.tenant, "user:test"), reason="done with it")
+        wait_until(lambda: Task.objects.get(id=running.id).status == "cancelled", timeout=30, what="the cancel")
+        log = Path(first_worker.log_path)  # type: ignore[attr-defined]
+        wait_until(
+            lambda: "succeeded" in log.read_text(errors="replace"),
+            timeout=30,
+            what="the running task's slice (and its ring, which finds nobody marked) to end",
+        )
+        assert not waiting(turned_away)
+        lock.rollback()
+    completes(turned_away, why="its own waiting mark, committed after the only running task ended")
+
+
+def lock_waits_for_the_mark() -> bool:
+    """A waiting mark (wait_for_turn's UPDATE) waits for a row lock; no claim waits for one."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            " AND query LIKE %s AND query LIKE %s",
+            ["UPDATE%", "%waiting_turn_since%"],
+        )
+        return bool(cursor.fetchone()[0])
