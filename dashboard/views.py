@@ -26,6 +26,7 @@ from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import BadRequest
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.shortcuts import render, resolve_url
+from django.template.response import TemplateResponse
 from django.urls import Resolver404, resolve, reverse
 from django.utils.html import format_html
 from django.views.csrf import csrf_failure as django_csrf_failure
@@ -211,21 +212,39 @@ def _start_posted(request: HttpRequest, tenants: list[tuple[str, str]]) -> HttpR
     return see_other("dashboard:start")
 
 
+class TaskPage(TemplateResponse):
+    """The task page, or its panels (`template`): the task's rows read in the view, inside
+    with_task's snapshot (task_context, every query evaluated there), and the finished task's
+    artifacts listed as the page renders, after the view has returned and the snapshot's
+    transaction has ended. The listing is a call to the blob store: inside, a slow one kept
+    the transaction open past the web's idle_in_transaction_session_timeout, PostgreSQL
+    ended the session under it, and the page was a 503 at the commit."""
+
+    def __init__(self, request: HttpRequest, template: str, task: Task) -> None:
+        super().__init__(request, template, task_context(request, task))
+        self.task = task
+
+    def resolve_context(self, context: dict[str, Any] | None) -> dict[str, Any]:
+        task = self.task
+        # Linked to the route that serves them (a file:// ref is no link).
+        listed = artifacts.listing(task, f"/dashboard/tasks/{task.id}/artifacts") if task.is_terminal else []
+        return {**(context or {}), "artifacts": listed}
+
+
 def task_context(request: HttpRequest, task: Task) -> dict[str, Any]:
+    """What the task page shows of the task's rows, every query run now (lists, not
+    querysets): TaskPage renders it after the snapshot has ended."""
     who = principal_for(access.person(request), task)
     logs = log_tail(task)
-    # A finished task's artifacts, linked to the route that serves them (a file:// ref is no link).
-    listed = artifacts.listing(task, f"/dashboard/tasks/{task.id}/artifacts") if task.is_terminal else []
     report = artifacts.name_of(task, ((task.result or {}).get("report") or {}).get("markdown"))
     commands = list(SteeringCommand.objects.filter(task=task).order_by("version"))
     return {
         "risk_chart": risk_chart(task.result) if task.is_terminal else [],
-        "artifacts": listed,
         "report_name": report,
         "report_url": reverse("dashboard:artifact", args=[task.id, report]) if report else None,
         "task": task,
         "snapshot": {"seq": task.event_seq, **task_snapshot(task)},
-        "checkpoints": Checkpoint.objects.filter(task=task).order_by("sequence", "id"),
+        "checkpoints": list(Checkpoint.objects.filter(task=task).order_by("sequence", "id")),
         "commands": commands,
         "open_inputs": [
             {"request": r, "choices": answer_choices(r.answer_schema), "schema": json.dumps(r.answer_schema)}
@@ -272,14 +291,14 @@ def risk_chart(result: dict[str, Any] | None) -> list[dict[str, Any]]:
 @allow_methods("GET", "HEAD")
 @with_task
 def task_page(request: HttpRequest, task: Task) -> HttpResponse:
-    return render(request, "dashboard/task.html", task_context(request, task))
+    return TaskPage(request, "dashboard/task.html", task)
 
 
 @allow_methods("GET", "HEAD")
 @with_task(for_script=True)
 def task_panels(request: HttpRequest, task: Task) -> HttpResponse:
     """The parts of the task page that change with control state, re-read on such events."""
-    return render(request, "dashboard/_panels.html", task_context(request, task))
+    return TaskPage(request, "dashboard/_panels.html", task)
 
 
 @allow_methods("GET", "HEAD")

@@ -50,7 +50,7 @@ from tasks_app.errors import (
 )
 from tasks_app.models import Role, Task, Tenant
 from tasks_app.queue import enqueue_slice_on_commit
-from tasks_app.states import TERMINAL, Status, can_transition
+from tasks_app.states import CLAIMABLE, TERMINAL, Status, can_transition
 
 
 def _same_answer(a: Any, b: Any) -> bool:
@@ -332,7 +332,8 @@ def _accept(
     )
     enqueue = False
     if _idle(task):
-        if task.lease_owner is not None:
+        ran_out = task.lease_owner is not None
+        if ran_out:
             # Idle because its holder's lease ran out (lost, or frozen) before the reaper
             # came by: applying the command takes the task from that holder, so the epoch
             # moves, or a frozen holder, thawed, renewed its lease and committed its step
@@ -352,6 +353,12 @@ def _accept(
             enqueue = apply_pending(task, actor=requested_by, by_worker=False, pending=[*pending, command])
             if command.status == CommandStatus.PENDING:  # that end rejected it, as its own row
                 command.refresh_from_db(fields=["status", "outcome", "applied_at"])
+        if ran_out and task.lease_owner is not None and task.status not in CLAIMABLE:
+            # Stopped (paused) over the run-out lease, which stays for a recovery to count:
+            # its turn is free, and no slice of it ends to ring the tenant's tasks turned
+            # away at capacity, so this does. (A cancel or kill took the lease away, and
+            # rang: leases.take_away. A task still runnable rings at its recovery.)
+            leases.ring_waiting_on_commit(task.tenant_id)
     elif type == CommandType.SET_PRIORITY:  # no business change: it may apply mid-step
         enqueue = apply_command(task, command, actor=requested_by)  # inserted as it is settled (_settle)
     elif type == CommandType.KILL:  # the emergency stop does not wait for the safe point
@@ -562,7 +569,7 @@ def _cancel(task: Task, *, actor: str, by_worker: bool, by_command: SteeringComm
     # What the task said last (a step's "reviewing 3 of 20", "paused by ...") is not what it is now.
     task.status_message = (task.cancel_reason or "cancelled")[:500]
     if not by_worker:
-        task.drop_lease()  # fences any worker that still believes it holds the task
+        leases.take_away(task)  # fences any worker that still believes it holds the task
 
 
 def do_cancel_task(task_id: UUID, *, who: Principal, reason: str = "") -> Task:

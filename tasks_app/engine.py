@@ -117,8 +117,8 @@ def run_slice_report(task_id: UUID, *, worker_id: str, abandoned: leases.Lease |
         # What _load reads next goes with the claim, in its message where it can (PostgreSQL).
         then = _reads_sql(task_id) if connection.vendor == "postgresql" else None
         claimed = leases.claim_and_read(task_id, worker_id=worker_id, ttl=ttl, then=then)
-    except leases.AtCapacity:
-        leases.wait_for_turn(task_id)
+    except leases.AtCapacity as turned_away:
+        leases.wait_for_turn(task_id, tenant_id=turned_away.tenant_id)
         return SliceReport(SliceOutcome.AT_CAPACITY)
     if claimed is None:
         # Held, ended, or left by a holder whose lease ran out (lost, or frozen): the
@@ -175,7 +175,7 @@ def _abandon(lease: leases.Lease, fault: Exception) -> bool | None:
                 task,
                 actor=f"worker:{lease.worker_id}",
                 diagnosis=f"{type(fault).__name__}: {fault}",
-                fields=task.drop_lease(fence=False),
+                fields=leases.take_away(task, fence=False),
             )
             return held
     except leases.LeaseLost:

@@ -31,15 +31,21 @@ from django.db.models.lookups import LessThan
 from django.db.models.sql import UpdateQuery
 
 from runtime_site import dbpool
-from tasks_app import kills
+from tasks_app import kills, telemetry
 from tasks_app.models import Task, TaskQuerySet, Tenant, from_rows
+from tasks_app.queue import enqueue_slice
 from tasks_app.states import CLAIMABLE, Status
 
 logger = logging.getLogger(__name__)
 
 
 class AtCapacity(Exception):  # a signal, not an error
-    """The task's tenant already runs runtime.max_concurrent_tasks slices: not now."""
+    """The task's tenant already runs runtime.max_concurrent_tasks slices: not now. Carries the
+    tenant, whose waiting tasks the turned-away task rings once it is marked (wait_for_turn)."""
+
+    def __init__(self, tenant_id: int, limit: int) -> None:
+        super().__init__(f"tenant {tenant_id} runs its maximum of {limit} tasks")
+        self.tenant_id = tenant_id
 
 
 class LeaseLost(Exception):
@@ -201,7 +207,7 @@ def _claim_in_one_round_trip(
             cursor.nextset()
             read = cursor.fetchone()
     if turned_away is not None:
-        raise AtCapacity(f"tenant {turned_away} runs its maximum of {limit} tasks")
+        raise AtCapacity(turned_away, limit)
     return from_rows(Task, [f.attname for f in fields], rows), read
 
 
@@ -227,7 +233,7 @@ def _claim_within_capacity(task_id: UUID, limit: int, values: dict[str, Any]) ->
         .update_returning(**values)
     )
     if not rows and _claimable().filter(id=task_id).exists():
-        raise AtCapacity(f"tenant {tenant_id} runs its maximum of {limit} tasks")
+        raise AtCapacity(tenant_id, limit)
     return rows
 
 
@@ -237,22 +243,60 @@ def _claimable() -> TaskQuerySet:
     return Task.objects.filter(status__in=CLAIMABLE, lease_owner__isnull=True)
 
 
-def wait_for_turn(task_id: UUID) -> None:
-    """Turned away at capacity (its message is dropped): remember it, so that the slice
-    that frees a turn rings it (the stall scanner is the backstop)."""
+def wait_for_turn(task_id: UUID, *, tenant_id: int) -> None:
+    """Turned away at capacity (its message is dropped): remember it, so that whatever frees
+    a turn rings it (the stall scanner is the backstop). Then, once the mark is committed,
+    look for a free turn once more: the running task the claim counted may have ended
+    between the claim and the mark, and its end, finding nobody marked, rang nobody; the
+    task would have waited for the stall scanner (or for ever, were none running)."""
     Task.objects.filter(id=task_id, waiting_turn_since__isnull=True).update(waiting_turn_since=Now())
+    ring_waiting_on_commit(tenant_id)
+
+
+def take_away(task: Task, *, fence: bool = True) -> list[str]:
+    """The lease of `task` (its locked or fenced row) dropped other than by the end of its
+    slice: a recovery, a kill, a cancel over a lost holder, an operator's release, a
+    give-back after an infrastructure fault, an expiry (fence: Task.drop_lease). A slice that
+    ends rings its tenant's tasks turned away at capacity (tasks_app.tasks); here no slice
+    ends to do so, or not soon, so the turn freed rings them once this commits. Returns the
+    fields to save."""
+    if task.lease_owner is not None:  # a turn it held (or that ran out in its holder's hands)
+        ring_waiting_on_commit(task.tenant_id)
+    return task.drop_lease(fence=fence)
+
+
+def ring_waiting_on_commit(tenant_id: int) -> None:
+    """ring_waiting(tenant_id) once the caller's transaction commits (at once outside one)."""
+    if settings.RUNTIME["runtime"]["max_concurrent_tasks"]:
+        # robust: a broker or database outage must not undo or fail what committed; the stall
+        # scanner re-finds the waiting tasks.
+        transaction.on_commit(functools.partial(ring_waiting, tenant_id), robust=True)
+
+
+def ring_waiting(tenant_id: int) -> None:
+    """A turn of the tenant may be free: ring its tasks turned away at capacity, as many as
+    there are free turns (should a ring be lost, the stall scanner re-finds them)."""
+    with telemetry.detached():  # other tasks' messages: not in the trace of what freed the turn
+        for task_id, priority in waiting_for_turns(tenant_id):
+            enqueue_slice(task_id, priority)
 
 
 def next_waiting(task_id: UUID, *, tenant_id: int | None = None) -> list[tuple[UUID, int]]:
     """After a slice of `task_id` (of `tenant_id`, if the caller knows) ended: its tenant's
     tasks turned away at capacity, most urgent first, as many as there are free turns.
     Nobody turned away: nothing rung."""
-    limit = settings.RUNTIME["runtime"]["max_concurrent_tasks"]
-    if not limit:
-        return []
     if tenant_id is None:
         tenant_id = Task.objects.filter(id=task_id).values_list("tenant_id", flat=True).first()
     if tenant_id is None:  # the task is gone: nobody of its tenant to ring
+        return []
+    return waiting_for_turns(tenant_id)
+
+
+def waiting_for_turns(tenant_id: int) -> list[tuple[UUID, int]]:
+    """The tenant's tasks turned away at capacity, most urgent first, as many as there are
+    free turns now (none without a limit)."""
+    limit = settings.RUNTIME["runtime"]["max_concurrent_tasks"]
+    if not limit:
         return []
     conn = transaction.get_connection()
     if conn.vendor == "postgresql":

@@ -269,7 +269,9 @@ class Task(models.Model):
         """Nobody holds the task any more. fence: also move the epoch, so a worker that
         still believes it holds the task fails its next fenced write (an operator, the
         reaper, a cancel); without, the holder itself lets go (its epoch stays its proof
-        until then). Returns the fields to save."""
+        until then). Returns the fields to save. A slice lets go of its own lease here as it
+        ends; every other drop goes through leases.take_away, which also rings the tasks
+        waiting for the turn."""
         self.lease_owner, self.lease_expires_at = None, None
         if not fence:
             return ["lease_owner", "lease_expires_at"]

@@ -23,7 +23,7 @@ from ledger_app.models import EffectStatus, LedgerEntry
 from runtime_site.metrics import RECOVERIES
 from steering_app.actions import STEERING_FIELDS, apply_pending, do_enqueue_command, withdraw_cancel
 from steering_app.models import CommandType, InputRequest, InputStatus
-from tasks_app import events
+from tasks_app import events, leases
 from tasks_app.access import check_role
 from tasks_app.actions import TRANSITION_FIELDS, transition
 from tasks_app.agents import tools
@@ -84,7 +84,7 @@ def do_mark_recovering(task_id: UUID, *, actor: str, max_recoveries: int | None 
         # longer than a lease cost each running task one of its max_recoveries (four
         # restarts dead-lettered healthy tasks).
         lost = task.lease_owner
-        task.drop_lease()
+        leases.take_away(task)
         diagnosis = f"the lease of {lost} expired across a restart of the database at {started.isoformat()}"
         if task.cancel_requested:  # cancel always wins: nobody needs to run it again to end it
             logger.warning("task %s: %s; the cancel asked for applies now", task_id, diagnosis)
@@ -101,7 +101,7 @@ def do_mark_recovering(task_id: UUID, *, actor: str, max_recoveries: int | None 
         enqueue_slice_on_commit(task.id, task.priority)
         return task
     lost = f"lease of {task.lease_owner} expired"
-    task.drop_lease()
+    leases.take_away(task)
     task = _recover(task, actor=actor, lost=lost, max_recoveries=max_recoveries)
     if task.status != Status.CANCELLED:
         status, recoveries, in_a_row = task.status, task.recoveries, task.recoveries_in_a_row
@@ -138,7 +138,7 @@ def do_give_back(lease: Lease, *, actor: str) -> Task | None:
     if task is None:
         return None
     diagnosis = f"{lease.worker_id} abandoned its slice to an infrastructure fault and could not give the lease back"
-    if count_infrastructure_fault(task, actor=actor, diagnosis=diagnosis, fields=task.drop_lease()):
+    if count_infrastructure_fault(task, actor=actor, diagnosis=diagnosis, fields=leases.take_away(task)):
         return task  # held for an operator (count_infrastructure_fault logged why)
     logger.warning("task %s: %s; given back for it (infrastructure faults %s)", task.id, diagnosis, task.infra_faults)
     return task
@@ -210,7 +210,7 @@ def do_abandon_step(lease: Lease, *, step: str, seconds: float) -> Task | None:
     )
     if task is None:
         return None
-    task.drop_lease()
+    leases.take_away(task)
     return _recover(
         task,
         actor=f"worker:{lease.worker_id}",
@@ -297,7 +297,7 @@ def do_expire_task(task_id: UUID, *, actor: str) -> Task | None:
     )
     if task is None:
         return None
-    task.drop_lease()
+    leases.take_away(task)
     assert task.expires_at is not None  # the filter above
     reason = f"past its TTL/deadline ({task.expires_at.isoformat()})"
     task.error = {"code": "expired", "message": reason}
@@ -324,7 +324,7 @@ def do_redrive_task(task_id: UUID, *, who: Principal, reason: str) -> Task:
     if task.status != Status.DEAD_LETTERED and not killed:
         raise IllegalTransition(task.status, Status.RECOVERING)
     good, discarded = discard_back_to_last_good(task)
-    task.drop_lease()
+    leases.take_away(task)
     task.recoveries, task.recoveries_in_a_row, task.error, task.status_message = 0, 0, None, ""
     task.recovered_at_step = task.steps_done  # a recovery after the redrive counts from here
     withdrawn = withdraw_cancel(task, actor=actor)
@@ -372,7 +372,7 @@ def do_release_lease(task_id: UUID, *, who: Principal, reason: str) -> Task:
     if task.lease_owner is None:
         raise NoLease(task.id)
     owner = task.lease_owner
-    task.drop_lease()
+    leases.take_away(task)
     record_audit(
         task,
         actor=actor,

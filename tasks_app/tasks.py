@@ -74,12 +74,12 @@ def _hand_on(task_id: str, report: engine.SliceReport) -> None:
             priority = Task.objects.values_list("priority", flat=True).get(id=task_id)
         delay = settings.RUNTIME["tools"]["remote_poll_seconds"] if outcome is engine.SliceOutcome.POLL else 0
         enqueue_slice(task_id, priority, countdown=delay)
-    if outcome in (engine.SliceOutcome.CONTINUE, engine.SliceOutcome.POLL, engine.SliceOutcome.DONE):
-        # Turns of a capacity-limited tenant may be free: ring the tasks it turned away
-        # (should a ring be lost, the lease scanner re-finds them after stall_seconds).
-        with telemetry.detached():  # another task's message: not in this task's trace
-            for waiting, waiting_priority in leases.next_waiting(UUID(task_id), tenant_id=report.tenant_id):
-                enqueue_slice(waiting, waiting_priority)
+    # Turns of a capacity-limited tenant may be free: ring the tasks it turned away (should a
+    # ring be lost, the lease scanner re-finds them after stall_seconds). The tenant is known
+    # to every slice that held its task.
+    ended = (engine.SliceOutcome.CONTINUE, engine.SliceOutcome.POLL, engine.SliceOutcome.DONE)
+    if outcome in ended and report.tenant_id is not None:
+        leases.ring_waiting(report.tenant_id)
 
 
 @shared_task(name="tasks.scan_leases", ignore_result=True)

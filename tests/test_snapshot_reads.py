@@ -94,3 +94,19 @@ def test_the_dashboard_snapshot_reads_the_task_and_its_questions_at_one_moment(a
         answer = browser.get(f"/dashboard/tasks/{asking.id}/snapshot")
     assert answer.status_code == 200, answer.content
     consistent(answer.json())
+
+
+@pytest.mark.parametrize("page", ["", "panels"])
+def test_the_dashboard_task_page_reads_the_task_and_its_questions_at_one_moment(alice, asking, page):
+    """The page renders after its view has returned, out of the snapshot (dashboard.views.TaskPage,
+    so the blob store's listing runs outside it): what it shows of the task's rows must all
+    have been read inside, none lazily as the template renders."""
+    browser = Client()
+    browser.force_login(alice.user)
+    with answered_after_the_row(asking) as seen:
+        answer = browser.get(f"/dashboard/tasks/{asking.id}/{page}")
+    assert answer.status_code == 200 and seen, answer.content
+    html = answer.content.decode()
+    status = html.split('class="panels" data-version="', 1)[1].split('data-status="', 1)[1].split('"', 1)[0]
+    questions = html.count('class="input-request"')
+    assert (status, questions) in (("input_required", 1), ("working", 0)), (status, questions)
